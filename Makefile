@@ -1,0 +1,42 @@
+# simgpu: `make run` sets up a virtual environment and simulates a bundled example;
+# `make test` runs the test suite. `make help` lists every target.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# torch's CPU build; a GPU machine may set TORCH= to keep the torch it has
+TORCH ?= torch==2.13.0
+STAMP := $(VENV)/.installed-stamp
+EXAMPLE ?= workloads/dlrm_2x_dgx_a100.yaml
+
+.PHONY: help install run test lint bench validate clean
+
+help:  ## list the targets
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): setup.cfg pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(if $(TORCH),$(BIN)/python -m pip install -q "$(TORCH)")
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)  ## create .venv and install simgpu with its dependencies
+
+run: $(STAMP)  ## simulate the bundled example (EXAMPLE=workloads/...yaml) into out/
+	$(BIN)/python -m simgpu.run $(EXAMPLE)
+
+test: $(STAMP)  ## run the tests (unit, property, analytic, golden, validation)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)  ## ruff and mypy
+	$(BIN)/ruff check simgpu tests
+	$(BIN)/mypy
+
+bench: $(STAMP)  ## measure the simulator's own speed and memory
+	$(BIN)/python -m simgpu.speed
+
+validate: $(STAMP)  ## compare predictions with real measurements in ../shared/data
+	$(BIN)/python -m simgpu.validate
+
+clean:  ## remove outputs and the virtual environment
+	rm -rf out $(VENV) .pytest_cache .mypy_cache .ruff_cache

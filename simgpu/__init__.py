@@ -1,0 +1,15 @@
+"""simgpu: predict how fast ML training runs on multi-GPU, multi-node platforms.
+
+The pipeline: platform + workload YAML -> validated specs -> per-rank op graph -> kernel times
+(bulk) -> SimPy engine (streams, CPU threads, shared links, collectives) -> records -> summary,
+Gantt chart, Chrome trace.
+"""
+
+from .config.loader import Job, load_job
+from .engine import SimResult
+from .errors import ConfigError, SimgpuError, SimulationError
+from .sim import simulate, simulate_file
+
+__version__ = "0.1.0"
+__all__ = ["ConfigError", "Job", "SimResult", "SimgpuError", "SimulationError", "load_job", "simulate",
+           "simulate_file"]

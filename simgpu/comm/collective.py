@@ -1,0 +1,66 @@
+"""Simulating one collective on its own, as nccl-tests measures it.
+
+:func:`simulate_collective` runs a single collective over ``nodes`` x ``gpus_per_node`` GPUs of a
+platform through the engine (same plans, same link sharing as in a training iteration) and
+returns its time; :func:`bus_bandwidth` converts as nccl-tests does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..config.platform import PlatformSpec
+from ..engine import Engine, EngineOptions, SimResult
+from ..platform.topology import Topology
+from ..workload.graph import CollectiveCall, CollectiveOp, MemoryEstimate, Op, Program, Workload
+from .planner import Planner
+
+#: busbw = algbw * factor(n), nccl-tests' convention per collective
+BUS_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+    "send_recv": lambda n: 1.0,
+}
+
+
+def bus_bandwidth(op: str, n: int, nbytes: float, seconds: float) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s for ``nbytes`` moved in ``seconds`` over ``n`` ranks."""
+    alg = nbytes / seconds / 1e9 if seconds > 0 else float("inf")
+    return alg, alg * BUS_FACTOR[op](n)
+
+
+def simulate_collective(platform: PlatformSpec, op: CollectiveOp, nbytes: int, *, nodes: int = 1,
+                        gpus_per_node: int | None = None, algorithm: str = "auto",
+                        topology: Topology | None = None) -> float:
+    """Seconds one ``op`` of ``nbytes`` (nccl-tests' size convention) takes on the platform."""
+    return collective_result(platform, op, nbytes, nodes=nodes, gpus_per_node=gpus_per_node,
+                             algorithm=algorithm, topology=topology).iteration_time_s
+
+
+def collective_result(platform: PlatformSpec, op: CollectiveOp, nbytes: int, *, nodes: int = 1,
+                      gpus_per_node: int | None = None, algorithm: str = "auto",
+                      topology: Topology | None = None) -> SimResult:
+    """The whole simulation result of one collective (records, link statistics, events)."""
+    topo = topology or Topology(platform, nodes, gpus_per_node)
+    n = topo.world
+    if op == "send_recv":
+        if n < 2:
+            raise ValueError("send_recv needs at least 2 GPUs")
+        group: tuple[int, ...] = (0, n - 1)  # nccl-tests' sendrecv pairs ring neighbours; take the farthest
+        ranks = list(group)
+    else:
+        group = tuple(range(n))
+        ranks = list(group)
+    call = CollectiveCall("bench", op, group, int(nbytes))
+    programs = []
+    for r in range(n):
+        ops = [Op("bench", "collective", op, stream="comm", coll=call, nbytes=int(nbytes))] if r in ranks else []
+        programs.append(Program(r, ops))
+    wl = Workload("collective", programs, [], [MemoryEstimate()] * n, samples=0)
+    planner = Planner(topo, platform.collectives, algorithm)
+    engine = Engine(topo, wl, np.zeros(0), [], planner, EngineOptions(launch_s=0.0))
+    return engine.run()

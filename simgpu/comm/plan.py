@@ -1,0 +1,85 @@
+"""Collective plans: what an algorithm turns a collective into, and the registry of algorithms.
+
+A plan is a set of transfers over the topology (each a coflow of edges moving the same bytes at one
+pace, see :mod:`simgpu.comm.network`) plus the latency the algorithm's steps add on top of
+moving the bytes. The engine executes plans; algorithms know nothing of SimPy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config.platform import CollectiveSpec
+from ..platform.topology import Topology
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """Edges moving ``nbytes`` each at one common rate; ``links`` lists every edge's route links."""
+
+    links: tuple[int, ...]
+    nbytes: float
+
+
+@dataclass(frozen=True, slots=True)
+class CollectivePlan:
+    """Transfers that run concurrently once ``latency_s`` (launch and per-step costs) has passed."""
+
+    algorithm: str
+    transfers: tuple[Transfer, ...]
+    latency_s: float
+
+    def isolated_time(self, topo: Topology) -> float:
+        """Seconds this plan takes alone on the network (no other traffic), for algorithm choice."""
+        if not self.transfers:
+            return self.latency_s
+        from .network import _max_min
+
+        flows = []
+        for t in self.transfers:
+            ids, mult = np.unique(np.asarray(t.links, dtype=np.int64), return_counts=True)
+            flows.append(_FlowView(ids, mult.astype(float)))
+        rates, _, _ = _max_min(flows, topo.capacity)
+        return self.latency_s + max(t.nbytes / r for t, r in zip(self.transfers, rates, strict=True))
+
+
+@dataclass(frozen=True, slots=True)
+class _FlowView:
+    links: np.ndarray
+    mult: np.ndarray
+
+
+@dataclass(frozen=True)
+class CollectiveRequest:
+    """A collective as the engine sees it once every member has arrived.
+
+    ``send_matrix[i][j]`` (all-to-all-v) is bytes from member i to member j; ``root`` is a member
+    index (broadcast, reduce).
+    """
+
+    op: str
+    group: tuple[int, ...]
+    nbytes: int
+    send_matrix: tuple[tuple[int, ...], ...] | None = None
+    root: int = 0
+
+
+Algorithm = Callable[[CollectiveRequest, Topology, CollectiveSpec], CollectivePlan]
+#: name -> (function, the collective ops it implements)
+ALGORITHMS: dict[str, tuple[Algorithm, frozenset[str]]] = {}
+
+
+def register(name: str, ops: set[str]) -> Callable[[Algorithm], Algorithm]:
+    def deco(fn: Algorithm) -> Algorithm:
+        if name in ALGORITHMS:
+            raise ValueError(f"collective algorithm {name!r} is registered twice")
+        ALGORITHMS[name] = (fn, frozenset(ops))
+        return fn
+    return deco
+
+
+def algorithms_for(op: str) -> list[str]:
+    return [name for name, (_, ops) in ALGORITHMS.items() if op in ops]

@@ -1,0 +1,1 @@
+"""config stage of the pipeline."""

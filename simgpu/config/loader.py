@@ -1,0 +1,272 @@
+"""Reading YAML inputs into validated specs, with ``--set`` overrides and errors that say where.
+
+A workload names its platform; :func:`load_job` reads both, applies overrides (``platform.x.y=v``
+goes to the platform, anything else to the workload), validates each against its model and runs
+the cross-field checks. Every failure is a :class:`~simgpu.errors.ConfigError` naming the file,
+the dotted key, the line where known, and what was expected.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from ..errors import ConfigError
+from .platform import PlatformSpec
+from .workload import WorkloadSpec
+
+M = TypeVar("M", bound=BaseModel)
+
+#: Where platform names are looked up: $SIMGPU_PLATFORMS, ./platforms, then the repository's.
+REPO_PLATFORMS = Path(__file__).resolve().parents[2] / "platforms"
+
+
+@dataclass(frozen=True)
+class Job:
+    """A validated workload with its platform."""
+
+    workload: WorkloadSpec
+    platform: PlatformSpec
+    workload_file: str
+    platform_file: str
+
+
+def read_yaml(path: str | Path, what: str) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
+    """Parse a YAML mapping; return it with the line number (1-based) of every key path."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{what} file not found", file=str(path))
+    text = p.read_text()
+    try:
+        data = yaml.safe_load(text)
+        node = yaml.compose(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError(f"malformed YAML: {problem}", file=str(path), line=line) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"expected a mapping of keys at the top level, got {type(data).__name__}",
+                          file=str(path))
+    lines: dict[tuple[str, ...], int] = {}
+    _collect_lines(node, (), lines)
+    return data, lines
+
+
+def _collect_lines(node: Any, prefix: tuple[str, ...], out: dict[tuple[str, ...], int]) -> None:
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            key = prefix + (str(k.value),)
+            out[key] = k.start_mark.line + 1
+            _collect_lines(v, key, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            key = prefix + (str(i),)
+            out[key] = v.start_mark.line + 1
+            _collect_lines(v, key, out)
+
+
+def apply_override(data: dict[str, Any], path: str, value: Any, file: str) -> None:
+    """Set ``data[a][b][c] = value`` for ``path`` ``a.b.c``; list items by index (``tables.0.rows``)."""
+    parts = path.split(".")
+    cur: Any = data
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(cur, list):
+            if not part.isdigit() or int(part) >= len(cur):
+                raise ConfigError(f"--set: index {part!r} is not an item of a list of {len(cur)}",
+                                  file=file, key=".".join(parts[: i + 1]))
+            if last:
+                cur[int(part)] = value
+            else:
+                cur = cur[int(part)]
+        elif isinstance(cur, dict):
+            if last:
+                cur[part] = value
+            else:
+                if cur.get(part) is None:
+                    cur[part] = {}
+                cur = cur[part]
+        else:
+            raise ConfigError(f"--set: cannot set a key inside a {type(cur).__name__}",
+                              file=file, key=".".join(parts[:i]))
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """``key.path=value`` with the value read as YAML (numbers, booleans, lists)."""
+    if "=" not in item:
+        raise ConfigError(f"--set expects key.path=value, got {item!r}")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"--set expects key.path=value, got {item!r}")
+    try:
+        return key, yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return key, raw
+
+
+def validate(model: type[M], data: dict[str, Any], file: str,
+             lines: dict[tuple[str, ...], int] | None = None) -> M:
+    """Validate ``data`` against ``model``, turning the first problem into one ConfigError."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        errors = e.errors(include_url=False)
+        first = errors[0]
+        loc = _data_loc(first["loc"], data)
+        key = ".".join(str(p) for p in loc) or None
+        line = (lines or {}).get(tuple(str(p) for p in loc))
+        if line is None and lines and loc:
+            line = lines.get(tuple(str(p) for p in loc[:-1]))
+        msg = _message(model, first, tuple(first["loc"]))
+        if len(errors) > 1:
+            msg += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+        raise ConfigError(msg, file=file, key=key, line=line) from None
+
+
+def _data_loc(loc: Sequence[int | str], data: Any) -> list[int | str]:
+    """Drop the tags pydantic inserts for discriminated unions, which are not keys of the file."""
+    out: list[int | str] = []
+    cur = data
+    for part in loc:
+        if isinstance(cur, dict) and part not in cur and cur.get("kind") == part:
+            continue
+        out.append(part)
+        if isinstance(cur, dict):
+            cur = cur.get(part)
+        elif isinstance(cur, list) and isinstance(part, int) and part < len(cur):
+            cur = cur[part]
+        else:
+            cur = None
+    return out
+
+
+def _message(model: type[BaseModel], err: Any, loc: tuple[int | str, ...]) -> str:
+    etype = err["type"]
+    owner = _model_at(model, loc[:-1])
+    field = loc[-1] if loc else None
+    if etype == "extra_forbidden":
+        known = ", ".join(owner.model_fields) if owner else "?"
+        return f"unknown key; expected one of: {known}"
+    desc = ""
+    if owner is not None and isinstance(field, str) and field in owner.model_fields:
+        d = owner.model_fields[field].description
+        desc = f" ({d})" if d else ""
+    if etype == "missing":
+        return f"missing required key{desc}"
+    got = err.get("input")
+    got_s = repr(got) if not isinstance(got, dict | list) else type(got).__name__
+    return f"{err['msg']}{desc}; got {got_s}"
+
+
+def _model_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+    """The pydantic model class that owns the keys at ``loc`` (following lists, optionals, unions)."""
+    cur: Any = model
+    i = 0
+    while i < len(loc):
+        cls = _unwrap_models(cur)
+        part = loc[i]
+        if isinstance(part, int):
+            i += 1
+            continue
+        if len(cls) > 1:  # a discriminated union: the next loc part is the tag
+            tagged = [c for c in cls if _tag(c) == part]
+            if tagged:
+                cur = tagged[0]
+                i += 1
+                continue
+        if len(cls) != 1 or part not in cls[0].model_fields:
+            return None
+        cur = cls[0].model_fields[part].annotation
+        i += 1
+    found = _unwrap_models(cur)
+    return found[0] if len(found) == 1 else None
+
+
+def _unwrap_models(tp: Any) -> list[type[BaseModel]]:
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return [tp]
+    origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        return _unwrap_models(typing.get_args(tp)[0])
+    if origin in (typing.Union, types.UnionType, list, tuple):
+        out: list[type[BaseModel]] = []
+        for a in typing.get_args(tp):
+            out.extend(_unwrap_models(a))
+        return out
+    return []
+
+
+def _tag(cls: type[BaseModel]) -> str | None:
+    f = cls.model_fields.get("kind")
+    if f is None:
+        return None
+    args = typing.get_args(f.annotation)
+    return str(args[0]) if args else None
+
+
+def platform_path(ref: str, relative_to: Path | None = None) -> Path:
+    """Resolve a platform reference: a path to a YAML file, or a name in a platforms folder."""
+    import os
+
+    cand = Path(ref)
+    if cand.suffix in (".yaml", ".yml") or "/" in ref:
+        if not cand.is_absolute() and relative_to is not None and (relative_to / cand).is_file():
+            return relative_to / cand
+        return cand
+    dirs = [Path(d) for d in os.environ.get("SIMGPU_PLATFORMS", "").split(os.pathsep) if d]
+    dirs += [Path("platforms"), REPO_PLATFORMS]
+    for d in dirs:
+        for name in (f"{ref}.yaml", f"{ref}/platform.yaml"):
+            if (d / name).is_file():
+                return d / name
+    return REPO_PLATFORMS / f"{ref}.yaml"
+
+
+def known_platforms() -> list[str]:
+    return sorted(p.stem for p in REPO_PLATFORMS.glob("*.yaml"))
+
+
+def load_platform(ref: str, overrides: Sequence[tuple[str, Any]] = (), relative_to: Path | None = None,
+                  ) -> tuple[PlatformSpec, str]:
+    """Read and validate a platform by name or path, with ``(key, value)`` overrides applied."""
+    path = platform_path(ref, relative_to)
+    if not path.is_file():
+        raise ConfigError(f"platform {ref!r} not found; expected a YAML path or one of: "
+                          f"{', '.join(known_platforms())}", file=str(path))
+    data, lines = read_yaml(path, "platform")
+    for k, v in overrides:
+        apply_override(data, k, v, str(path))
+    return validate(PlatformSpec, data, str(path), lines), str(path)
+
+
+def load_job(workload: str | Path, overrides: Sequence[str] = ()) -> Job:
+    """Read a workload and its platform, apply ``--set`` overrides, validate and cross-check."""
+    from .checks import check_job
+
+    wfile = str(workload)
+    data, lines = read_yaml(workload, "workload")
+    plat_over: list[tuple[str, Any]] = []
+    for item in overrides:
+        key, value = parse_override(item)
+        if key.startswith("platform."):
+            plat_over.append((key[len("platform."):], value))
+        else:
+            apply_override(data, key.removeprefix("workload."), value, wfile)
+    ref = data.get("platform")
+    if not isinstance(ref, str):
+        raise ConfigError("missing or invalid key; expected a platform name or path to a platform YAML",
+                          file=wfile, key="platform", line=lines.get(("platform",)))
+    spec = validate(WorkloadSpec, data, wfile, lines)
+    platform, pfile = load_platform(ref, plat_over, relative_to=Path(wfile).parent)
+    job = Job(spec, platform, wfile, pfile)
+    check_job(job)
+    return job

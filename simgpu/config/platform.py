@@ -1,0 +1,111 @@
+"""The platform file: one kind of node (GPUs, host, PCIe, NVLink) and the network between nodes.
+
+How many nodes a job uses is the workload's choice; a platform describes any number of them.
+Bandwidths in GB/s are 1e9 bytes per second per direction; ``nic_gbps`` is in Gb/s (bits), as
+NICs are sold. ``efficiency`` fields are the achievable fraction of a datasheet peak.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, PositiveFloat, PositiveInt, model_validator
+
+from .base import Spec
+
+Fraction = Annotated[float, Field(gt=0, le=1)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+
+
+class GPUSpec(Spec):
+    """One GPU model, from its datasheet."""
+
+    name: str = Field(description="marketing name, e.g. A100-SXM4-80GB")
+    memory_gib: PositiveFloat = Field(description="device memory, GiB")
+    hbm_gbytes_per_s: PositiveFloat = Field(description="peak memory bandwidth, GB/s")
+    sms: PositiveInt = Field(description="streaming multiprocessors")
+    peak_tflops: dict[Literal["fp32", "tf32", "bf16", "fp16", "fp8"], PositiveFloat] = Field(
+        description="dense peak TFLOP/s per dtype (tensor cores where they apply)")
+    matmul_efficiency: Fraction = Field(0.8, description="achievable fraction of peak for large GEMMs")
+    memory_efficiency: Fraction = Field(0.85, description="achievable fraction of peak HBM bandwidth")
+    kernel_min_us: NonNegFloat = Field(2.5, description="shortest kernel duration, us")
+    overlap_slowdown: Annotated[float, Field(ge=0, le=1)] = Field(
+        0.05, description="fractional slowdown of a kernel that starts while a communication kernel "
+                          "runs on the same GPU (SMs and HBM bandwidth taken by the collective)")
+
+
+class HostSpec(Spec):
+    """The CPU side of one node."""
+
+    cpu_threads: PositiveInt = Field(description="CPU threads that can issue work (physical cores), per node")
+    launch_us: NonNegFloat = Field(5.0, description="CPU time to dispatch and launch one GPU op, us")
+
+
+class NVLinkSpec(Spec):
+    """GPU-to-GPU links inside a node."""
+
+    kind: Literal["nvswitch"] = Field(description="nvswitch: every GPU has one port to a non-blocking switch")
+    gbytes_per_s: PositiveFloat = Field(description="per GPU, per direction, GB/s")
+    efficiency: Fraction = Field(0.8, description="achievable fraction of gbytes_per_s")
+    latency_us: NonNegFloat = Field(0.7, description="one-way latency GPU to GPU, us")
+
+
+class PCIeSpec(Spec):
+    """PCIe inside a node: GPUs and NICs hang off ``switches`` switches below the CPU."""
+
+    gbytes_per_s: PositiveFloat = Field(description="x16 link, per direction, GB/s")
+    efficiency: Fraction = Field(0.8, description="achievable fraction of gbytes_per_s")
+    latency_us: NonNegFloat = Field(1.0, description="one-way latency through one switch, us")
+    switches: PositiveInt = Field(1, description="PCIe switches (or root ports) sharing GPUs and NICs evenly")
+
+
+class NodeSpec(Spec):
+    """One node."""
+
+    gpus: PositiveInt = Field(description="GPUs per node")
+    nvlink: NVLinkSpec | None = Field(None, description="NVLink fabric; null for PCIe-only nodes")
+    pcie: PCIeSpec
+
+
+class NetworkSpec(Spec):
+    """NICs and the network between nodes."""
+
+    nics_per_node: PositiveInt = Field(description="NICs per node (GPU-facing, for collectives)")
+    nic_gbps: PositiveFloat = Field(description="per NIC, per direction, Gb/s")
+    efficiency: Fraction = Field(0.9, description="achievable fraction of nic_gbps")
+    latency_us: NonNegFloat = Field(2.0, description="one-way latency NIC to NIC through one switch, us")
+    topology: Literal["rail_optimized", "fat_tree"] = Field(
+        "rail_optimized",
+        description="rail_optimized: NIC i of every node on leaf switch i; fat_tree: all NICs of a node on one leaf")
+    nodes_per_leaf: PositiveInt = Field(32, description="nodes under one leaf switch (per rail when rail_optimized)")
+    oversubscription: Annotated[float, Field(ge=1)] = Field(
+        1.0, description="leaf downlink to uplink bandwidth ratio (1 = non-blocking)")
+    spine_latency_us: NonNegFloat = Field(1.0, description="extra one-way latency through the spine, us")
+
+
+class CollectiveSpec(Spec):
+    """Software costs of the collective library (NCCL) on this platform."""
+
+    launch_us: NonNegFloat = Field(8.0, description="fixed cost of one collective, us")
+    step_us: NonNegFloat = Field(1.0, description="per algorithm step overhead on top of link latency, us")
+    channels: PositiveInt | None = Field(
+        None, description="parallel rings/trees across nodes; default one per NIC")
+
+
+class PlatformSpec(Spec):
+    """A platform file."""
+
+    name: str = Field(description="short name, e.g. dgx_a100")
+    description: str = Field("", description="one line for people")
+    gpu: GPUSpec
+    host: HostSpec
+    node: NodeSpec
+    network: NetworkSpec
+    collectives: CollectiveSpec = Field(default_factory=lambda: CollectiveSpec())
+
+    @model_validator(mode="after")
+    def _switches_fit(self) -> PlatformSpec:
+        if self.node.pcie.switches > self.node.gpus:
+            raise ValueError(
+                f"node.pcie.switches ({self.node.pcie.switches}) cannot exceed node.gpus ({self.node.gpus})")
+        return self

@@ -1,0 +1,50 @@
+"""What a simulation returns: flat interval records plus the facts a report needs.
+
+Computation and I/O stay apart: :func:`simgpu.simulate` returns a :class:`SimResult`; writing
+files is :func:`simgpu.report.write_outputs`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+#: Columns of :attr:`SimResult.records`, one row per interval on a rank's CPU thread or stream.
+RECORD_COLUMNS = (
+    "rank",      # global rank (int)
+    "stream",    # "cpu", "compute", "comm" or "copy"
+    "name",      # op name, e.g. "layer3.fc1.fwd"
+    "category",  # colour / breakdown class, e.g. "gemm", "attention", "all_reduce", "launch"
+    "phase",     # "data", "fwd", "bwd", "opt"
+    "kind",      # "kernel", "collective", "memcpy", "launch", "host_wait"
+    "start_s",   # simulated seconds from the start of the iteration
+    "end_s",
+    "nbytes",    # bytes moved by collectives and copies, 0 otherwise
+    "model",     # what timed it: "analytical", "lightgbm", "network", "host"
+)
+
+#: Columns of :attr:`SimResult.link_records` (only when links are recorded): busy intervals.
+LINK_RECORD_COLUMNS = ("link", "link_kind", "start_s", "end_s")
+
+#: Columns of :attr:`SimResult.link_stats`: one row per link of the topology that carried data.
+LINK_STAT_COLUMNS = ("link", "link_kind", "capacity_gbytes_per_s", "nbytes", "busy_s")
+
+
+@dataclass
+class SimResult:
+    """The outcome of simulating one iteration.
+
+    ``meta`` holds the facts the report needs and that are not intervals: workload and platform
+    names, ``nodes``, ``gpus``, ``samples``, ``tokens``, ``model_flops``, ``peak_flops_per_gpu``,
+    ``memory_gib`` (a list of per-rank dicts), ``kernel_model_share`` (simulated kernel seconds per
+    model name) and ``seed``.
+    """
+
+    records: pd.DataFrame
+    link_stats: pd.DataFrame
+    iteration_time_s: float
+    events: int
+    meta: dict[str, Any] = field(default_factory=dict)
+    link_records: pd.DataFrame | None = None

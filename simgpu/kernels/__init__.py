@@ -1,0 +1,1 @@
+"""kernels stage of the pipeline."""

@@ -1,0 +1,115 @@
+"""The analytical kernel model: a roofline with achievable peaks and wave quantisation.
+
+A kernel takes ``max(flops / achievable FLOP/s, bytes / achievable HBM bandwidth)``, but never less
+than the platform's shortest kernel. GEMMs are tiled: the work is rounded up to whole waves of
+output tiles over the SMs, so a GEMM one tile larger than a wave costs nearly two waves, as on the
+real GPU. Embedding lookups read whole 32-byte sectors per row, so narrow rows cost more per byte.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ..config.platform import PlatformSpec
+from ..workload.graph import KernelSpec
+from .base import register
+
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+#: GEMM output tiles (rows, columns, efficiency relative to the largest tile)
+TILES = ((256, 128, 1.0), (128, 128, 0.95), (128, 64, 0.85), (64, 64, 0.7))
+SECTOR = 32     # bytes of one DRAM sector: the unit of a random row read
+INDEX_BYTES = 8  # int64 ids
+ATTN_EFFICIENCY = 0.6  # flash attention reaches a lower share of the matmul peak (softmax, masking)
+
+
+class Analytical:
+    """Times kernels from the GPU's datasheet figures; see the module docstring."""
+
+    name = "analytical"
+
+    def __init__(self, platform: PlatformSpec) -> None:
+        g = platform.gpu
+        self.gpu = g
+        self.bw = g.hbm_gbytes_per_s * 1e9 * g.memory_efficiency
+        self.min_s = g.kernel_min_us * 1e-6
+        self._families: dict[str, Callable[[KernelSpec], tuple[float, float]]] = {
+            "gemm": self._gemm, "bmm": self._gemm,
+            "attention_fwd": self._attention, "attention_bwd": self._attention,
+            "embedding_fwd": self._embedding, "embedding_bwd": self._embedding,
+            "elementwise": self._elementwise, "norm": self._rowwise, "softmax": self._rowwise,
+            "optimizer": self._optimizer,
+        }
+
+    def flops_rate(self, dtype: str) -> float:
+        peaks = self.gpu.peak_tflops
+        peak = peaks.get(dtype)  # type: ignore[call-overload]
+        if peak is None:
+            raise ValueError(f"{self.gpu.name} has no {dtype} peak in its platform file")
+        return float(peak) * 1e12 * self.gpu.matmul_efficiency
+
+    def predict(self, kernels: Sequence[KernelSpec]) -> tuple[np.ndarray, list[str]]:
+        out = np.empty(len(kernels))
+        for i, k in enumerate(kernels):
+            fn = self._families.get(k.family)
+            if fn is None:
+                raise ValueError(f"the analytical model does not know kernel family {k.family!r}")
+            flops_s, bytes_s = fn(k)
+            out[i] = max(flops_s, bytes_s, self.min_s)
+        return out, [self.name] * len(kernels)
+
+    # Each family returns (compute-bound seconds, memory-bound seconds).
+
+    def _gemm(self, k: KernelSpec) -> tuple[float, float]:
+        b, m, n, kk = k.get("b", 1.0), k.get("m"), k.get("n"), k.get("k")
+        e = DTYPE_BYTES[k.dtype]
+        # Like cuBLAS's heuristics, take the tile shape that finishes first: every wave of output
+        # tiles over the SMs costs a full wave, padded to the tile edges; smaller tiles waste less
+        # of the last wave but reuse operands less (lower efficiency).
+        best = np.inf
+        for tm, tn, eff in TILES:
+            tiles = b * np.ceil(m / tm) * np.ceil(n / tn)
+            waves = np.ceil(tiles / self.gpu.sms)
+            best = min(best, waves * self.gpu.sms * tm * tn * kk * 2.0 / eff)
+        nbytes = b * (m * kk + kk * n + m * n) * e
+        return best / self.flops_rate(k.dtype), nbytes / self.bw
+
+    def _attention(self, k: KernelSpec) -> tuple[float, float]:
+        b, h, sq, skv, d = (k.get(x) for x in ("batch", "heads", "seq_q", "seq_kv", "head_dim"))
+        causal = k.get("causal", 0.0)
+        flops = 4.0 * b * h * sq * skv * d * (0.5 if causal else 1.0)
+        if k.family == "attention_bwd":
+            flops *= 2.5  # recompute of P plus dQ, dK, dV
+        e = DTYPE_BYTES[k.dtype]
+        nbytes = b * h * (sq + 2 * skv) * d * e * (2 if k.family == "attention_bwd" else 1) + b * h * sq * d * e
+        return flops / (self.flops_rate(k.dtype) * ATTN_EFFICIENCY / self.gpu.matmul_efficiency), nbytes / self.bw
+
+    def _embedding(self, k: KernelSpec) -> tuple[float, float]:
+        batch, tables, pooling, dim = (k.get(x) for x in ("batch", "tables", "pooling", "dim"))
+        e = DTYPE_BYTES[k.dtype]
+        row = np.ceil(dim * e / SECTOR) * SECTOR
+        lookups = batch * tables * pooling
+        nbytes = lookups * (row + INDEX_BYTES) + batch * tables * dim * e
+        if k.family == "embedding_bwd":
+            nbytes += lookups * row * 2  # read-modify-write of each touched row by the fused optimizer
+        return 0.0, nbytes / self.bw
+
+    def _elementwise(self, k: KernelSpec) -> tuple[float, float]:
+        e = DTYPE_BYTES[k.dtype]
+        return 0.0, k.get("numel") * (k.get("reads", 1.0) + k.get("writes", 1.0)) * e / self.bw
+
+    def _rowwise(self, k: KernelSpec) -> tuple[float, float]:
+        e = DTYPE_BYTES[k.dtype]
+        passes = 3.0 if k.get("bwd", 0.0) else 2.0  # read x (and dy), write y (or dx)
+        return 0.0, k.get("rows") * k.get("cols") * passes * e / self.bw
+
+    def _optimizer(self, k: KernelSpec) -> tuple[float, float]:
+        # fp32 param and grad read, param written, each state read and written
+        states = k.get("states", 0.0)
+        return 0.0, k.get("numel") * 4.0 * (3.0 + 2.0 * states) / self.bw
+
+
+@register("analytical")
+def _factory(platform: PlatformSpec) -> Analytical:
+    return Analytical(platform)

@@ -1,0 +1,1 @@
+"""platform stage of the pipeline."""

@@ -1,0 +1,182 @@
+"""The platform as a graph of directed links, and the routes between GPUs.
+
+A platform spec plus a node count becomes a :class:`Topology`: every GPU's NVLink port (to the
+NVSwitch, each direction), every PCIe link (GPU and NIC to their switch, switch to CPU), every NIC
+port and every leaf-switch uplink is a :class:`Link` with an achievable bandwidth and a latency.
+Routes are computed on demand and cached; the network layer shares link bandwidth between the
+transfers that cross it.
+
+Naming: ``n3.gpu5->n3.nvsw`` is node 3, GPU 5's NVLink port towards the switch. GPU indices are
+global ranks: rank r is local GPU ``r % gpus_per_node`` of node ``r // gpus_per_node``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from ..config.platform import PlatformSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A directed channel: ``capacity`` in bytes/s (achievable), ``latency`` in seconds."""
+
+    id: int
+    name: str
+    kind: str  # "nvlink", "pcie", "nic", "spine"
+    capacity: float
+    latency: float
+
+
+class Topology:
+    """Links and routes of ``nodes`` nodes of ``platform``, using ``gpus_per_node`` GPUs each."""
+
+    def __init__(self, platform: PlatformSpec, nodes: int, gpus_per_node: int | None = None) -> None:
+        if nodes < 1:
+            raise ValueError(f"nodes must be >= 1, got {nodes}")
+        self.platform = platform
+        self.nodes = nodes
+        self.gpus_per_node = gpus_per_node or platform.node.gpus
+        if not 1 <= self.gpus_per_node <= platform.node.gpus:
+            raise ValueError(f"gpus_per_node must be in 1..{platform.node.gpus}, got {self.gpus_per_node}")
+        self.links: list[Link] = []
+        self._ids: dict[str, int] = {}
+        p = platform
+        nv, pcie, net = p.node.nvlink, p.node.pcie, p.network
+        self.nic_bw = net.nic_gbps / 8 * 1e9 * net.efficiency
+        pcie_bw = pcie.gbytes_per_s * 1e9 * pcie.efficiency
+        G, S, K = p.node.gpus, pcie.switches, net.nics_per_node
+        self._gpu_switch = [g * S // G for g in range(G)]
+        self._nic_switch = [k * S // K for k in range(K)]
+        self._nic_of = [self._pick_nic(g) for g in range(G)]
+        for n in range(nodes):
+            for g in range(self.gpus_per_node):
+                if nv is not None:
+                    bw, lat = nv.gbytes_per_s * 1e9 * nv.efficiency, nv.latency_us * 0.5e-6
+                    self._add(f"n{n}.gpu{g}->n{n}.nvsw", "nvlink", bw, lat)
+                    self._add(f"n{n}.nvsw->n{n}.gpu{g}", "nvlink", bw, lat)
+                sw = self._gpu_switch[g]
+                self._add(f"n{n}.gpu{g}->n{n}.pcisw{sw}", "pcie", pcie_bw, pcie.latency_us * 0.5e-6)
+                self._add(f"n{n}.pcisw{sw}->n{n}.gpu{g}", "pcie", pcie_bw, pcie.latency_us * 0.5e-6)
+            for s in range(S):
+                self._add(f"n{n}.pcisw{s}->n{n}.cpu", "pcie", pcie_bw, pcie.latency_us * 0.5e-6)
+                self._add(f"n{n}.cpu->n{n}.pcisw{s}", "pcie", pcie_bw, pcie.latency_us * 0.5e-6)
+            if nodes > 1:
+                for k in range(K):
+                    s = self._nic_switch[k]
+                    self._add(f"n{n}.pcisw{s}->n{n}.nic{k}", "pcie", pcie_bw, pcie.latency_us * 0.5e-6)
+                    self._add(f"n{n}.nic{k}->n{n}.pcisw{s}", "pcie", pcie_bw, pcie.latency_us * 0.5e-6)
+                    leaf = self.leaf_of(n, k)
+                    self._add(f"n{n}.nic{k}->{leaf}", "nic", self.nic_bw, net.latency_us * 0.5e-6)
+                    self._add(f"{leaf}->n{n}.nic{k}", "nic", self.nic_bw, net.latency_us * 0.5e-6)
+        self._leaves = sorted({self.leaf_of(n, k) for n in range(nodes) for k in range(K)}) if nodes > 1 else []
+        if len(self._leaves) > 1:
+            for leaf in self._leaves:
+                ports = min(net.nodes_per_leaf, nodes) * (1 if net.topology == "rail_optimized" else K)
+                up = ports * self.nic_bw / net.oversubscription
+                self._add(f"{leaf}->spine", "spine", up, net.spine_latency_us * 0.5e-6)
+                self._add(f"spine->{leaf}", "spine", up, net.spine_latency_us * 0.5e-6)
+        self.capacity = np.array([lk.capacity for lk in self.links])
+        self.latency = np.array([lk.latency for lk in self.links])
+        self.route = lru_cache(maxsize=None)(self._route)
+
+    # -- construction ---------------------------------------------------------------------------
+
+    def _add(self, name: str, kind: str, capacity: float, latency: float) -> int:
+        if name in self._ids:
+            raise ValueError(f"duplicate link {name}")
+        lid = len(self.links)
+        self.links.append(Link(lid, name, kind, capacity, latency))
+        self._ids[name] = lid
+        return lid
+
+    def _pick_nic(self, g: int) -> int:
+        """The NIC GPU ``g`` uses: one on its own PCIe switch where there is one (GPUDirect RDMA)."""
+        p = self.platform
+        sw = self._gpu_switch[g]
+        local_nics = [k for k, s in enumerate(self._nic_switch) if s == sw]
+        if local_nics:
+            peers = [h for h, s in enumerate(self._gpu_switch) if s == sw]
+            return local_nics[peers.index(g) % len(local_nics)]
+        return g * p.network.nics_per_node // p.node.gpus
+
+    # -- queries --------------------------------------------------------------------------------
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def node_of(self, gpu: int) -> int:
+        return gpu // self.gpus_per_node
+
+    def local_of(self, gpu: int) -> int:
+        return gpu % self.gpus_per_node
+
+    def nic_of(self, gpu: int) -> int:
+        """Index within its node of the NIC that ``gpu`` sends and receives through."""
+        return self._nic_of[self.local_of(gpu)]
+
+    def leaf_of(self, node: int, nic: int) -> str:
+        net = self.platform.network
+        pod = node // net.nodes_per_leaf
+        return f"leaf{nic}.{pod}" if net.topology == "rail_optimized" else f"leaf{pod}"
+
+    def link_id(self, name: str) -> int:
+        return self._ids[name]
+
+    def _route(self, src: int, dst: int) -> tuple[int, ...]:
+        """Link ids from GPU ``src`` to GPU ``dst`` (empty when they are the same GPU)."""
+        if src == dst:
+            return ()
+        for g in (src, dst):
+            if not 0 <= g < self.world:
+                raise ValueError(f"GPU {g} is not in this {self.world}-GPU topology")
+        na, nb = self.node_of(src), self.node_of(dst)
+        ga, gb = self.local_of(src), self.local_of(dst)
+        sa, sb = self._gpu_switch[ga], self._gpu_switch[gb]
+        i = self._ids
+        if na == nb:
+            if self.platform.node.nvlink is not None:
+                return (i[f"n{na}.gpu{ga}->n{na}.nvsw"], i[f"n{na}.nvsw->n{na}.gpu{gb}"])
+            hops = [f"n{na}.gpu{ga}->n{na}.pcisw{sa}"]
+            if sa != sb:
+                hops += [f"n{na}.pcisw{sa}->n{na}.cpu", f"n{na}.cpu->n{na}.pcisw{sb}"]
+            hops.append(f"n{na}.pcisw{sb}->n{na}.gpu{gb}")
+            return tuple(i[h] for h in hops)
+        ka, kb = self._nic_of[ga], self._nic_of[gb]
+        hops = []
+        if ka != kb and self.platform.node.nvlink is not None and gb < self.gpus_per_node:
+            # PXN: hop over NVLink to the local GPU on the destination's rail, then leave through
+            # its NIC, so rail-optimised fabrics carry the traffic without crossing the spine.
+            hops += [f"n{na}.gpu{ga}->n{na}.nvsw", f"n{na}.nvsw->n{na}.gpu{gb}"]
+            ga, ka, sa = gb, kb, sb
+        xa, xb = self._nic_switch[ka], self._nic_switch[kb]
+        la, lb = self.leaf_of(na, ka), self.leaf_of(nb, kb)
+        hops.append(f"n{na}.gpu{ga}->n{na}.pcisw{sa}")
+        if sa != xa:
+            hops += [f"n{na}.pcisw{sa}->n{na}.cpu", f"n{na}.cpu->n{na}.pcisw{xa}"]
+        hops += [f"n{na}.pcisw{xa}->n{na}.nic{ka}", f"n{na}.nic{ka}->{la}"]
+        if la != lb:
+            hops += [f"{la}->spine", f"spine->{lb}"]
+        hops += [f"{lb}->n{nb}.nic{kb}", f"n{nb}.nic{kb}->n{nb}.pcisw{xb}"]
+        if xb != sb:
+            hops += [f"n{nb}.pcisw{xb}->n{nb}.cpu", f"n{nb}.cpu->n{nb}.pcisw{sb}"]
+        hops.append(f"n{nb}.pcisw{sb}->n{nb}.gpu{gb}")
+        return tuple(i[h] for h in hops)
+
+    def host_route(self, gpu: int, to_device: bool = True) -> tuple[int, ...]:
+        """Links of a copy between host memory and ``gpu`` (host to device by default)."""
+        n, g = self.node_of(gpu), self.local_of(gpu)
+        s = self._gpu_switch[g]
+        hops = ([f"n{n}.cpu->n{n}.pcisw{s}", f"n{n}.pcisw{s}->n{n}.gpu{g}"] if to_device
+                else [f"n{n}.gpu{g}->n{n}.pcisw{s}", f"n{n}.pcisw{s}->n{n}.cpu"])
+        return tuple(self._ids[h] for h in hops)
+
+    def route_latency(self, route: tuple[int, ...]) -> float:
+        return float(self.latency[list(route)].sum()) if route else 0.0
+
+    def route_capacity(self, route: tuple[int, ...]) -> float:
+        return float(self.capacity[list(route)].min()) if route else float("inf")

@@ -1,0 +1,88 @@
+"""Writing a run's output folder: ``summary.json``, ``timeline.png``, ``trace.json`` and the records.
+
+This module owns the file layout and the file formats; the numbers come from
+:mod:`simgpu.report.summary`, the picture from :mod:`simgpu.report.gantt`, the trace from
+:mod:`simgpu.report.chrome_trace`. Records are written with times in microseconds (``start_us``,
+``end_us``, ``dur_us``), sorted by rank, stream (cpu, compute, comm, copy, then others by name) and
+start.
+"""
+
+from __future__ import annotations
+
+import json
+from os import PathLike
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+
+from simgpu.engine.result import SimResult
+from simgpu.report.chrome_trace import US_DECIMALS, stream_tids, write_chrome_trace
+from simgpu.report.gantt import plot_timeline
+from simgpu.report.summary import summarize
+
+RecordsFormat = Literal["csv", "parquet"]
+RECORDS_FORMATS: tuple[str, ...] = ("csv", "parquet")
+
+
+def summary_json(summary: dict[str, Any]) -> str:
+    """The text of ``summary.json``: indented, key order kept, no NaN, newline-terminated."""
+    return json.dumps(summary, indent=2, allow_nan=False, ensure_ascii=False) + "\n"
+
+
+def records_table(result: SimResult) -> pd.DataFrame:
+    """The records as written: times in microseconds (rounded to ns), sorted by rank, stream and start.
+
+    ``start_s`` / ``end_s`` are replaced by ``start_us`` / ``end_us``; ``dur_us`` is added.
+    """
+    rec = result.records
+    out = rec.drop(columns=["start_s", "end_s"])
+    start_us = np.round(rec["start_s"].to_numpy(dtype=np.float64) * 1e6, US_DECIMALS)
+    end_us = np.round(rec["end_s"].to_numpy(dtype=np.float64) * 1e6, US_DECIMALS)
+    cols = list(out.columns)
+    at = cols.index("kind") + 1 if "kind" in cols else len(cols)
+    out.insert(at, "start_us", start_us)
+    out.insert(at + 1, "end_us", end_us)
+    out.insert(at + 2, "dur_us", np.round(end_us - start_us, US_DECIMALS))
+    if len(out):
+        streams = out["stream"].astype(str)
+        tids = stream_tids(sorted(set(streams)))
+        order = np.lexsort((start_us, streams.map(tids).to_numpy(dtype=np.int64), out["rank"].to_numpy()))
+        out = out.iloc[order]
+    return out.reset_index(drop=True)
+
+
+def write_outputs(
+    result: SimResult,
+    out_dir: str | PathLike[str],
+    *,
+    links: bool = False,
+    records_format: RecordsFormat = "csv",
+) -> dict[str, Path]:
+    """Write the four outputs of ``result`` into ``out_dir`` (created if missing).
+
+    Returns the written paths under the keys ``summary``, ``timeline``, ``trace`` and ``records``.
+    ``links`` adds the busiest links to the timeline (the trace includes link records whenever the
+    result has them); ``records_format`` is ``"csv"`` or ``"parquet"``.
+    """
+    if records_format not in RECORDS_FORMATS:
+        valid = ", ".join(RECORDS_FORMATS)
+        raise ValueError(f"records_format must be one of {valid}, got {records_format!r}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "summary": out / "summary.json",
+        "timeline": out / "timeline.png",
+        "trace": out / "trace.json",
+        "records": out / f"records.{records_format}",
+    }
+    paths["summary"].write_text(summary_json(summarize(result)), encoding="utf-8")
+    plot_timeline(result, paths["timeline"], show_links=links)
+    write_chrome_trace(result, paths["trace"])
+    table = records_table(result)
+    if records_format == "parquet":
+        table.to_parquet(paths["records"], index=False)
+    else:
+        table.to_csv(paths["records"], index=False)
+    return paths

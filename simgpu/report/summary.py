@@ -1,0 +1,382 @@
+"""The summary of one simulated iteration: the numbers behind ``summary.json`` and the printed table.
+
+This module owns the arithmetic of the report: interval-union measures (how long a set of possibly
+overlapping intervals covers), the per-rank breakdown into compute, communication, exposed
+communication and idle time, category and link rankings, and the plain-text table. It writes no
+files (see :mod:`simgpu.report.outputs`).
+
+Units: records carry seconds (``start_s``, ``end_s``); the summary reports milliseconds (keys ending
+in ``_ms``), bytes as gigabytes (``gbytes``, 1e9 bytes), memory in GiB, utilisation and shares as
+fractions in [0, 1]. Floats are rounded to :data:`SIGNIFICANT_DIGITS` significant digits so that the
+same result always serialises to the same JSON bytes.
+
+Definitions, per rank, over the window [0, iteration_time] (intervals are clipped to it):
+
+- compute: union of kernel and memcpy intervals on streams other than ``comm`` and ``cpu``;
+- communication: union of intervals on the ``comm`` stream (host waits excluded);
+- exposed communication: communication minus compute (comm time not hidden under compute);
+- idle: iteration time minus the union of compute and communication;
+- cpu busy: union of intervals on the ``cpu`` stream (host waits excluded).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from simgpu.engine.result import SimResult
+
+#: Significant digits kept for every float in the summary.
+SIGNIFICANT_DIGITS = 6
+#: Number of links listed in ``busiest_links``.
+TOP_LINKS = 10
+#: Record kinds that count as GPU compute work on non-comm streams.
+COMPUTE_KINDS = ("kernel", "memcpy")
+#: Record kinds that never count as busy time (the thread or stream is waiting).
+WAIT_KINDS = ("host_wait",)
+#: Record kinds that are host-side work and never count as GPU work on any stream.
+HOST_KINDS = ("launch", "host_wait")
+#: Streams that are not GPU compute streams.
+NON_COMPUTE_STREAMS = ("comm", "cpu")
+#: Up to this many ranks the printed table lists every rank; above it, min / mean / max.
+MAX_TABLE_RANKS = 16
+
+FloatArray = np.ndarray[Any, np.dtype[np.float64]]
+IntArray = np.ndarray[Any, np.dtype[np.int64]]
+
+
+# --------------------------------------------------------------------------- interval unions
+
+
+def union_measure(starts: Sequence[float] | np.ndarray, ends: Sequence[float] | np.ndarray) -> float:
+    """Total length covered by the union of intervals ``[starts[i], ends[i])``.
+
+    Intervals may overlap, nest or touch; empty or reversed intervals contribute nothing.
+    O(n log n): sort by start, keep the running maximum of the ends seen so far (the covered
+    frontier), and count only what each interval adds beyond that frontier.
+    """
+    s = np.asarray(starts, dtype=np.float64)
+    e = np.asarray(ends, dtype=np.float64)
+    if s.shape != e.shape or s.ndim != 1:
+        raise ValueError(f"starts and ends must be 1-D arrays of one length, got {s.shape} and {e.shape}")
+    if s.size == 0:
+        return 0.0
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    frontier = np.maximum.accumulate(e)
+    before = np.empty_like(frontier)
+    before[0] = -np.inf
+    before[1:] = frontier[:-1]
+    return float(np.clip(e - np.maximum(s, before), 0.0, None).sum())
+
+
+def grouped_union_measure(
+    groups: np.ndarray, starts: np.ndarray, ends: np.ndarray, n_groups: int
+) -> FloatArray:
+    """Union measure of the intervals of each group, as an array of length ``n_groups``.
+
+    ``groups`` holds integer codes in ``[0, n_groups)``. The same algorithm as
+    :func:`union_measure`, done for all groups at once: one lexicographic sort by (group, start)
+    and a running maximum of the ends that restarts at each group.
+    """
+    g = np.asarray(groups, dtype=np.int64)
+    s = np.asarray(starts, dtype=np.float64)
+    e = np.asarray(ends, dtype=np.float64)
+    if not (g.shape == s.shape == e.shape) or g.ndim != 1:
+        raise ValueError("groups, starts and ends must be 1-D arrays of one length")
+    if n_groups < 0:
+        raise ValueError(f"n_groups must be >= 0, got {n_groups}")
+    if g.size == 0:
+        return np.zeros(n_groups, dtype=np.float64)
+    if g.min() < 0 or g.max() >= n_groups:
+        raise ValueError(f"group codes must lie in [0, {n_groups})")
+    order = np.lexsort((s, g))
+    g, s, e = g[order], s[order], e[order]
+    frontier = pd.Series(e).groupby(g, sort=False).cummax().to_numpy(dtype=np.float64)
+    before = np.empty_like(frontier)
+    before[0] = -np.inf
+    before[1:] = frontier[:-1]
+    first_of_group = np.ones(g.size, dtype=bool)
+    first_of_group[1:] = g[1:] != g[:-1]
+    before[first_of_group] = -np.inf
+    added = np.clip(e - np.maximum(s, before), 0.0, None)
+    return np.bincount(g, weights=added, minlength=n_groups).astype(np.float64)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def round_sig(x: float | None, digits: int = SIGNIFICANT_DIGITS) -> float | None:
+    """``x`` rounded to ``digits`` significant digits; None for None, NaN or infinity."""
+    if x is None:
+        return None
+    x = float(x)
+    if not math.isfinite(x):
+        return None
+    if x == 0.0:
+        return 0.0  # also turns -0.0 into 0.0
+    return float(f"{x:.{digits}g}")
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain-Python, rounded copy of a meta value (numpy scalars, tuples and dicts included)."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return round_sig(float(value))
+    if value is None or isinstance(value, str):
+        return value
+    return str(value)
+
+
+def _positive(value: Any) -> float | None:
+    """``value`` as a float when it is a finite number > 0, else None."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) and x > 0 else None
+
+
+def _ms(seconds: float) -> float | None:
+    return round_sig(seconds * 1e3)
+
+
+def _rank_axis(records: pd.DataFrame, meta: Mapping[str, Any]) -> IntArray:
+    """Ranks the summary covers: every rank in the records and, when known, 0 .. gpus-1."""
+    ranks = set(int(r) for r in pd.unique(records["rank"])) if len(records) else set()
+    gpus = meta.get("gpus")
+    if isinstance(gpus, (int, np.integer)) and not isinstance(gpus, bool) and gpus > 0:
+        ranks.update(range(int(gpus)))
+    return np.array(sorted(ranks), dtype=np.int64)
+
+
+# --------------------------------------------------------------------------- computation
+
+
+def rank_breakdown(result: SimResult) -> pd.DataFrame:
+    """Per-rank busy times in seconds.
+
+    Returns one row per rank (index ``rank``) with columns ``compute_s``, ``communication_s``,
+    ``exposed_communication_s``, ``idle_s`` and ``cpu_busy_s``, as defined in the module docstring.
+    """
+    t = float(result.iteration_time_s)
+    rec = result.records
+    ranks = _rank_axis(rec, result.meta)
+    n = len(ranks)
+    cols = ["compute_s", "communication_s", "exposed_communication_s", "idle_s", "cpu_busy_s"]
+    if n == 0:
+        return pd.DataFrame(columns=cols, index=pd.Index([], name="rank", dtype=np.int64), dtype=float)
+    if len(rec):
+        rank_idx = np.searchsorted(ranks, rec["rank"].to_numpy(dtype=np.int64))
+        s = np.clip(rec["start_s"].to_numpy(dtype=np.float64), 0.0, t)
+        e = np.clip(rec["end_s"].to_numpy(dtype=np.float64), 0.0, t)
+        stream = rec["stream"].astype(str).to_numpy()
+        kind = rec["kind"].astype(str).to_numpy()
+    else:
+        rank_idx = np.zeros(0, dtype=np.int64)
+        s = e = np.zeros(0, dtype=np.float64)
+        stream = kind = np.zeros(0, dtype=object)
+    is_compute = ~np.isin(stream, NON_COMPUTE_STREAMS) & np.isin(kind, COMPUTE_KINDS)
+    is_comm = (stream == "comm") & ~np.isin(kind, HOST_KINDS)
+    is_cpu = (stream == "cpu") & ~np.isin(kind, WAIT_KINDS)
+
+    def measure(mask: np.ndarray) -> FloatArray:
+        return grouped_union_measure(rank_idx[mask], s[mask], e[mask], n)
+
+    compute = measure(is_compute)
+    comm = measure(is_comm)
+    either = measure(is_compute | is_comm)
+    out = pd.DataFrame(
+        {
+            "compute_s": compute,
+            "communication_s": comm,
+            "exposed_communication_s": np.clip(either - compute, 0.0, None),
+            "idle_s": np.clip(t - either, 0.0, None),
+            "cpu_busy_s": measure(is_cpu),
+        },
+        index=pd.Index(ranks, name="rank"),
+    )
+    return out
+
+
+def category_times(result: SimResult) -> pd.Series:
+    """Union time in seconds of GPU work per category, mean over ranks, sorted longest first.
+
+    GPU work is every record on a GPU stream (not ``cpu``) that is not host-side
+    (``launch``, ``host_wait``). Ties are broken by category name.
+    """
+    t = float(result.iteration_time_s)
+    rec = result.records
+    ranks = _rank_axis(rec, result.meta)
+    if len(rec) == 0 or len(ranks) == 0:
+        return pd.Series(dtype=np.float64, name="seconds")
+    on_gpu = (rec["stream"].astype(str) != "cpu").to_numpy()
+    mask = on_gpu & ~rec["kind"].astype(str).isin(HOST_KINDS).to_numpy()
+    work = rec.loc[mask]
+    if len(work) == 0:
+        return pd.Series(dtype=np.float64, name="seconds")
+    cat_codes, cats = pd.factorize(work["category"].fillna("other").astype(str), sort=True)
+    rank_idx = np.searchsorted(ranks, work["rank"].to_numpy(dtype=np.int64))
+    n_cat = len(cats)
+    groups = rank_idx * n_cat + cat_codes
+    per = grouped_union_measure(
+        groups,
+        np.clip(work["start_s"].to_numpy(dtype=np.float64), 0.0, t),
+        np.clip(work["end_s"].to_numpy(dtype=np.float64), 0.0, t),
+        len(ranks) * n_cat,
+    ).reshape(len(ranks), n_cat)
+    frame = pd.DataFrame({"category": [str(c) for c in cats], "seconds": per.mean(axis=0)})
+    frame = frame.sort_values(["seconds", "category"], ascending=[False, True], kind="stable")
+    index = pd.Index(frame["category"], name="category")
+    return pd.Series(frame["seconds"].to_numpy(), index=index, name="seconds")
+
+
+def link_utilisation(result: SimResult) -> pd.DataFrame:
+    """Link statistics with ``utilisation`` = bytes / (capacity * iteration time), busiest first.
+
+    Returns the columns of :attr:`SimResult.link_stats` plus ``utilisation`` (NaN where the capacity
+    or the iteration time is not positive), sorted by utilisation (descending) then link name.
+    """
+    stats = result.link_stats.copy()
+    t = float(result.iteration_time_s)
+    if len(stats) == 0:
+        stats["utilisation"] = pd.Series(dtype=np.float64)
+        return stats
+    cap = stats["capacity_gbytes_per_s"].to_numpy(dtype=np.float64) * 1e9
+    denom = cap * t
+    nbytes = stats["nbytes"].to_numpy(dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        util = np.where(denom > 0, nbytes / np.where(denom > 0, denom, 1.0), np.nan)
+    stats["utilisation"] = util
+    stats["link"] = stats["link"].astype(str)
+    return stats.sort_values(
+        ["utilisation", "link"], ascending=[False, True], na_position="last", kind="stable"
+    ).reset_index(drop=True)
+
+
+def _memory(meta: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The per-rank memory dict of the rank with the largest total, plus the GPU capacity."""
+    per_rank = meta.get("memory_gib")
+    capacity = _positive(meta.get("gpu_memory_gib"))
+    if not per_rank:
+        return None if capacity is None else {"rank": None, "total": None, "usage": {}, "capacity": capacity}
+
+    def total(d: Mapping[str, Any]) -> float:
+        if "total" in d and _positive(d["total"]) is not None:
+            return float(d["total"])
+        return float(sum(float(v) for k, v in d.items() if k != "rank" and isinstance(v, (int, float))))
+
+    items = list(per_rank.items()) if isinstance(per_rank, Mapping) else list(enumerate(per_rank))
+    best_rank, best = max(items, key=lambda kv: (total(kv[1]), -int(kv[0])))
+    usage = {str(k): v for k, v in best.items() if k not in ("rank", "total")}
+    rank = best.get("rank", best_rank)
+    return {
+        "rank": int(rank),
+        "total": total(best),
+        "usage": dict(sorted(usage.items())),
+        "capacity": capacity,
+    }
+
+
+def _kernel_model_shares(meta: Mapping[str, Any]) -> dict[str, float]:
+    """Model name -> fraction of simulated kernel time, largest first (fractions sum to 1)."""
+    raw = meta.get("kernel_model_share") or {}
+    seconds = {str(k): float(v) for k, v in raw.items() if _positive(v) is not None}
+    total = sum(seconds.values())
+    if total <= 0:
+        return {}
+    ordered = sorted(seconds.items(), key=lambda kv: (-kv[1], kv[0]))
+    return {name: v / total for name, v in ordered}
+
+
+def summarize(result: SimResult) -> dict[str, Any]:
+    """The summary of ``result`` as a JSON-ready dict (see the module docstring for definitions).
+
+    Deterministic: the same result gives an equal dict with the same key order, and floats rounded
+    to :data:`SIGNIFICANT_DIGITS` significant digits. Unknown quantities (no samples, no peak
+    FLOP/s, no memory data) are None.
+    """
+    t = float(result.iteration_time_s)
+    if not math.isfinite(t) or t < 0:
+        raise ValueError(f"iteration_time_s must be a finite number >= 0, got {result.iteration_time_s!r}")
+    meta = result.meta
+    gpus = meta.get("gpus")
+
+    samples = _positive(meta.get("samples"))
+    tokens = _positive(meta.get("tokens"))
+    throughput: dict[str, float | None] = {
+        "samples_per_s": round_sig(samples / t) if samples and t > 0 else None
+    }
+    if tokens is not None:
+        throughput["tokens_per_s"] = round_sig(tokens / t) if t > 0 else None
+
+    flops = _positive(meta.get("model_flops"))
+    peak = _positive(meta.get("peak_flops_per_gpu"))
+    n_gpus = _positive(gpus)
+    mfu = round_sig(flops / (t * n_gpus * peak)) if flops and peak and n_gpus and t > 0 else None
+
+    per_rank = rank_breakdown(result)
+    breakdown = {
+        "compute": _ms(float(per_rank["compute_s"].mean())) if len(per_rank) else 0.0,
+        "communication": _ms(float(per_rank["communication_s"].mean())) if len(per_rank) else 0.0,
+        "exposed_communication": (
+            _ms(float(per_rank["exposed_communication_s"].mean())) if len(per_rank) else 0.0
+        ),
+        "idle": _ms(float(per_rank["idle_s"].mean())) if len(per_rank) else _ms(t),
+    }
+    rank_rows = [
+        {
+            "rank": int(rank),
+            "compute_ms": _ms(row.compute_s),
+            "communication_ms": _ms(row.communication_s),
+            "exposed_communication_ms": _ms(row.exposed_communication_s),
+            "idle_ms": _ms(row.idle_s),
+            "cpu_busy_ms": _ms(row.cpu_busy_s),
+        }
+        for rank, row in zip(per_rank.index, per_rank.itertuples(index=False), strict=True)
+    ]
+    categories = {str(c): _ms(float(v)) for c, v in category_times(result).items()}
+
+    links = link_utilisation(result).head(TOP_LINKS)
+    busiest = [
+        {
+            "link": str(row.link),
+            "kind": str(row.link_kind),
+            "utilisation": round_sig(row.utilisation),
+            "gbytes": round_sig(float(row.nbytes) / 1e9),
+            "busy_ms": _ms(float(row.busy_s)),
+        }
+        for row in links.itertuples(index=False)
+    ]
+
+    seed = meta.get("seed")
+    return {
+        "workload": _jsonable(meta.get("workload")),
+        "platform": _jsonable(meta.get("platform")),
+        "nodes": _jsonable(meta.get("nodes")),
+        "gpus": _jsonable(gpus),
+        "iteration_time_ms": _ms(t),
+        "throughput": throughput,
+        "mfu": mfu,
+        "breakdown_ms": breakdown,
+        "per_rank": rank_rows,
+        "categories_ms": categories,
+        "busiest_links": busiest,
+        "memory_gib": _jsonable(_memory(meta)),
+        "kernel_models": {k: round_sig(v) for k, v in _kernel_model_shares(meta).items()},
+        "seed": _jsonable(seed),
+        "events": int(result.events),
+    }

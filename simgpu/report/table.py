@@ -1,0 +1,102 @@
+"""The printed summary table: a compact plain-text view of :func:`simgpu.report.summary.summarize`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .summary import MAX_TABLE_RANKS
+
+
+def _f(x: Any, fmt: str = ".3f", none: str = "n/a") -> str:
+    return none if x is None else format(float(x), fmt)
+
+
+def _pct(part: Any, whole: Any) -> str:
+    if part is None or not whole:
+        return "  n/a"
+    return f"{100.0 * float(part) / float(whole):5.1f}%"
+
+
+def format_summary(summary: Mapping[str, Any]) -> str:
+    """A compact plain-text table of a summary made by :func:`summarize` (or read back from JSON)."""
+    t = summary.get("iteration_time_ms")
+    lines: list[str] = []
+    lines.append(f"workload  {summary.get('workload')}   platform  {summary.get('platform')}")
+    lines.append(f"nodes  {summary.get('nodes')}   GPUs  {summary.get('gpus')} (total)")
+    tp = summary.get("throughput") or {}
+    thr = f"{_f(tp.get('samples_per_s'), ',.1f')} samples/s"
+    if "tokens_per_s" in tp:
+        thr += f", {_f(tp.get('tokens_per_s'), ',.0f')} tokens/s"
+    mfu = summary.get("mfu")
+    mfu_s = "n/a" if mfu is None else f"{100 * mfu:.1f}%"
+    lines.append(f"iteration  {_f(t)} ms   throughput  {thr}   MFU  {mfu_s}")
+
+    b = summary.get("breakdown_ms") or {}
+    lines.append("")
+    lines.append("breakdown (mean over ranks)")
+    for key, label in (
+        ("compute", "compute"),
+        ("communication", "communication"),
+        ("exposed_communication", "exposed comm"),
+        ("idle", "idle"),
+    ):
+        lines.append(f"  {label:<15}{_f(b.get(key)):>12} ms  {_pct(b.get(key), t)}")
+
+    rows = summary.get("per_rank") or []
+    cols = ("compute_ms", "communication_ms", "exposed_communication_ms", "idle_ms", "cpu_busy_ms")
+    heads = ("compute", "comm", "exposed", "idle", "cpu busy")
+    if rows:
+        lines.append("")
+        lines.append("per rank (ms)")
+        lines.append("  " + f"{'rank':<6}" + "".join(f"{h:>12}" for h in heads))
+        if len(rows) <= MAX_TABLE_RANKS:
+            for r in rows:
+                lines.append("  " + f"{r['rank']:<6}" + "".join(f"{_f(r.get(c)):>12}" for c in cols))
+        else:
+            values = {c: [float(r[c]) for r in rows if r.get(c) is not None] for c in cols}
+            for label, fn in (("min", min), ("mean", lambda v: sum(v) / len(v)), ("max", max)):
+                cells = "".join(f"{_f(fn(values[c]) if values[c] else None):>12}" for c in cols)
+                lines.append("  " + f"{label:<6}" + cells)
+            lines.append(f"  ({len(rows)} ranks)")
+
+    cats = list((summary.get("categories_ms") or {}).items())
+    if cats:
+        lines.append("")
+        lines.append("top categories (ms, mean over ranks)")
+        for name, ms in cats[:5]:
+            lines.append(f"  {name:<20}{_f(ms):>12}  {_pct(ms, t)}")
+
+    links = summary.get("busiest_links") or []
+    if links:
+        lines.append("")
+        lines.append("busiest links")
+        lines.append(f"  {'link':<32}{'kind':<12}{'util':>8}{'GB':>10}{'busy ms':>12}")
+        for lk in links[:5]:
+            util = lk.get("utilisation")
+            util_s = "n/a" if util is None else f"{100 * util:.1f}%"
+            lines.append(
+                f"  {lk.get('link')!s:<32}{lk.get('kind')!s:<12}{util_s:>8}"
+                f"{_f(lk.get('gbytes')):>10}{_f(lk.get('busy_ms')):>12}"
+            )
+
+    mem = summary.get("memory_gib")
+    if mem:
+        lines.append("")
+        cap = mem.get("capacity")
+        head = f"memory per GPU (max rank {mem.get('rank')})  {_f(mem.get('total'), '.2f')} GiB"
+        if cap:
+            head += f" of {_f(cap, '.1f')} GiB ({_pct(mem.get('total'), cap).strip()})"
+        lines.append(head)
+        usage = mem.get("usage") or {}
+        if usage:
+            lines.append("  " + ", ".join(f"{k} {_f(v, '.2f')}" for k, v in usage.items()))
+
+    models = summary.get("kernel_models") or {}
+    if models:
+        lines.append("")
+        lines.append("kernel models  " + ", ".join(f"{k} {100 * float(v):.1f}%" for k, v in models.items()))
+
+    lines.append("")
+    lines.append(f"seed {summary.get('seed')}   events {summary.get('events')}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,159 @@
+"""The op graph: what each rank runs in one iteration, in program order.
+
+Builders produce a :class:`Workload`; the engine consumes it. Nothing here knows about SimPy or
+about any particular model family. Times are not stored on ops: compute ops point at a
+:class:`KernelSpec` (deduplicated across the whole workload) that the kernel models time in bulk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+OpKind = Literal["kernel", "collective", "memcpy", "host_wait"]
+CollectiveOp = Literal[
+    "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "send_recv"
+]
+
+#: Streams a rank may use. ``compute`` and ``comm`` always exist; ``copy`` is created on first use.
+STREAMS = ("compute", "comm", "copy")
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSpec:
+    """One distinct kernel shape, the unit the kernel models time.
+
+    ``family`` names the op family (``gemm``, ``bmm``, ``attention``, ``embedding_fwd``,
+    ``embedding_bwd``, ``elementwise``, ``norm``, ``softmax``, ``optimizer``). ``params`` is a
+    sorted tuple of ``(name, value)`` pairs with the family's shape parameters (counts, not
+    bytes); ``dtype`` is the element type (``fp32``, ``tf32``, ``bf16``, ``fp16``, ``fp8``).
+    """
+
+    family: str
+    params: tuple[tuple[str, float], ...]
+    dtype: str
+
+    @staticmethod
+    def make(family: str, dtype: str, **params: float) -> KernelSpec:
+        return KernelSpec(family, tuple(sorted((k, float(v)) for k, v in params.items())), dtype)
+
+    def get(self, name: str, default: float | None = None) -> float:
+        for k, v in self.params:
+            if k == name:
+                return v
+        if default is None:
+            raise KeyError(f"{self.family} kernel has no parameter {name!r}")
+        return default
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveCall:
+    """A rank's side of a collective.
+
+    ``key`` is identical on every member and unique within the iteration; the collective starts
+    when all members of ``group`` (global ranks, in order) have reached it on their comm stream.
+    ``nbytes`` follows nccl-tests' size convention: the buffer of all-reduce / broadcast / reduce,
+    the gathered output of all-gather, the input of reduce-scatter, the whole send buffer of
+    all-to-all. ``send_bytes`` (all-to-all-v only) is this rank's bytes to each member, in group
+    order; ``root`` is a group index for broadcast / reduce, the peer for send_recv.
+    """
+
+    key: str
+    op: CollectiveOp
+    group: tuple[int, ...]
+    nbytes: int
+    send_bytes: tuple[int, ...] | None = None
+    root: int = 0
+
+
+@dataclass(slots=True)
+class Op:
+    """One step of a rank's program.
+
+    ``deps`` are indices of earlier ops of the same rank that must finish before this one starts
+    (cross-stream waits; order within a stream is implicit). A ``host_wait`` op blocks the CPU
+    thread until its deps finish (a synchronisation such as ``.item()``).
+    """
+
+    name: str
+    kind: OpKind
+    category: str
+    stream: str = "compute"
+    phase: str = "fwd"
+    kernel: int = -1
+    coll: CollectiveCall | None = None
+    nbytes: int = 0
+    deps: tuple[int, ...] = ()
+
+
+@dataclass
+class Program:
+    """The ops of one rank in program order, with a helper to append them and get their index."""
+
+    rank: int
+    ops: list[Op] = field(default_factory=list)
+
+    def add(self, op: Op) -> int:
+        for d in op.deps:
+            if not 0 <= d < len(self.ops):
+                raise ValueError(f"op {op.name!r} depends on op {d}, which is not earlier in rank {self.rank}")
+        self.ops.append(op)
+        return len(self.ops) - 1
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per GPU by purpose."""
+
+    parameters: float = 0.0
+    gradients: float = 0.0
+    optimizer_states: float = 0.0
+    activations: float = 0.0
+    embeddings: float = 0.0
+    buffers: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return (self.parameters + self.gradients + self.optimizer_states + self.activations
+                + self.embeddings + self.buffers)
+
+    def as_gib(self) -> dict[str, float]:
+        d = {k: getattr(self, k) / 2**30 for k in
+             ("parameters", "gradients", "optimizer_states", "activations", "embeddings", "buffers")}
+        d["total"] = self.total / 2**30
+        return d
+
+
+@dataclass
+class Workload:
+    """What a builder returns: per-rank programs and the facts the report needs.
+
+    ``kernels`` is the table of distinct kernel shapes that ``Op.kernel`` indexes.
+    ``samples`` and ``tokens`` are per iteration over the whole job; ``model_flops`` is the
+    useful (model) FLOPs of one iteration over the whole job, for MFU.
+    """
+
+    name: str
+    programs: list[Program]
+    kernels: list[KernelSpec]
+    memory: list[MemoryEstimate]
+    samples: int
+    tokens: int = 0
+    model_flops: float = 0.0
+    compute_dtype: str = "fp32"
+
+
+class KernelTable:
+    """Deduplicates :class:`KernelSpec` s and hands out their indices."""
+
+    def __init__(self) -> None:
+        self.specs: list[KernelSpec] = []
+        self._index: dict[KernelSpec, int] = {}
+
+    def __call__(self, family: str, dtype: str, **params: float) -> int:
+        spec = KernelSpec.make(family, dtype, **params)
+        idx = self._index.get(spec)
+        if idx is None:
+            idx = self._index[spec] = len(self.specs)
+            self.specs.append(spec)
+        return idx

@@ -1,0 +1,48 @@
+"""Workload builders, chosen by the model's ``kind``.
+
+A builder is ``build(spec: WorkloadSpec, world: World) -> Workload``. Registering a name twice is an
+error, and asking for an unknown name lists the valid ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..config.workload import WorkloadSpec
+from .graph import Workload
+
+
+@dataclass(frozen=True)
+class World:
+    """Where the job runs: ``nodes`` x ``gpus_per_node`` ranks; rank r is GPU ``r % gpus_per_node``
+    of node ``r // gpus_per_node``."""
+
+    nodes: int
+    gpus_per_node: int
+
+    @property
+    def size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+Builder = Callable[[WorkloadSpec, World], Workload]
+_BUILDERS: dict[str, Builder] = {}
+
+
+def register(name: str) -> Callable[[Builder], Builder]:
+    def deco(fn: Builder) -> Builder:
+        if name in _BUILDERS:
+            raise ValueError(f"workload builder {name!r} is registered twice")
+        _BUILDERS[name] = fn
+        return fn
+    return deco
+
+
+def get_builder(name: str) -> Builder:
+    from . import dlrm, transformer  # noqa: F401  (registration on import)
+
+    try:
+        return _BUILDERS[name]
+    except KeyError:
+        raise KeyError(f"unknown workload kind {name!r}; known: {', '.join(sorted(_BUILDERS))}") from None

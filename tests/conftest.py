@@ -1,0 +1,52 @@
+"""Shared fixtures: platforms, small hand-made workloads, paths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from simgpu.comm.planner import Planner
+from simgpu.config.loader import load_platform
+from simgpu.config.platform import PlatformSpec
+from simgpu.engine import Engine, EngineOptions, SimResult
+from simgpu.platform.topology import Topology
+from simgpu.workload.graph import KernelSpec, MemoryEstimate, Program, Workload
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def dgx_a100() -> PlatformSpec:
+    return load_platform("dgx_a100")[0]
+
+
+@pytest.fixture(scope="session")
+def dgx_h100() -> PlatformSpec:
+    return load_platform("dgx_h100")[0]
+
+
+@pytest.fixture(scope="session")
+def pcie_4gpu() -> PlatformSpec:
+    return load_platform("pcie_4gpu")[0]
+
+
+def run_programs(platform: PlatformSpec, nodes: int, programs: list[Program], durations: list[float],
+                 *, gpus_per_node: int | None = None, launch_s: float = 0.0, overlap: float = 0.0,
+                 algorithm: str = "auto") -> SimResult:
+    """Run hand-made programs; kernel i of the table lasts durations[i] seconds."""
+    topo = Topology(platform, nodes, gpus_per_node)
+    kernels = [KernelSpec.make("elementwise", "fp32", numel=i + 1) for i in range(len(durations))]
+    wl = Workload("hand", programs, kernels, [MemoryEstimate()] * len(programs), samples=1)
+    planner = Planner(topo, platform.collectives, algorithm)
+    opts = EngineOptions(launch_s=launch_s, cpu_threads_per_node=128, overlap_slowdown=overlap)
+    return Engine(topo, wl, np.asarray(durations), ["fixed"] * len(durations), planner, opts).run()
+
+
+from hypothesis import settings as _settings  # noqa: E402
+
+# CI runs the same examples every time: a property failure is reproducible, never flaky.
+_settings.register_profile("ci", derandomize=True, deadline=None)
+_settings.load_profile("ci")

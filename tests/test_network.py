@@ -1,0 +1,106 @@
+"""Bandwidth sharing on links: max-min fairness, exact completion times, monotonicity."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simgpu.comm.network import FlowNetwork, _max_min
+
+
+class F:
+    def __init__(self, links: list[int]) -> None:
+        ids, mult = np.unique(links, return_counts=True)
+        self.links, self.mult = ids, mult.astype(float)
+
+
+def finish_times(cap: list[float], transfers: list[tuple[list[int], float, float]]) -> list[float]:
+    env = simpy.Environment()
+    net = FlowNetwork(env, np.array(cap))
+    out = [0.0] * len(transfers)
+
+    def go(i: int, links: list[int], nbytes: float, start: float):
+        yield env.timeout(start)
+        yield net.transfer(links, nbytes)
+        out[i] = env.now
+
+    for i, (links, nbytes, start) in enumerate(transfers):
+        env.process(go(i, links, nbytes, start))
+    env.run()
+    return out
+
+
+def test_one_transfer_takes_bytes_over_bottleneck():
+    assert finish_times([10.0, 5.0], [([0, 1], 100.0, 0.0)]) == [pytest.approx(20.0)]
+
+
+def test_two_transfers_share_then_one_speeds_up():
+    # both on link 0 (cap 10): 5 each; the 50-byte one ends at t=10, the other then runs at 10
+    t = finish_times([10.0], [([0], 50.0, 0.0), ([0], 150.0, 0.0)])
+    assert t == [pytest.approx(10.0), pytest.approx(20.0)]
+
+
+def test_max_min_gives_unused_share_to_others():
+    # flow a: links 0,1; flow b: link 1; flow c: link 0 (cap 10 each) -> all 5
+    rates, _, _ = _max_min([F([0, 1]), F([1]), F([0])], np.array([10.0, 10.0]))
+    assert rates == pytest.approx([5, 5, 5])
+    # link 1 has cap 2: a gets 1, b gets 1, c takes the rest of link 0 (9)
+    rates, _, _ = _max_min([F([0, 1]), F([1]), F([0])], np.array([10.0, 2.0]))
+    assert rates == pytest.approx([1, 1, 9])
+
+
+def test_coflow_multiplicity_counts_each_edge():
+    rates, ids, load = _max_min([F([0, 0, 1])], np.array([10.0, 10.0]))
+    assert rates == pytest.approx([5.0])
+    assert dict(zip(ids.tolist(), load.tolist())) == pytest.approx({0: 10.0, 1: 5.0})
+
+
+def test_latency_delays_the_start():
+    env = simpy.Environment()
+    net = FlowNetwork(env, np.array([1.0]))
+    ev = net.transfer([0], 2.0, latency=3.0)
+    env.run()
+    assert ev.triggered and env.now == pytest.approx(5.0)
+
+
+def test_link_bytes_and_busy_time_are_accounted():
+    env = simpy.Environment()
+    net = FlowNetwork(env, np.array([10.0, 10.0]), record=True)
+    net.transfer([0, 1], 100.0)
+    env.run()
+    net.finish()
+    assert net.link_bytes == pytest.approx([100.0, 100.0])
+    assert net.link_busy_s == pytest.approx([10.0, 10.0])
+    assert sorted(net.intervals) == [(0, 0.0, pytest.approx(10.0)), (1, 0.0, pytest.approx(10.0))]
+
+
+transfers = st.lists(st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=3),
+                               st.floats(1.0, 1e3), st.floats(0.0, 10.0)), min_size=1, max_size=8)
+
+
+@settings(max_examples=60)
+@given(st.lists(st.tuples(st.floats(1.0, 1e3), st.floats(0.0, 10.0)), min_size=1, max_size=8),
+       st.floats(1.0, 100.0))
+def test_faster_shared_link_never_delays_a_transfer(trs, cap):
+    """Property: on one shared link, doubling its capacity finishes every transfer no later."""
+    flows = [([0], nbytes, start) for nbytes, start in trs]
+    for slow, fast in zip(finish_times([cap], flows), finish_times([2 * cap], flows)):
+        assert fast <= slow * (1 + 1e-9)
+
+
+@settings(max_examples=60)
+@given(transfers, st.lists(st.floats(1.0, 100.0), min_size=4, max_size=4))
+def test_work_conservation_bounds(trs, cap):
+    """Property: no transfer beats its bottleneck alone; a link never carries more than it can."""
+    done = finish_times(cap, trs)
+    for (links, nbytes, start), end in zip(trs, done):
+        assert end - start >= nbytes / min(cap[i] for i in links) * (1 - 1e-9)
+    for lid in range(4):
+        load = sum(nbytes * links.count(lid) for links, nbytes, _ in trs)
+        first = min((s for links, _, s in trs if lid in links), default=0.0)
+        last = max((e for (links, _, _), e in zip(trs, done) if lid in links), default=0.0)
+        if load:
+            assert load <= cap[lid] * (last - first) * (1 + 1e-6)
