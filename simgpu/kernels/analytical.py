@@ -49,6 +49,9 @@ class Analytical:
             raise ValueError(f"{self.gpu.name} has no {dtype} peak in its platform file")
         return float(peak) * 1e12 * self.gpu.matmul_efficiency
 
+    def supports(self, kernel: KernelSpec) -> bool:
+        return kernel.family in self._families
+
     def predict(self, kernels: Sequence[KernelSpec]) -> tuple[np.ndarray, list[str]]:
         out = np.empty(len(kernels))
         for i, k in enumerate(kernels):
