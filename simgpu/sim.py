@@ -23,19 +23,25 @@ from .workload.registry import World, get_builder
 
 def build(job: Job) -> Workload:
     """The per-rank op graph of ``job``, after checking that it fits in GPU memory."""
-    world = World(job.workload.nodes, gpus_per_node(job))
+    world = World(job.workload.nodes, gpus_per_node(job), job.platform.gpu.memory_gib)
     workload = get_builder(job.workload.model.kind)(job.workload, world)
     check_memory(job, workload)
     return workload
 
 
-def simulate(job: Job, *, kernel_model: str = "analytical", record_links: bool = False) -> SimResult:
-    """Simulate one training iteration of ``job``."""
+#: The default kernel models, in order: a platform's fitted models for the families it has measured
+#: (none for a platform without ``platforms/<name>/models/``), then the analytical model.
+DEFAULT_KERNEL_MODEL = ("learned", "analytical")
+
+
+def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MODEL,
+             record_links: bool = False) -> SimResult:
+    """Simulate one training iteration of ``job``; ``kernel_model`` names a model or a chain of them."""
     p = job.platform
     workload = build(job)
     topo = Topology(p, job.workload.nodes, gpus_per_node(job))
     durations, models = make_predictor(kernel_model, p).predict(workload.kernels)
-    planner = Planner(topo, p.collectives, job.workload.comm.algorithm)
+    planner = Planner(topo, p.collectives, job.workload.comm.algorithm, job.workload.comm.protocol)
     options = EngineOptions(launch_s=p.host.launch_us * 1e-6, cpu_threads_per_node=p.host.cpu_threads,
                             overlap_slowdown=p.gpu.overlap_slowdown, record_links=record_links)
     result = Engine(topo, workload, durations, models, planner, options).run()

@@ -8,6 +8,7 @@ written), the simulated events, events per second and the peak resident memory.
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import resource
 import sys
@@ -16,6 +17,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+#: one JSON line per recorded run: {"when": ..., "cases": {name: {"wall_s", "events", "peak_mib"}}}
+HISTORY = ROOT / "tests" / "benchmarks" / "history.jsonl"
 
 
 def _workload(path: str, *overrides: str) -> Callable[[], tuple[float, int]]:
@@ -44,10 +47,11 @@ CASES: dict[str, Callable[[], tuple[float, int]]] = {
     "gpt 1.3B 64 GPU (8x dgx_h100)": _workload("workloads/gpt_2x_dgx_h100.yaml", "nodes=8", "parallelism.dp=64"),
     "all-reduce 1 GB, 16 GPU": _allreduce("dgx_h100", 2, 1 << 30),
     "all-reduce 1 GB, 1024 GPU": _allreduce("dgx_h100", 128, 1 << 30),
+    "all-reduce 1 GB, 4096 GPU": _allreduce("dgx_h100", 512, 1 << 30),
 }
 
 
-def _measure(name: str, queue: "mp.Queue[tuple[float, float, int, float]]") -> None:
+def _measure(name: str, queue: mp.Queue[tuple[float, float, int, float]]) -> None:
     t0 = time.perf_counter()
     simulated, events = CASES[name]()
     wall = time.perf_counter() - t0
@@ -55,12 +59,23 @@ def _measure(name: str, queue: "mp.Queue[tuple[float, float, int, float]]") -> N
     queue.put((wall, simulated, events, peak_mib))
 
 
+def _previous() -> dict[str, dict[str, float]]:
+    if not HISTORY.is_file():
+        return {}
+    lines = [ln for ln in HISTORY.read_text().splitlines() if ln.strip()]
+    return dict(json.loads(lines[-1])["cases"]) if lines else {}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m simgpu.speed", description=__doc__.splitlines()[0])
     ap.add_argument("-k", default="", help="run only cases whose name contains this text")
+    ap.add_argument("--no-record", action="store_true", help=f"do not append this run to {HISTORY.name}")
     args = ap.parse_args(argv)
     ctx = mp.get_context("spawn")
-    print(f"{'case':34} {'wall s':>8} {'simulated ms':>13} {'events':>9} {'events/s':>10} {'peak MiB':>9}")
+    before = _previous()
+    print(f"{'case':34} {'wall s':>8} {'vs last':>8} {'simulated ms':>13} {'events':>9} {'events/s':>10} "
+          f"{'peak MiB':>9}")
+    cases: dict[str, dict[str, float]] = {}
     for name in CASES:
         if args.k not in name:
             continue
@@ -70,7 +85,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         wall, simulated, events, peak = q.get()
         p.join()
         rate = f"{events / wall:,.0f}" if events else "-"
-        print(f"{name:34} {wall:8.2f} {simulated * 1e3:13.3f} {events:9,d} {rate:>10} {peak:9.0f}", flush=True)
+        last = before.get(name, {}).get("wall_s")
+        ratio = f"{wall / last:7.2f}x" if last else "      -"
+        print(f"{name:34} {wall:8.2f} {ratio:>8} {simulated * 1e3:13.3f} {events:9,d} {rate:>10} {peak:9.0f}",
+              flush=True)
+        cases[name] = {"wall_s": round(wall, 3), "events": events, "peak_mib": round(peak, 1)}
+    if not args.no_record and cases:
+        HISTORY.parent.mkdir(parents=True, exist_ok=True)
+        merged = {**before, **cases}
+        with HISTORY.open("a") as f:
+            f.write(json.dumps({"when": time.strftime("%Y-%m-%dT%H:%M:%S"), "cases": merged}) + "\n")
+        print(f"recorded in {HISTORY.relative_to(ROOT)}")
     return 0
 
 

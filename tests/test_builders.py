@@ -6,11 +6,11 @@ import itertools
 from collections import defaultdict
 from typing import Any
 
+import numpy as np
 import pytest
 
 from simgpu.config.workload import DLRMModel, TransformerModel, WorkloadSpec
-from simgpu.errors import ConfigError
-from simgpu.workload import dlrm, transformer
+from simgpu.workload import dlrm, dlrm_arch, embedding, sharding, transformer
 from simgpu.workload.common import (
     DDP_FIRST_BUCKET_BYTES,
     MIB,
@@ -32,6 +32,11 @@ FAMILY_PARAMS = {
     "norm": {"rows", "cols", "bwd"},
     "softmax": {"rows", "cols", "bwd"},
     "optimizer": {"numel", "states"},
+}
+#: Parameters a family's kernels may add (index-reuse statistics of skewed embedding tables).
+OPTIONAL_PARAMS = {
+    "embedding_fwd": {"reuse_unique", "reuse_top0p1", "reuse_top1", "reuse_top10"},
+    "embedding_bwd": {"reuse_unique", "reuse_top0p1", "reuse_top1", "reuse_top10"},
 }
 DTYPES = {"fp32", "tf32", "bf16", "fp16", "fp8"}
 
@@ -111,7 +116,9 @@ def test_structure(make: Any) -> None:
             if op.kind == "kernel":
                 assert op.stream == "compute" and op.coll is None
                 spec = w.kernels[op.kernel]
-                assert {k for k, _ in spec.params} == FAMILY_PARAMS[spec.family], spec
+                names = {k for k, _ in spec.params}
+                assert FAMILY_PARAMS[spec.family] <= names <= FAMILY_PARAMS[spec.family] | \
+                    OPTIONAL_PARAMS.get(spec.family, set()), spec
                 assert spec.dtype in DTYPES
                 assert op.category == spec.family.removesuffix("_fwd").removesuffix("_bwd")
                 assert all(v >= 0 for _, v in spec.params)
@@ -301,25 +308,38 @@ def dlrm_model(spec: WorkloadSpec) -> DLRMModel:
     return spec.model
 
 
+def dlrm_tables(spec: WorkloadSpec) -> list[embedding.Table]:
+    return embedding.expand_tables(dlrm_model(spec), np.random.default_rng(spec.seed))
+
+
+def table_wise(spec: WorkloadSpec, ranks: int) -> list[list[embedding.Table]]:
+    """The tables of each rank under the default plan (table-wise, greedy by size)."""
+    tables = dlrm_tables(spec)
+    arch = dlrm_arch.make_arch(dlrm_model(spec), tables)
+    plan = sharding.resolve_plan(spec, arch, tables, World(1, ranks))
+    assert {p.type for p in plan.placements} == {"table_wise"}
+    return [[t for t, p in zip(tables, plan.placements, strict=True) if p.ranks == (r,)] for r in range(ranks)]
+
+
 @pytest.mark.parametrize("ranks", [1, 3, 8, 40])
 def test_table_assignment_covers_and_balances(ranks: int) -> None:
-    tables = dlrm.expand_tables(dlrm_model(dlrm_spec()))
+    tables = dlrm_tables(dlrm_spec())
     assert len(tables) == 26
-    plan = dlrm.assign_tables(tables, ranks)
+    plan = table_wise(dlrm_spec(), ranks)
     assert len(plan) == ranks
     assert sorted(t.index for p in plan for t in p) == list(range(26))
     loads = [sum(t.nbytes for t in p) for p in plan]
     # greedy largest-first: the spread never exceeds the largest table
     assert max(loads) - min(loads) <= max(t.nbytes for t in tables)
-    assert plan == dlrm.assign_tables(tables, ranks)
+    assert plan == table_wise(dlrm_spec(), ranks)
 
 
 def test_table_assignment_count_expands() -> None:
     spec = dlrm_spec(tables=[{"rows": 500, "pooling_factor": 3.0, "count": 4},
                              {"rows": 100, "dim": 16, "pooling_factor": 1.0}])
-    tables = dlrm.expand_tables(dlrm_model(spec))
+    tables = dlrm_tables(spec)
     assert [t.rows for t in tables] == [500] * 4 + [100]
-    plan = dlrm.assign_tables(tables, 2)
+    plan = table_wise(spec, 2)
     assert [len(p) for p in plan] == [3, 2]  # 500, 500 | 500, 500 -> then 100 to the lighter
 
 
@@ -328,12 +348,11 @@ def test_dlrm_all_to_all_bytes(interaction: str) -> None:
     spec = dlrm_spec(batch=64, interaction=interaction)
     world = 4
     w = build(spec, 1, world)
-    tables = dlrm.expand_tables(dlrm_model(spec))
-    plan = dlrm.assign_tables(tables, world)
+    plan = table_wise(spec, world)
     dims = [sum(t.dim for t in p) for p in plan]
-    out = {r: by_name(w, r, "emb.output_a2a").coll for r in range(world)}
-    grad = {r: by_name(w, r, "emb.grad_a2a").coll for r in range(world)}
-    inp = {r: by_name(w, r, "emb.input_a2a").coll for r in range(world)}
+    out = {r: by_name(w, r, "emb.tw.output_a2a").coll for r in range(world)}
+    grad = {r: by_name(w, r, "emb.tw.grad_a2a").coll for r in range(world)}
+    inp = {r: by_name(w, r, "emb.tw.input_a2a").coll for r in range(world)}
     for i in range(world):
         for j in range(world):
             assert out[i].send_bytes[j] == 64 * dims[i] * 4  # my samples' lookups of my tables, to j
@@ -353,16 +372,16 @@ def test_dlrm_dependencies() -> None:
     for p in w.programs:
         ops = p.ops
         idx = {op.name: i for i, op in enumerate(ops)}
-        h2d, in_a2a = idx["batch.h2d"], idx["emb.input_a2a"]
+        h2d, in_a2a = idx["batch.h2d"], idx["emb.tw.input_a2a"]
         assert ops[in_a2a].deps == (h2d,) and ops[idx["bot0.fwd"]].deps == (h2d,)
         assert in_a2a < idx["bot0.fwd"]  # the bottom MLP overlaps the ids all-to-all
         emb_fwd = [i for i, op in enumerate(ops) if op.category == "embedding" and op.phase == "fwd"]
         assert ops[emb_fwd[0]].deps == (in_a2a,)
-        out_a2a = idx["emb.output_a2a"]
+        out_a2a = idx["emb.tw.output_a2a"]
         assert ops[out_a2a].deps == (emb_fwd[-1],)
         assert ops[idx["interaction.cat"]].deps == (out_a2a,)
         assert idx["bot2.relu"] < idx["interaction.cat"]  # after the bottom MLP on the same stream
-        grad_a2a = idx["emb.grad_a2a"]
+        grad_a2a = idx["emb.tw.grad_a2a"]
         emb_bwd = [i for i, op in enumerate(ops) if op.category == "embedding" and op.phase == "bwd"]
         assert ops[emb_bwd[0]].deps == (grad_a2a,)
         assert emb_bwd[-1] < idx["bot2.dgrad"]
@@ -375,8 +394,8 @@ def test_dlrm_idle_rank_still_joins_collectives() -> None:
     w = build(dlrm_spec(tables=[{"rows": 100, "pooling_factor": 2.0}]), 1, 3)
     owners = [r for r in range(3) if any(op.category == "embedding" for op in w.programs[r].ops)]
     assert owners == [0]
-    out = by_name(w, 1, "emb.output_a2a")
-    in_a2a = [i for i, op in enumerate(w.programs[1].ops) if op.name == "emb.input_a2a"]
+    out = by_name(w, 1, "emb.tw.output_a2a")
+    in_a2a = [i for i, op in enumerate(w.programs[1].ops) if op.name == "emb.tw.input_a2a"]
     assert out.coll.send_bytes == (0, 0, 0) and out.deps == tuple(in_a2a)
 
 
@@ -394,7 +413,7 @@ def test_dlrm_memory() -> None:
     small = build(dlrm_spec(batch=64), 1, 4).memory
     big = build(dlrm_spec(batch=512), 1, 4).memory
     ada = build(dlrm_spec(batch=64, embedding_optimizer="adagrad"), 1, 4).memory
-    tables = dlrm.expand_tables(dlrm_model(dlrm_spec()))
+    tables = dlrm_tables(dlrm_spec())
     assert sum(m.embeddings for m in small) == sum(t.nbytes for t in tables)
     assert sum(m.embeddings for m in ada) == sum(t.nbytes + 4 * t.rows for t in tables)
     for s, b in zip(small, big, strict=True):
@@ -403,7 +422,6 @@ def test_dlrm_memory() -> None:
 
 
 def test_dlrm_dot_needs_equal_dims() -> None:
-    spec = dlrm_spec(tables=[{"rows": 10, "pooling_factor": 1.0, "dim": 8}])
-    with pytest.raises(ConfigError, match="dot"):
-        build(spec, 1, 2)
+    with pytest.raises(ValueError, match="dot"):
+        dlrm_spec(tables=[{"rows": 10, "pooling_factor": 1.0, "dim": 8}])
     build(dlrm_spec(interaction="cat", tables=[{"rows": 10, "pooling_factor": 1.0, "dim": 8}]), 1, 2)

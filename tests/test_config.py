@@ -46,7 +46,7 @@ def run_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
 
 
 @pytest.mark.parametrize("change, key, words", [
-    ({"model.hiddn": 5}, "model.hiddn", "unknown key; expected one of: kind, layers, hidden"),
+    ({"model.hiddn": 5}, "model.hiddn", "unknown key; expected one of: kind, "),
     ({"model.layers": None}, "model.layers", "missing required key"),
     ({"model.layers": "many"}, "model.layers", "valid integer"),
     ({"model.layers": -3}, "model.layers", "greater than 0"),
@@ -55,7 +55,8 @@ def run_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     ({"parallelism.dp": 12}, "parallelism.dp", "does not match the world size"),
     ({"model.heads": 7}, "model", "divisible by heads"),
     ({"gpus_per_node": 9}, "gpus_per_node", "node has 8"),
-    ({"platform": "dgx_z100"}, None, "platform 'dgx_z100' not found; expected a YAML path or one of: dgx_a100"),
+    ({"platform": "dgx_z100"}, None,
+     "platform 'dgx_z100' not found; expected a YAML path or one of: a40_4gpu, aws_p4de"),
 ])
 def test_bad_workload_values(tmp_path, capsys, change, key, words):
     p = write(tmp_path, gpt(**change))

@@ -13,8 +13,7 @@ from simgpu.comm.network import FlowNetwork, _max_min
 
 class F:
     def __init__(self, links: list[int]) -> None:
-        ids, mult = np.unique(links, return_counts=True)
-        self.links, self.mult = ids, mult.astype(float)
+        self.links = np.asarray(links, dtype=np.int64)
 
 
 def finish_times(cap: list[float], transfers: list[tuple[list[int], float, float]]) -> list[float]:
@@ -104,3 +103,21 @@ def test_work_conservation_bounds(trs, cap):
         last = max((e for (links, _, _), e in zip(trs, done) if lid in links), default=0.0)
         if load:
             assert load <= cap[lid] * (last - first) * (1 + 1e-6)
+
+
+def test_transfer_all_equals_one_by_one():
+    """Starting a collective's transfers together gives the same times as starting them one by one."""
+    items = [([0, 1], 100.0), ([1], 50.0), ([0], 30.0), ([], 10.0), ([1, 1], 0.0)]
+
+    def run(together: bool) -> list[float]:
+        env = simpy.Environment()
+        net = FlowNetwork(env, np.array([10.0, 20.0]))
+        events = net.transfer_all(items) if together else [net.transfer(links, b) for links, b in items]
+        ends = [0.0] * len(events)
+        for k, ev in enumerate(events):
+            ev.callbacks.append(lambda _e, k=k: ends.__setitem__(k, env.now))
+        env.run()
+        assert all(ev.processed for ev in events)
+        return ends
+
+    assert run(True) == pytest.approx(run(False))

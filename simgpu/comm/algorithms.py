@@ -1,17 +1,30 @@
-"""Collective algorithms as NCCL runs them: ring, double binary tree, direct (pairwise).
+"""Collective algorithms as NCCL runs them: ring, double binary tree, NVLS, direct (pairwise).
 
-Each turns a :class:`CollectiveRequest` into a :class:`CollectivePlan` over the topology's routes.
-Rings and trees use several channels when the group spans nodes, each channel entering and leaving
-every node on a different GPU (so a different NIC), as NCCL's channels do.
+Each turns a :class:`CollectiveRequest` into a :class:`CollectivePlan` for one protocol (LL, LL128,
+Simple): transfers over the topology's routes, whose bytes are inflated by the protocol's payload
+fraction, plus a latency of the protocol's fixed cost and one per-step cost per algorithm step,
+by the class of hardware the step crosses (NVLink, PCIe, network) and the route's propagation.
+Rings and trees use several channels when the group spans nodes, each channel entering and
+leaving every node on a different GPU (so a different NIC), as NCCL's channels do; on NVLink
+meshes the rings are Hamiltonian cycles over the wired pairs.
 """
 
 from __future__ import annotations
 
-from ..config.platform import CollectiveSpec
+from itertools import permutations
+
+import numpy as np
+
+from ..config.platform import CollectiveSpec, ProtocolSpec
 from ..platform.topology import Topology
 from .plan import CollectivePlan, CollectiveRequest, Transfer, register
 
 US = 1e-6
+RING_SEARCH_TRIES = 64
+#: NVLS steps: reduce-load, then multicast-store, each a synchronised pass over the switch
+NVLS_STEPS = 8
+#: slices a chunk is written in over NVLink and PCIe (NCCL's SLICESTEPS / CHUNKSTEPS)
+SLICES_PER_CHUNK = 4
 
 
 def _by_node(group: tuple[int, ...], topo: Topology) -> list[list[int]]:
@@ -30,23 +43,120 @@ def channels(group: tuple[int, ...], topo: Topology, spec: CollectiveSpec) -> in
     return max(1, min(want, min(len(m) for m in per_node)))
 
 
-def ring_order(group: tuple[int, ...], topo: Topology, channel: int) -> list[int]:
-    """The ring of ``channel``: nodes in order, each node's members rotated by the channel."""
-    out: list[int] = []
-    for members in _by_node(group, topo):
-        k = channel % len(members)
-        out.extend(members[k:] + members[:k])
+def _mesh_rings(members: list[int], topo: Topology) -> list[list[int]]:
+    """Rings over NVLink among ``members`` that together fit the links, as NCCL searches them.
+
+    Candidates are the Hamiltonian cycles over direct NVLink links (each direction counts: a ring
+    walked backwards uses the other direction of each link), or, where the wiring has none, those
+    with hops forwarded through one intermediate GPU. Rings are packed greedily while every link
+    they use has a wire left, so a pair wired with two links carries two rings.
+    """
+    if len(members) < 2 or len(members) > 8:
+        return []
+    node = topo.node_of(members[0])
+    gpn = topo.gpus_per_node
+
+    def nv_route(a: int, b: int) -> tuple[int, ...] | None:
+        route = topo.route(a, b)
+        return route if route and all(topo.links[i].kind == "nvlink" for i in route) else None
+
+    wires: dict[int, int] = {}
+    for x in range(gpn):
+        for y in range(gpn):
+            if x != y:
+                c = topo.nvlink_count(node * gpn + x, node * gpn + y)
+                if c:
+                    wires[topo.route(node * gpn + x, node * gpn + y)[0]] = c
+    first, rest = members[0], members[1:]
+    cycles: list[tuple[int, list[int], list[int]]] = []
+    for perm in permutations(rest):
+        order = [first, *perm]
+        routes = [nv_route(a, b) for a, b in zip(order, order[1:] + order[:1])]
+        if all(r is not None for r in routes):
+            used = [link for r in routes for link in r]  # type: ignore[union-attr]
+            cycles.append((len(used) - len(order), order, used))
+    # rings over direct links only where any exist; forwarded hops only when the wiring needs them
+    direct = [c for c in cycles if c[0] == 0]
+    cycles = direct or cycles
+    if len(members) == 2 and cycles:
+        cycles = cycles[:1]
+    # greedy packing depends on the order the cycles are tried in: a few seeded shuffles, the best kept
+    rng = np.random.default_rng(0)
+    best: list[list[int]] = []
+    for attempt in range(RING_SEARCH_TRIES):
+        order_idx = np.arange(len(cycles)) if attempt == 0 else rng.permutation(len(cycles))
+        left = dict(wires)
+        rings: list[list[int]] = []
+        for i in order_idx:
+            _, ring_order, used = cycles[int(i)]
+            need: dict[int, int] = {}
+            for link in used:
+                need[link] = need.get(link, 0) + 1
+            if all(left[link] >= k for link, k in need.items()):
+                for link, k in need.items():
+                    left[link] -= k
+                rings.append(ring_order)
+        if len(rings) > len(best):
+            best = rings
+    return best
+
+
+def ring_orders(group: tuple[int, ...], topo: Topology, spec: CollectiveSpec) -> list[list[int]]:
+    """One ring per channel: nodes in order, each node's members rotated by the channel (or, on an
+    NVLink mesh inside one node, the Hamiltonian cycles over its links)."""
+    key = ("rings", group, spec.channels)
+    cached = topo.memo.get(key)
+    if cached is None:
+        cached = topo.memo[key] = _ring_orders(group, topo, spec)
+    return cached  # type: ignore[return-value]
+
+
+def _ring_orders(group: tuple[int, ...], topo: Topology, spec: CollectiveSpec) -> list[list[int]]:
+    per_node = _by_node(group, topo)
+    nv = topo.platform.node.nvlink
+    if len(per_node) == 1 and nv is not None and nv.kind == "mesh":
+        rings = _mesh_rings(per_node[0], topo)
+        if rings:
+            return rings
+    out = []
+    for c in range(channels(group, topo, spec)):
+        order: list[int] = []
+        for members in per_node:
+            k = _channel_start(members, c, topo)
+            order.extend(members[k:] + members[:k])
+        out.append(order)
     return out
 
 
-def _edges_links(edges: list[tuple[int, int]], topo: Topology) -> tuple[tuple[int, ...], float]:
+def _channel_start(members: list[int], c: int, topo: Topology) -> int:
+    """Where channel ``c`` enters a node: the first member on the channel's NIC, so that the
+    channels of a collective spread over all the node's NICs (else round robin over members)."""
+    nics = topo.platform.network.nics_per_node
+    for k, g in enumerate(members):
+        if topo.nic_of(g) == c % nics and c < nics:
+            return k
+    return c % len(members)
+
+
+def _step_cost(proto: ProtocolSpec, hardware: str) -> float:
+    return {"nvlink": proto.step_nvlink_us, "pcie": proto.step_pcie_us, "net": proto.step_net_us,
+            "local": 0.0}[hardware] * US
+
+
+def _edges(edges: list[tuple[int, int]], topo: Topology, proto: ProtocolSpec) -> tuple[tuple[int, ...], float]:
+    """The links of all edges, and the slowest edge's step time (protocol step + propagation)."""
     links: list[int] = []
-    lat = 0.0
+    worst = 0.0
     for a, b in edges:
-        route = topo.route(a, b)
-        links.extend(route)
-        lat = max(lat, topo.route_latency(route))
-    return tuple(links), lat
+        e = topo.edge(a, b)
+        links.extend(e.route)
+        trips = 2.0 if e.hardware == "net" and proto.net_round_trip else 1.0
+        worst = max(worst, _step_cost(proto, e.hardware) + trips * e.latency)
+    return tuple(links), worst
+
+
+def _base(spec: CollectiveSpec, proto: ProtocolSpec) -> float:
+    return (spec.launch_us + proto.base_us) * US
 
 
 # Bytes each ring edge carries, as a multiple of the message size, and the algorithm's steps.
@@ -60,30 +170,50 @@ _RING = {
 
 
 @register("ring", set(_RING))
-def ring(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec) -> CollectivePlan:
+def ring(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: ProtocolSpec) -> CollectivePlan:
     n = len(req.group)
     if n == 1:
         return CollectivePlan("ring", (), 0.0)
     share, steps = _RING[req.op]
-    C = channels(req.group, topo, spec)
+    orders = ring_orders(req.group, topo, spec)
     transfers = []
-    max_lat = 0.0
-    for c in range(C):
-        order = ring_order(req.group, topo, c)
+    worst = 0.0
+    slowest = float("inf")
+    chunked = False
+    for order in orders:
         if req.op in ("broadcast", "reduce"):  # a pipelined chain starting (or ending) at the root
-            root = req.group[req.root]
-            k = order.index(root)
+            k = order.index(req.group[req.root])
             order = order[k:] + order[:k]
-            edges = list(zip(order[:-1], order[1:], strict=True))
+            edges = list(zip(order[:-1], order[1:]))
             if req.op == "reduce":
                 edges = [(b, a) for a, b in edges]
         else:
             edges = [(order[i], order[(i + 1) % n]) for i in range(n)]
-        links, lat = _edges_links(edges, topo)
-        max_lat = max(max_lat, lat)
-        transfers.append(Transfer(links, share(n) * req.nbytes / C))
-    latency = spec.launch_us * US + steps(n) * (spec.step_us * US + max_lat)
-    return CollectivePlan("ring", tuple(transfers), latency)
+        links, step = _edges(edges, topo, proto)
+        worst = max(worst, step)
+        slowest = min(slowest, _slowest_edge(edges, topo))
+        chunked = chunked or _chunked(edges, topo)
+        transfers.append(Transfer(links, share(n) * req.nbytes / len(orders) / proto.bandwidth))
+    per_step = share(n) * req.nbytes / len(orders) / steps(n)
+    fill = steps(n) * _fill(per_step, proto, slowest, chunked)
+    return CollectivePlan("ring", tuple(transfers), _base(spec, proto) + steps(n) * worst + fill)
+
+
+def _chunked(edges: list[tuple[int, int]], topo: Topology) -> bool:
+    return any(topo.edge(a, b).forwards_chunks for a, b in edges)
+
+
+def _slowest_edge(edges: list[tuple[int, int]], topo: Topology) -> float:
+    """Bytes/s of the slowest edge alone on its route."""
+    return min(topo.edge(a, b).capacity for a, b in edges)
+
+
+def _fill(per_step_bytes: float, proto: ProtocolSpec, capacity: float, network: bool) -> float:
+    """Seconds one chunk takes to cross a hop: a pipeline of D steps pays it D times before the
+    bandwidth-bound part starts. Over the network the proxy forwards whole chunks; over NVLink and
+    PCIe GPUs write into their peer's buffer a slice at a time, so the pipeline fills by slices."""
+    chunk = min(proto.chunk_kib * 1024 / (1 if network else SLICES_PER_CHUNK), per_step_bytes)
+    return chunk / proto.bandwidth / capacity
 
 
 def _binary_tree(items: list[int]) -> list[tuple[int, int]]:
@@ -92,55 +222,91 @@ def _binary_tree(items: list[int]) -> list[tuple[int, int]]:
 
 
 @register("tree", {"all_reduce"})
-def tree(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec) -> CollectivePlan:
+def tree(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: ProtocolSpec) -> CollectivePlan:
     """Double binary tree across nodes, a chain inside each node; reduce up and broadcast down
-    pipelined, so every tree edge carries the data once in each direction."""
+    pipelined, so every tree edge carries the data once in each direction. Within a single node
+    this is a chain, which NCCL does not use: there only the ring (and NVLS) apply."""
     n = len(req.group)
+    per_node = _by_node(req.group, topo)
     if n == 1:
         return CollectivePlan("tree", (), 0.0)
-    per_node = _by_node(req.group, topo)
+    if len(per_node) == 1:  # NCCL's trees span nodes; inside one node the ring (or NVLS) serves
+        return CollectivePlan("tree", (), float("inf"))
     C = channels(req.group, topo, spec)
+    nv = topo.platform.node.nvlink
+    nvls_nodes = nv is not None and nv.nvls and proto.bandwidth >= 1 and min(len(m) for m in per_node) > 1
     transfers = []
-    depth_max = 0
-    max_lat = 0.0
+    intra_step = inter_step = 0.0
     for c in range(C):
         heads = []
-        edges: list[tuple[int, int]] = []
+        chain_edges: list[tuple[int, int]] = []
         for members in per_node:
-            k = c % len(members)
+            k = _channel_start(members, c, topo)
             chain = members[k:] + members[:k]
             heads.append(chain[0])
-            edges += [(chain[i + 1], chain[i]) for i in range(len(chain) - 1)]
-        # the second tree of the pair is the first one mirrored, so leaves of one are inner
-        # nodes of the other
-        order = heads if c % 2 == 0 else heads[::-1]
-        pairs = _binary_tree(order)
-        edges += pairs
-        both = edges + [(p, ch) for ch, p in edges]
-        links, lat = _edges_links(both, topo)
-        max_lat = max(max_lat, lat)
-        depth = max(len(m) for m in per_node) - 1 + max(1, len(order)).bit_length() - 1
-        depth_max = max(depth_max, depth)
-        transfers.append(Transfer(links, req.nbytes / C))
-    latency = spec.launch_us * US + 2 * max(depth_max, 1) * (spec.step_us * US + max_lat)
+            chain_edges += [(chain[i + 1], chain[i]) for i in range(len(chain) - 1)]
+        # the second tree of each pair mirrors the first, so leaves of one are inner nodes of the other
+        tree_edges = _binary_tree(heads if c % 2 == 0 else heads[::-1])
+        both = tree_edges if nvls_nodes else chain_edges + tree_edges
+        links, _ = _edges(both + [(p, ch) for ch, p in both], topo, proto)
+        if chain_edges:
+            intra_step = max(intra_step, _edges(chain_edges, topo, proto)[1])
+        inter_step = max(inter_step, _edges(tree_edges, topo, proto)[1])
+        transfers.append(Transfer(links, req.nbytes / C / proto.bandwidth))
+    if nvls_nodes:
+        # NVLS tree: each node reduces (and later multicasts) in its switch, then the heads run
+        # the trees between nodes
+        for members in per_node:
+            transfers.append(_nvls_transfer(members, req.nbytes, topo, proto))
+        intra_step = NVLS_STEPS / 2 * _edges([(per_node[0][0], per_node[0][-1])], topo, proto)[1]
+    chain_len = 1 if nvls_nodes else max(len(m) for m in per_node) - 1
+    depth = max(1, (len(per_node)).bit_length() - 1)
+    slowest = min(_slowest_edge(chain_edges or tree_edges, topo), _slowest_edge(tree_edges, topo))
+    fill = 2 * (chain_len + depth) * _fill(req.nbytes / C, proto, slowest, True)
+    latency = _base(spec, proto) + 2 * (chain_len * intra_step + depth * inter_step) + fill
     return CollectivePlan("tree", tuple(transfers), latency)
 
 
+@register("nvls", {"all_reduce"})
+def nvls(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: ProtocolSpec) -> CollectivePlan:
+    """In-switch reduction (NVLink SHARP) inside one node: each GPU sends its buffer to the switch,
+    which reduces it and multicasts the result; per GPU port (n+1)/n of the message each way."""
+    n = len(req.group)
+    nv = topo.platform.node.nvlink
+    if n == 1 or nv is None or not nv.nvls or len(_by_node(req.group, topo)) > 1 or proto.bandwidth < 1:
+        return CollectivePlan("nvls", (), float("inf"))
+    edge = [(req.group[0], req.group[-1])]
+    _, step = _edges(edge, topo, proto)
+    fill = NVLS_STEPS * _fill(req.nbytes / n, proto, _slowest_edge(edge, topo), False)
+    return CollectivePlan("nvls", (_nvls_transfer(list(req.group), req.nbytes, topo, proto),),
+                          _base(spec, proto) + NVLS_STEPS * step + fill)
+
+
+def _nvls_transfer(members: list[int], nbytes: float, topo: Topology, proto: ProtocolSpec) -> Transfer:
+    """Every member's switch port, both ways, moving (n+1)/n of the message at the switch's
+    reduction efficiency."""
+    nv = topo.platform.node.nvlink
+    assert nv is not None
+    n = len(members)
+    links, _ = _edges([(g, members[(i + 1) % n]) for i, g in enumerate(members)], topo, proto)
+    scale = nv.efficiency / nv.nvls_efficiency
+    return Transfer(links, (n + 1) / n * nbytes * scale / proto.bandwidth)
+
+
 @register("direct", {"all_to_all", "send_recv", "all_gather", "reduce_scatter"})
-def direct(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec) -> CollectivePlan:
+def direct(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: ProtocolSpec) -> CollectivePlan:
     """Every pair exchanges its share at once (NCCL's all-to-all as grouped send/recv)."""
     g = req.group
     n = len(g)
     if req.op == "send_recv":
         if n != 2:
             raise ValueError(f"send_recv needs a group of 2, got {n}")
-        route = topo.route(g[0], g[1])
-        return CollectivePlan("direct", (Transfer(route, req.nbytes),),
-                              spec.launch_us * US + spec.step_us * US + topo.route_latency(route))
+        links, step = _edges([(g[0], g[1])], topo, proto)
+        return CollectivePlan("direct", (Transfer(links, req.nbytes / proto.bandwidth),), _base(spec, proto) + step)
     if n == 1:
         return CollectivePlan("direct", (), 0.0)
     transfers = []
-    max_lat = 0.0
+    worst = 0.0
     for i in range(n):
         for j in range(n):
             if i == j:
@@ -148,7 +314,7 @@ def direct(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec) -> Coll
             nbytes = req.send_matrix[i][j] if req.send_matrix is not None else req.nbytes / n
             if nbytes <= 0:
                 continue
-            route = topo.route(g[i], g[j])
-            max_lat = max(max_lat, topo.route_latency(route))
-            transfers.append(Transfer(route, nbytes))
-    return CollectivePlan("direct", tuple(transfers), spec.launch_us * US + spec.step_us * US + max_lat)
+            links, step = _edges([(g[i], g[j])], topo, proto)
+            worst = max(worst, step)
+            transfers.append(Transfer(links, nbytes / proto.bandwidth))
+    return CollectivePlan("direct", tuple(transfers), _base(spec, proto) + worst)

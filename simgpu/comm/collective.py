@@ -13,6 +13,7 @@ from ..config.platform import PlatformSpec
 from ..engine import Engine, EngineOptions, SimResult
 from ..platform.topology import Topology
 from ..workload.graph import CollectiveCall, CollectiveOp, MemoryEstimate, Op, Program, Workload
+from .plan import CollectiveRequest
 from .planner import Planner
 
 #: busbw = algbw * factor(n), nccl-tests' convention per collective
@@ -33,6 +34,14 @@ def bus_bandwidth(op: str, n: int, nbytes: float, seconds: float) -> tuple[float
     return alg, alg * BUS_FACTOR[op](n)
 
 
+def request(op: str, nbytes: int, topo: Topology) -> CollectiveRequest:
+    """The request nccl-tests makes for ``op`` of ``nbytes`` over every GPU of ``topo`` (send_recv: the
+    first pair, which is what bounds the ring of pairs when links are uniform)."""
+    if op == "send_recv":
+        return CollectiveRequest(op, (0, 1 % topo.world), nbytes)
+    return CollectiveRequest(op, tuple(range(topo.world)), nbytes)
+
+
 def simulate_collective(platform: PlatformSpec, op: CollectiveOp, nbytes: int, *, nodes: int = 1,
                         gpus_per_node: int | None = None, algorithm: str = "auto",
                         topology: Topology | None = None) -> float:
@@ -47,19 +56,22 @@ def collective_result(platform: PlatformSpec, op: CollectiveOp, nbytes: int, *, 
     """The whole simulation result of one collective (records, link statistics, events)."""
     topo = topology or Topology(platform, nodes, gpus_per_node)
     n = topo.world
+    programs = [Program(r) for r in range(n)]
     if op == "send_recv":
+        # nccl-tests' sendrecv: every rank sends to the next and receives from the previous, at once
         if n < 2:
             raise ValueError("send_recv needs at least 2 GPUs")
-        group: tuple[int, ...] = (0, n - 1)  # nccl-tests' sendrecv pairs ring neighbours; take the farthest
-        ranks = list(group)
+        for r in range(n):
+            nxt, prv = (r + 1) % n, (r - 1) % n
+            send = CollectiveCall(f"p2p{r}", "send_recv", (r, nxt), int(nbytes))
+            recv = CollectiveCall(f"p2p{prv}", "send_recv", (prv, r), int(nbytes))
+            programs[r].add(Op("send", "collective", op, stream="comm", coll=send, nbytes=int(nbytes)))
+            if recv.key != send.key:
+                programs[r].add(Op("recv", "collective", op, stream="comm_recv", coll=recv, nbytes=int(nbytes)))
     else:
-        group = tuple(range(n))
-        ranks = list(group)
-    call = CollectiveCall("bench", op, group, int(nbytes))
-    programs = []
-    for r in range(n):
-        ops = [Op("bench", "collective", op, stream="comm", coll=call, nbytes=int(nbytes))] if r in ranks else []
-        programs.append(Program(r, ops))
+        call = CollectiveCall("bench", op, tuple(range(n)), int(nbytes))
+        for r in range(n):
+            programs[r].add(Op("bench", "collective", op, stream="comm", coll=call, nbytes=int(nbytes)))
     wl = Workload("collective", programs, [], [MemoryEstimate()] * n, samples=0)
     planner = Planner(topo, platform.collectives, algorithm)
     engine = Engine(topo, wl, np.zeros(0), [], planner, EngineOptions(launch_s=0.0))

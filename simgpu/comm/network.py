@@ -22,10 +22,11 @@ _EPS_S = 1e-12  # flows within this many seconds of completion are complete
 
 
 class _Flow:
-    __slots__ = ("done", "links", "mult", "rate", "remaining")
+    __slots__ = ("done", "links", "rate", "remaining")
 
-    def __init__(self, links: np.ndarray, mult: np.ndarray, nbytes: float, done: simpy.Event) -> None:
-        self.links, self.mult, self.remaining, self.rate, self.done = links, mult, nbytes, 0.0, done
+    def __init__(self, links: np.ndarray, nbytes: float, done: simpy.Event) -> None:
+        # a link appears once per edge of the flow that crosses it
+        self.links, self.remaining, self.rate, self.done = links, nbytes, 0.0, done
 
 
 class FlowNetwork:
@@ -62,13 +63,32 @@ class FlowNetwork:
             else:
                 done.succeed()
             return done
-        ids, mult = np.unique(np.asarray(links, dtype=np.int64), return_counts=True)
-        flow = _Flow(ids, mult.astype(float), float(nbytes), done)
+        flow = _Flow(np.asarray(links, dtype=np.int64), float(nbytes), done)
         if latency > 0:
             self.env.timeout(latency).callbacks.append(lambda _e: self._start([flow]))
         else:
             self._start([flow])
         return done
+
+    def transfer_all(self, items: Sequence[tuple[Sequence[int], float]]) -> list[simpy.Event]:
+        """Start several ``(links, nbytes)`` transfers at once, with one reallocation of the rates.
+
+        The same as calling :meth:`transfer` for each, but a collective of thousands of pairs (an
+        all-to-all over many GPUs) costs one max-min computation instead of one per pair.
+        """
+        events: list[simpy.Event] = []
+        flows: list[_Flow] = []
+        for links, nbytes in items:
+            done = self.env.event()
+            self.transfers += 1
+            events.append(done)
+            if nbytes <= 0 or len(links) == 0:
+                done.succeed()
+                continue
+            flows.append(_Flow(np.asarray(links, dtype=np.int64), float(nbytes), done))
+        if flows:
+            self._start(flows)
+        return events
 
     def finish(self) -> None:
         """Close the busy intervals still open (call once the simulation has ended)."""
@@ -140,14 +160,18 @@ def _succeed(event: simpy.Event) -> None:
 def _max_min(flows: Sequence[Any], capacity: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Max-min fair rates (bytes/s per edge) by progressive filling.
 
-    Returns the rate of each flow, the ids of the links in use, and the total rate on each.
+    ``flows`` have ``links`` (a link once per edge that crosses it). Returns the rate of each flow,
+    the ids of the links in use, and the total rate on each.
     """
     n = len(flows)
-    counts = [len(f.links) for f in flows]
-    pair_flow = np.repeat(np.arange(n), counts)
-    all_links = np.concatenate([f.links for f in flows])
-    pair_mult = np.concatenate([f.mult for f in flows])
-    ids, pair_link = np.unique(all_links, return_inverse=True)
+    counts = np.fromiter((len(f.links) for f in flows), dtype=np.int64, count=n)
+    raw_flow = np.repeat(np.arange(n), counts)
+    raw_link = np.concatenate([f.links for f in flows])
+    ids, link_idx = np.unique(raw_link, return_inverse=True)
+    # one pair per (flow, link), weighted by how many of the flow's edges cross the link
+    pairs, mult = np.unique(raw_flow * len(ids) + link_idx, return_counts=True)
+    pair_flow, pair_link = np.divmod(pairs, len(ids))
+    pair_mult = mult.astype(float)
     cap_left = capacity[ids].astype(float).copy()
     tol = capacity[ids] * 1e-9
     rates = np.zeros(n)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config.platform import CollectiveSpec
+from ..config.platform import CollectiveSpec, ProtocolSpec
 from ..platform.topology import Topology
 
 
@@ -31,17 +31,15 @@ class CollectivePlan:
     algorithm: str
     transfers: tuple[Transfer, ...]
     latency_s: float
+    protocol: str = ""
 
     def isolated_time(self, topo: Topology) -> float:
         """Seconds this plan takes alone on the network (no other traffic), for algorithm choice."""
-        if not self.transfers:
+        if not self.transfers or self.latency_s == float("inf"):
             return self.latency_s
         from .network import _max_min
 
-        flows = []
-        for t in self.transfers:
-            ids, mult = np.unique(np.asarray(t.links, dtype=np.int64), return_counts=True)
-            flows.append(_FlowView(ids, mult.astype(float)))
+        flows = [_FlowView(np.asarray(t.links, dtype=np.int64)) for t in self.transfers]
         rates, _, _ = _max_min(flows, topo.capacity)
         return self.latency_s + max(t.nbytes / r for t, r in zip(self.transfers, rates, strict=True))
 
@@ -49,7 +47,6 @@ class CollectivePlan:
 @dataclass(frozen=True, slots=True)
 class _FlowView:
     links: np.ndarray
-    mult: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -67,7 +64,7 @@ class CollectiveRequest:
     root: int = 0
 
 
-Algorithm = Callable[[CollectiveRequest, Topology, CollectiveSpec], CollectivePlan]
+Algorithm = Callable[[CollectiveRequest, Topology, CollectiveSpec, ProtocolSpec], CollectivePlan]
 #: name -> (function, the collective ops it implements)
 ALGORITHMS: dict[str, tuple[Algorithm, frozenset[str]]] = {}
 

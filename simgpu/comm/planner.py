@@ -1,11 +1,14 @@
-"""Choosing the algorithm of each collective, as NCCL's tuner does, and caching plans.
+"""Choosing the algorithm and protocol of each collective, as NCCL's tuner does, and caching plans.
 
-With ``algorithm="auto"`` every algorithm that implements the op is planned and the one fastest in
-isolation on this topology wins (so small multi-node all-reduces take the tree, large ones the
-ring). A forced algorithm applies where it implements the op; other ops keep their default.
+With ``algorithm="auto"`` every algorithm that implements the op is planned with every protocol
+the platform offers, and the pair fastest in isolation on this topology wins (so small messages
+take LL, large ones Simple; small multi-node all-reduces the tree). A forced algorithm or
+protocol applies where it implements the op; other ops keep their default.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from ..config.platform import CollectiveSpec
 from ..platform.topology import Topology
@@ -19,11 +22,14 @@ DEFAULT = {"all_to_all": "direct", "send_recv": "direct"}
 class Planner:
     """Plans collectives on one topology; identical requests are planned once."""
 
-    def __init__(self, topo: Topology, spec: CollectiveSpec, algorithm: str = "auto") -> None:
+    def __init__(self, topo: Topology, spec: CollectiveSpec, algorithm: str = "auto",
+                 protocol: str = "auto") -> None:
         if algorithm != "auto" and algorithm not in ALGORITHMS:
             raise ValueError(f"unknown collective algorithm {algorithm!r}; known: auto, "
                              f"{', '.join(sorted(ALGORITHMS))}")
-        self.topo, self.spec, self.algorithm = topo, spec, algorithm
+        if protocol != "auto" and protocol not in spec.protocols:
+            raise ValueError(f"unknown protocol {protocol!r}; known: auto, {', '.join(spec.protocols)}")
+        self.topo, self.spec, self.algorithm, self.protocol = topo, spec, algorithm, protocol
         self._cache: dict[CollectiveRequest, CollectivePlan] = {}
 
     def plan(self, req: CollectiveRequest) -> CollectivePlan:
@@ -32,19 +38,34 @@ class Planner:
             plan = self._cache[req] = self._choose(req)
         return plan
 
-    def _choose(self, req: CollectiveRequest) -> CollectivePlan:
+    def candidates(self, req: CollectiveRequest) -> list[CollectivePlan]:
+        """Every (algorithm, protocol) plan the tuner weighs for ``req``."""
         names = algorithms_for(req.op)
         if not names:
             raise ValueError(f"no algorithm implements {req.op!r}")
         if self.algorithm != "auto" and self.algorithm in names:
             names = [self.algorithm]
+            if not any(p.latency_s < float("inf") for p in self._plans(req, names)):
+                names = [n for n in algorithms_for(req.op) if n != self.algorithm and n != "direct"][:1] or names
         elif req.op in DEFAULT:
             names = [DEFAULT[req.op]]
         elif self.algorithm == "auto":
             names = [n for n in names if n != "direct"] or names
         else:
             names = names[:1]
-        plans = [ALGORITHMS[n][0](req, self.topo, self.spec) for n in names]
+        return self._plans(req, names)
+
+    def _plans(self, req: CollectiveRequest, names: list[str]) -> list[CollectivePlan]:
+        protos = [self.protocol] if self.protocol != "auto" else list(self.spec.protocols)
+        plans = []
+        for name in names:
+            for p in protos:
+                plan = ALGORITHMS[name][0](req, self.topo, self.spec, self.spec.protocols[p])  # type: ignore[index]
+                plans.append(replace(plan, protocol=p))
+        return plans
+
+    def _choose(self, req: CollectiveRequest) -> CollectivePlan:
+        plans = self.candidates(req)
         if len(plans) == 1:
             return plans[0]
         return min(plans, key=lambda p: p.isolated_time(self.topo))

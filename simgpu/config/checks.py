@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
+from .workload import DLRMModel, TransformerModel, WorkloadSpec
 
 if TYPE_CHECKING:
     from ..workload.graph import Workload
@@ -29,20 +30,127 @@ def check_job(job: Job) -> None:
     if w.gpus_per_node is not None and w.gpus_per_node > p.node.gpus:
         raise ConfigError(f"{w.gpus_per_node} GPUs per node requested but a {p.name} node has "
                           f"{p.node.gpus}", file=f, key="gpus_per_node")
-    world = world_size(job)
-    dp = w.parallelism.dp
-    if dp is not None and dp != world:
-        raise ConfigError(
-            f"dp={dp} does not match the world size: {w.nodes} node(s) x {gpus_per_node(job)} GPUs "
-            f"= {world} (expected dp={world})", file=f, key="parallelism.dp")
+    check_parallelism(w, w.nodes, gpus_per_node(job), file=f)
     if w.training.precision not in p.gpu.peak_tflops:
         raise ConfigError(
             f"{w.training.precision} is not supported by {p.gpu.name} on platform {p.name}; "
             f"expected one of: {', '.join(p.gpu.peak_tflops)}", file=f, key="training.precision")
     if w.model.kind == "dlrm":
-        tables = sum(t.count for t in w.model.tables)
-        if tables < 1:
-            raise ConfigError("at least one embedding table is needed", file=f, key="model.tables")
+        check_dlrm(w, w.nodes, gpus_per_node(job), file=f)
+    check_transformer(w, world_size(job), file=f)
+
+
+def check_dlrm(spec: WorkloadSpec, nodes: int, gpus_per_node: int, file: str | None = None) -> None:
+    """DLRM rules that need the world: every table the sharding plan names exists, its ranks and
+    node exist, and a column-wise table has no more shards than GPUs or columns."""
+    model = spec.model
+    if not isinstance(model, DLRMModel):
+        return
+    world = nodes * gpus_per_node
+    count = model.table_count
+    dims = [t.dim or model.embedding_dim for t in model.tables for _ in range(t.count)]
+    if model.generate is not None:  # generated dims are drawn later; the narrowest may be drawn
+        dims += [min(model.generate.dims or [model.embedding_dim])] * model.generate.count
+    cfg = spec.parallelism.sharding
+    if cfg.planner == "table_row_wise_large" and nodes < 2:
+        raise ConfigError("the table_row_wise_large plan needs 2 or more nodes; expected another planner",
+                          file=file, key="parallelism.sharding.planner")
+    for i, ts in sorted(cfg.tables.items()):
+        key = f"parallelism.sharding.tables.{i}"
+        if i >= count:
+            raise ConfigError(f"table {i} does not exist; expected an index below {count}, the number of "
+                              f"tables (count expanded, generated ones last)", file=file, key=key)
+        bad = [r for r in ts.ranks or () if r >= world]
+        if bad:
+            raise ConfigError(f"ranks {bad} do not exist; expected ranks below {world} ({nodes} node(s) x "
+                              f"{gpus_per_node} GPUs)", file=file, key=f"{key}.ranks")
+        if ts.node is not None and ts.node >= nodes:
+            raise ConfigError(f"node {ts.node} does not exist; expected a node below {nodes}", file=file,
+                              key=f"{key}.node")
+        shards = len(ts.ranks) if ts.ranks is not None and ts.type == "column_wise" else ts.shards
+        if shards is not None and shards > world:
+            raise ConfigError(f"{shards} column shards on {world} GPUs; expected at most one per GPU",
+                              file=file, key=f"{key}.shards")
+        if shards is not None and shards > dims[i]:
+            raise ConfigError(f"{shards} column shards of a table of {dims[i]} columns; expected at most "
+                              f"{dims[i]}", file=file, key=f"{key}.{'ranks' if ts.ranks else 'shards'}")
+
+
+def check_parallelism(spec: WorkloadSpec, nodes: int, gpus_per_node: int, file: str | None = None) -> None:
+    """The parallel degrees fill the world exactly: tp * pp * cp * dp GPUs (dp defaults to the rest);
+    model parallelism (tp, pp, cp, ep, sp, ZeRO) is for Transformer models only."""
+    par = spec.parallelism
+    world = nodes * gpus_per_node
+    mp = par.tp * par.pp * par.cp
+    where = f"{nodes} node(s) x {gpus_per_node} GPUs = {world}"
+    if not isinstance(spec.model, TransformerModel):
+        for key, value, plain in (("tp", par.tp, 1), ("pp", par.pp, 1), ("cp", par.cp, 1), ("ep", par.ep, 1),
+                                  ("sp", par.sp, False), ("zero", par.zero_stage, 0)):
+            if value != plain:
+                raise ConfigError(f"{key}={value} applies to transformer models; a {spec.model.kind} model "
+                                  f"expects {plain}", file=file, key=f"parallelism.{key}")
+    if world % mp:
+        raise ConfigError(f"tp*pp*cp = {par.tp}*{par.pp}*{par.cp} = {mp} does not divide the world size: {where}",
+                          file=file, key="parallelism.tp" if par.tp > 1 else "parallelism.pp" if par.pp > 1
+                          else "parallelism.cp")
+    if par.dp is not None and par.dp * mp != world:
+        split = f" / (tp*pp*cp = {mp})" if mp > 1 else ""
+        raise ConfigError(f"dp={par.dp} does not match the world size: {where}{split} (expected dp={world // mp})",
+                          file=file, key="parallelism.dp")
+
+
+def check_transformer(spec: WorkloadSpec, world: int, file: str | None = None) -> None:
+    """Rules a Transformer's parallelism must meet (degrees already fill the world): every split
+    divides what it splits, the schedule fits the pipeline, and the batch divides into micro-batches."""
+    md, par, tr = spec.model, spec.parallelism, spec.training
+    if not isinstance(md, TransformerModel):
+        return
+
+    def fail(key: str, msg: str) -> None:
+        raise ConfigError(msg, file=file, key=key)
+
+    tp, pp, cp, ep, v = par.tp, par.pp, par.cp, par.ep, par.virtual_stages
+    dp = par.dp or world // (tp * pp * cp)
+    if md.heads % tp:
+        fail("model.heads", f"{md.heads} heads do not split over tp={tp}; expected a multiple of tp")
+    if md.kv_heads_n % tp:
+        fail("model.kv_heads", f"{md.kv_heads_n} key/value heads do not split over tp={tp}; expected a multiple of tp")
+    if md.ffn % tp:
+        fail("model.ffn_hidden", f"MLP width {md.ffn} does not split over tp={tp}; expected a multiple of tp")
+    if md.layers % (pp * v):
+        fail("model.layers", f"{md.layers} layers do not divide into pp*virtual_stages = {pp}*{v} equal chunks; "
+                             f"expected a multiple of {pp * v}")
+    if v > 1 and par.pp_schedule != "interleaved":
+        fail("parallelism.virtual_stages", f"virtual_stages={v} needs pp_schedule: interleaved")
+    if par.pp_schedule == "interleaved" and (v < 2 or pp < 2):
+        fail("parallelism.pp_schedule", f"the interleaved schedule needs pp >= 2 and virtual_stages >= 2, "
+                                        f"got pp={pp}, virtual_stages={v}")
+    if par.sp and tp < 2:
+        fail("parallelism.sp", "sequence parallelism splits over tensor-parallel ranks; expected tp > 1")
+    chunks = 2 * cp if cp > 1 and par.cp_comm == "ring" and md.causal else cp
+    if md.seq_len % chunks:
+        fail("model.seq_len", f"seq_len {md.seq_len} does not split into {chunks} chunks over cp={cp}")
+    if par.sp and (md.seq_len // cp) % tp:
+        fail("model.seq_len", f"seq_len/cp = {md.seq_len // cp} does not split over tp={tp} (sequence parallelism)")
+    if cp > 1 and md.attention != "flash":
+        fail("model.attention", "context parallelism runs flash attention; expected attention: flash")
+    if ep > 1 and md.moe is None:
+        fail("parallelism.ep", f"ep={ep} splits experts, but the model has none (model.moe)")
+    if md.moe is not None:
+        if md.moe.experts % ep:
+            fail("model.moe.experts", f"{md.moe.experts} experts do not split over ep={ep}")
+        if md.expert_ffn % tp:
+            fail("model.moe.expert_ffn_hidden", f"expert width {md.expert_ffn} does not split over tp={tp}")
+    if dp % ep:
+        fail("parallelism.ep", f"ep={ep} must divide dp={dp} (experts are sharded over data-parallel ranks)")
+    if tr.global_batch is not None and tr.global_batch % (tr.batch_per_gpu * dp):
+        fail("training.global_batch", f"global_batch {tr.global_batch} is not a multiple of micro_batch x dp = "
+                                      f"{tr.batch_per_gpu} x {dp}")
+    if par.pp_schedule == "interleaved":
+        m = tr.global_batch // (tr.batch_per_gpu * dp) if tr.global_batch else tr.grad_accumulation or 1
+        if m % pp:
+            fail("training.global_batch" if tr.global_batch else "training.grad_accumulation",
+                 f"the interleaved schedule needs micro-batches per iteration ({m}) divisible by pp={pp}")
 
 
 def check_memory(job: Job, workload: Workload) -> None:
@@ -52,7 +160,9 @@ def check_memory(job: Job, workload: Workload) -> None:
     need = workload.memory[worst]
     if need.total > cap:
         parts = ", ".join(f"{k} {v:.1f}" for k, v in need.as_gib().items() if k != "total" and v >= 0.05)
+        remedies = ("training.micro_batch, training.recompute, parallelism.zero, more tp / pp"
+                    if isinstance(job.workload.model, TransformerModel) else "training.batch_per_gpu")
         raise ConfigError(
             f"does not fit in GPU memory: rank {worst} needs {need.total / 2**30:.1f} GiB ({parts} GiB) "
             f"but a {job.platform.gpu.name} has {job.platform.gpu.memory_gib:g} GiB; expected a smaller "
-            f"model.* or training.batch_per_gpu, or more GPUs", file=job.workload_file, key="model")
+            f"model.* or {remedies}, or more GPUs", file=job.workload_file, key="model")

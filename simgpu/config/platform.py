@@ -42,12 +42,32 @@ class HostSpec(Spec):
 
 
 class NVLinkSpec(Spec):
-    """GPU-to-GPU links inside a node."""
+    """GPU-to-GPU links inside a node.
 
-    kind: Literal["nvswitch"] = Field(description="nvswitch: every GPU has one port to a non-blocking switch")
-    gbytes_per_s: PositiveFloat = Field(description="per GPU, per direction, GB/s")
+    ``nvswitch``: every GPU has one port of ``gbytes_per_s`` to a non-blocking switch. ``mesh``:
+    GPUs are wired point to point (NVLink bridges, DGX-1's hybrid cube-mesh); ``links`` lists
+    ``[gpu_a, gpu_b, count]`` and each of the ``count`` links carries ``gbytes_per_s``.
+    """
+
+    kind: Literal["nvswitch", "mesh"] = Field(description="nvswitch or mesh")
+    gbytes_per_s: PositiveFloat = Field(description="nvswitch: per GPU port; mesh: per link; per direction, GB/s")
     efficiency: Fraction = Field(0.8, description="achievable fraction of gbytes_per_s")
     latency_us: NonNegFloat = Field(0.7, description="one-way latency GPU to GPU, us")
+    links: list[tuple[int, int, PositiveInt]] = Field(
+        default_factory=list, description="mesh only: [gpu_a, gpu_b, number of links] for each wired pair")
+    nvls: bool = Field(False, description="the switch can reduce in the network (NVLink SHARP, H100 and later)")
+    nvls_efficiency: Fraction = Field(
+        0.7, description="achievable fraction of the port bandwidth for in-switch reductions")
+
+    @model_validator(mode="after")
+    def _mesh_has_links(self) -> NVLinkSpec:
+        if self.kind == "mesh" and not self.links:
+            raise ValueError("a mesh needs links: [[gpu_a, gpu_b, count], ...]")
+        if self.kind == "nvswitch" and self.links:
+            raise ValueError("links are for kind: mesh; an nvswitch connects every GPU")
+        if self.nvls and self.kind != "nvswitch":
+            raise ValueError("nvls needs kind: nvswitch")
+        return self
 
 
 class PCIeSpec(Spec):
@@ -57,6 +77,10 @@ class PCIeSpec(Spec):
     efficiency: Fraction = Field(0.8, description="achievable fraction of gbytes_per_s")
     latency_us: NonNegFloat = Field(1.0, description="one-way latency through one switch, us")
     switches: PositiveInt = Field(1, description="PCIe switches (or root ports) sharing GPUs and NICs evenly")
+    p2p: bool = Field(True, description="GPUs reach each other directly over PCIe; false: through host memory")
+    staged_gbytes_per_s: PositiveFloat | None = Field(
+        None, description="when p2p is false: bandwidth of the host-memory staging area that all GPU-to-GPU "
+                          "copies of a node share, both directions together, GB/s; default the PCIe rate")
 
 
 class NodeSpec(Spec):
@@ -83,13 +107,42 @@ class NetworkSpec(Spec):
     spine_latency_us: NonNegFloat = Field(1.0, description="extra one-way latency through the spine, us")
 
 
+class ProtocolSpec(Spec):
+    """One collective protocol: its fixed cost, its cost per algorithm step, its bandwidth."""
+
+    base_us: NonNegFloat = Field(description="fixed cost of a collective with this protocol, us")
+    step_nvlink_us: NonNegFloat = Field(description="cost of one algorithm step over NVLink, us")
+    step_pcie_us: NonNegFloat = Field(description="cost of one algorithm step over PCIe, us")
+    step_net_us: NonNegFloat = Field(description="cost of one algorithm step over the network, us")
+    bandwidth: Fraction = Field(description="fraction of link bandwidth that carries payload")
+    net_round_trip: bool = Field(
+        False, description="a step over the network waits a round trip (buffer credits), not one way")
+    chunk_kib: PositiveFloat = Field(
+        512, description="largest piece a step forwards; a pipeline of D steps fills in D chunk times, KiB")
+
+
+def _default_protocols() -> dict[Literal["ll", "ll128", "simple"], ProtocolSpec]:
+    # LL: 8-byte stores of 4 bytes of data and a flag, no synchronisation: lowest latency, half
+    # the bandwidth. LL128: 128-byte lines with 8 bytes of flags, NVLink-class latency. Simple:
+    # bulk copies with a fence per step: the highest latency, the full bandwidth.
+    return {
+        "ll": ProtocolSpec(base_us=5.0, step_nvlink_us=0.6, step_pcie_us=1.0, step_net_us=3.0, bandwidth=0.5,
+                          chunk_kib=32),
+        "ll128": ProtocolSpec(base_us=7.0, step_nvlink_us=1.2, step_pcie_us=2.0, step_net_us=6.0,
+                              bandwidth=120 / 128),
+        "simple": ProtocolSpec(base_us=9.0, step_nvlink_us=3.0, step_pcie_us=4.0, step_net_us=10.0,
+                               bandwidth=1.0, net_round_trip=True),
+    }
+
+
 class CollectiveSpec(Spec):
     """Software costs of the collective library (NCCL) on this platform."""
 
-    launch_us: NonNegFloat = Field(8.0, description="fixed cost of one collective, us")
-    step_us: NonNegFloat = Field(1.0, description="per algorithm step overhead on top of link latency, us")
+    launch_us: NonNegFloat = Field(8.0, description="fixed cost of one collective on top of its protocol's, us")
     channels: PositiveInt | None = Field(
         None, description="parallel rings/trees across nodes; default one per NIC")
+    protocols: dict[Literal["ll", "ll128", "simple"], ProtocolSpec] = Field(
+        default_factory=_default_protocols, description="protocols the tuner may choose from")
 
 
 class PlatformSpec(Spec):

@@ -6,13 +6,28 @@ Each field is documented; units are in the key names. Cross-field rules that inv
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, PositiveInt, model_validator
 
 from .base import Spec
 
 Precision = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
+
+
+ShardingType = Literal["table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel"]
+#: Names of the plans the sharding planner proposes (see :mod:`simgpu.workload.sharding`).
+PlannerName = Literal["greedy_size", "greedy_lookups", "greedy_cost", "row_wise_large", "table_row_wise_large",
+                      "column_wise_hot", "data_parallel_small"]
+
+
+class IndexDistribution(Spec):
+    """How a table's ids are drawn: ``uniform`` over its rows, or ``zipf`` (row k, counted from the
+    most popular, has probability proportional to ``k ** -alpha``). It sets the index-reuse
+    statistics of the lookup kernels; ids are assumed hashed, so hot rows are spread over row shards."""
+
+    kind: Literal["uniform", "zipf"] = Field("uniform", description="uniform or zipf")
+    alpha: Annotated[float, Field(gt=0)] = Field(1.05, description="zipf exponent (zipf only)")
 
 
 class TableSpec(Spec):
@@ -23,77 +38,371 @@ class TableSpec(Spec):
     pooling_factor: Annotated[float, Field(gt=0)] = Field(
         description="mean number of ids looked up per sample (bag size)")
     count: PositiveInt = Field(1, description="how many identical tables this entry stands for")
+    distribution: IndexDistribution = Field(default_factory=lambda: IndexDistribution(),
+                                            description="distribution of the ids looked up")
+
+
+class TableGenerator(Spec):
+    """Tables drawn at random from the run's seed: rows log-uniform in ``rows``, dims uniformly from
+    ``dims``, pooling factor uniform in ``pooling``. They follow the tables given one by one."""
+
+    count: PositiveInt = Field(description="how many tables to generate")
+    rows: tuple[PositiveInt, PositiveInt] = Field(description="[min, max] rows, drawn log-uniformly")
+    dims: list[PositiveInt] | None = Field(
+        None, min_length=1, description="dims to choose from uniformly; default [model.embedding_dim]")
+    pooling: tuple[Annotated[float, Field(gt=0)], Annotated[float, Field(gt=0)]] = Field(
+        description="[min, max] pooling factor (ids per sample), drawn uniformly")
+    distribution: IndexDistribution = Field(default_factory=lambda: IndexDistribution(),
+                                            description="distribution of the ids of every generated table")
+
+    @model_validator(mode="after")
+    def _ranges(self) -> TableGenerator:
+        for name in ("rows", "pooling"):
+            lo, hi = getattr(self, name)
+            if lo > hi:
+                raise ValueError(f"{name}: min {lo} is larger than max {hi}")
+        return self
+
+
+class DCNSpec(Spec):
+    """DCNv2 cross layers over the concatenated dense and pooled features x0:
+    ``x_{l+1} = x0 * (W x_l + b) + x_l``, with ``W = U V`` of rank ``low_rank`` when given."""
+
+    layers: PositiveInt = Field(3, description="number of cross layers")
+    low_rank: PositiveInt | None = Field(None, description="rank of the factorised W; null: full rank")
+
+
+class TableSharding(Spec):
+    """The sharding of one table. ``ranks``: table_wise, the one rank holding it; column_wise, one
+    rank per column shard. ``shards``: column_wise without ranks, how many column shards (default
+    shards of at least 32 columns, at most one per GPU). ``node``: table_row_wise, the node whose
+    GPUs split its rows. Row-wise and data-parallel tables span every GPU."""
+
+    type: ShardingType = Field(description="table_wise, row_wise, column_wise, table_row_wise or data_parallel")
+    ranks: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None, min_length=1, description="table_wise: [rank]; column_wise: a rank per column shard")
+    shards: PositiveInt | None = Field(None, description="column_wise: number of column shards placed greedily")
+    node: Annotated[int, Field(ge=0)] | None = Field(None, description="table_row_wise: the node holding the table")
+
+    @model_validator(mode="after")
+    def _fields_fit_type(self) -> TableSharding:
+        if self.ranks is not None and self.type not in ("table_wise", "column_wise"):
+            raise ValueError(f"ranks are for table_wise and column_wise tables; a {self.type} table spans "
+                             f"every GPU" + (" of its node" if self.type == "table_row_wise" else ""))
+        if self.type == "table_wise" and self.ranks is not None and len(self.ranks) != 1:
+            raise ValueError(f"a table_wise table lives on one rank, got ranks {self.ranks}")
+        if self.ranks is not None and len(set(self.ranks)) != len(self.ranks):
+            raise ValueError(f"column shards need distinct ranks, got {self.ranks}")
+        if self.shards is not None and (self.type != "column_wise" or self.ranks is not None):
+            raise ValueError("shards is for column_wise tables without ranks")
+        if self.node is not None and self.type != "table_row_wise":
+            raise ValueError("node is for table_row_wise tables")
+        return self
+
+
+class EmbeddingSharding(Spec):
+    """The embedding sharding plan, as TorchRec's: a sharding type per table and where its shards
+    live. ``table_wise`` (a string) is short for ``{default: table_wise}``. Either the plan is given
+    (``default`` for every table, ``tables`` for some by index, tables of ``count`` and generated
+    ones numbered in order; shards without ranks placed greedily by ``balance``), or ``planner``
+    names one of the plans the sharding planner proposes. ``comm_precision`` applies to either."""
+
+    default: ShardingType = Field("table_wise", description="sharding type of tables not in tables")
+    balance: Literal["size", "lookups", "cost"] = Field(
+        "size", description="what greedy placement balances: bytes, lookup traffic, or both")
+    tables: dict[Annotated[int, Field(ge=0)], TableSharding] = Field(
+        default_factory=dict, description="table index -> its sharding, overriding default")
+    planner: PlannerName | None = Field(None, description="use the planner's plan of this name instead")
+    comm_precision: Literal["fp32", "fp16", "bf16"] = Field(
+        "fp32", description="dtype of pooled embeddings and their gradients in collectives (TorchRec's qcomms)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_form(cls, data: Any) -> Any:
+        return {"default": data} if isinstance(data, str) else data
+
+    @model_validator(mode="after")
+    def _planner_alone(self) -> EmbeddingSharding:
+        if self.planner is not None and (self.tables or "default" in self.model_fields_set
+                                         or "balance" in self.model_fields_set):
+            raise ValueError("planner proposes the whole plan; give either planner or default/balance/tables")
+        return self
 
 
 class DLRMModel(Spec):
-    """A DLRM: bottom MLP over dense features, embedding bags over sparse ones, an interaction,
-    then the top MLP."""
+    """A DLRM: bottom MLP over dense features, embedding bags over sparse ones (one table per
+    sparse feature), an interaction, then the top MLP."""
 
     kind: Literal["dlrm"]
     dense_features: PositiveInt = Field(13, description="number of dense input features")
-    bottom_mlp: list[PositiveInt] = Field(description="bottom MLP layer widths; the last equals embedding_dim")
-    top_mlp: list[PositiveInt] = Field(description="top MLP layer widths; the last is usually 1")
+    bottom_mlp: list[PositiveInt] = Field(
+        min_length=1, description="bottom MLP layer widths; the last equals embedding_dim for dot")
+    top_mlp: list[PositiveInt] = Field(min_length=1, description="top MLP layer widths; the last is usually 1")
     embedding_dim: PositiveInt = Field(description="default embedding dimension of the tables")
-    tables: list[TableSpec] = Field(min_length=1, description="embedding tables")
-    interaction: Literal["dot", "cat"] = Field("dot", description="feature interaction")
+    tables: list[TableSpec] = Field(default_factory=list, description="embedding tables given one by one")
+    generate: TableGenerator | None = Field(None, description="embedding tables drawn from the run's seed")
+    interaction: Literal["dot", "cat", "dcn"] = Field(
+        "dot", description="feature interaction: pairwise dot products, concatenation, or DCNv2 cross layers")
+    dcn: DCNSpec | None = Field(None, description="the cross layers (interaction: dcn only)")
 
     @model_validator(mode="after")
-    def _bottom_matches_dim(self) -> DLRMModel:
-        if self.interaction == "dot" and self.bottom_mlp[-1] != self.embedding_dim:
-            raise ValueError(
-                f"bottom_mlp must end in embedding_dim ({self.embedding_dim}) for the dot "
-                f"interaction, got {self.bottom_mlp[-1]}")
+    def _consistent(self) -> DLRMModel:
+        if not self.tables and self.generate is None:
+            raise ValueError("at least one embedding table is needed: give tables or generate")
+        if self.interaction == "dot":
+            d = self.bottom_mlp[-1]
+            if d != self.embedding_dim:
+                raise ValueError(
+                    f"bottom_mlp must end in embedding_dim ({self.embedding_dim}) for the dot "
+                    f"interaction, got {d}")
+            dims = {t.dim or self.embedding_dim for t in self.tables}
+            if self.generate is not None:
+                dims |= set(self.generate.dims or [self.embedding_dim])
+            if dims - {d}:
+                raise ValueError(f"the dot interaction needs every table's dim to equal bottom_mlp[-1] ({d}), "
+                                 f"got dims {sorted(dims)}")
+        if (self.interaction == "dcn") != (self.dcn is not None):
+            raise ValueError("interaction: dcn needs a dcn section, and a dcn section needs interaction: dcn")
+        return self
+
+    @property
+    def table_count(self) -> int:
+        """Tables after expanding ``count`` and generation."""
+        return sum(t.count for t in self.tables) + (self.generate.count if self.generate else 0)
+
+
+#: Defaults each architecture gives the fields left unset: (activation, norm, position, bias, tied).
+ARCH_DEFAULTS: dict[str, tuple[str, str, str, bool, bool]] = {
+    "gpt": ("gelu", "layernorm", "learned", True, True),
+    "llama": ("swiglu", "rmsnorm", "rope", False, False),
+    "bert": ("gelu", "layernorm", "learned", True, True),
+}
+
+
+class MoESpec(Spec):
+    """Mixture of experts: the MLP of every ``every``-th block is ``experts`` MLPs and a router that
+    sends each token to its ``top_k`` best experts (tokens assumed spread evenly over experts)."""
+
+    experts: Annotated[int, Field(ge=2)] = Field(description="experts per MoE block")
+    top_k: PositiveInt = Field(2, description="experts each token is routed to")
+    capacity_factor: Annotated[float, Field(gt=0)] | None = Field(
+        None, description="expert capacity as a multiple of the even share (tokens beyond it are dropped, "
+                          "short experts padded); null: dropless")
+    every: PositiveInt = Field(1, description="an MoE MLP in every `every`-th block (1: all blocks)")
+    expert_ffn_hidden: PositiveInt | None = Field(
+        None, description="inner width of each expert; default model.ffn_hidden")
+
+    @model_validator(mode="after")
+    def _top_k_fits(self) -> MoESpec:
+        if self.top_k > self.experts:
+            raise ValueError(f"top_k ({self.top_k}) cannot exceed experts ({self.experts})")
         return self
 
 
 class TransformerModel(Spec):
-    """A decoder-only (GPT-style) Transformer."""
+    """A Transformer: GPT (decoder, learned positions, GELU, LayerNorm), LLaMA (decoder, RoPE,
+    SwiGLU, RMSNorm, grouped-query attention, no biases) or BERT (bidirectional encoder with an MLM
+    head); ``moe`` turns its MLPs into mixtures of experts. Unset style fields take the arch's value."""
 
     kind: Literal["transformer"]
+    arch: Literal["gpt", "llama", "bert"] = Field(
+        "gpt", description="gpt (causal decoder), llama (causal decoder) or bert (bidirectional encoder, MLM head)")
     layers: PositiveInt = Field(description="number of Transformer blocks")
     hidden: PositiveInt = Field(description="model width (d_model)")
-    heads: PositiveInt = Field(description="attention heads")
-    ffn_hidden: PositiveInt | None = Field(None, description="MLP inner width; default 4 * hidden")
+    heads: PositiveInt = Field(description="attention (query) heads")
+    kv_heads: PositiveInt | None = Field(
+        None, description="key/value heads (grouped-query attention); default heads (multi-head attention)")
+    ffn_hidden: PositiveInt | None = Field(
+        None, description="MLP inner width; default 4 * hidden (gelu) or LLaMA's 2/3 * 4 * hidden rounded up "
+                          "to a multiple of 256 (swiglu)")
     seq_len: PositiveInt = Field(description="tokens per sample")
-    vocab: PositiveInt = Field(description="vocabulary size")
+    vocab: PositiveInt = Field(description="vocabulary size (padded up to a multiple of tp when split)")
+    activation: Literal["gelu", "swiglu"] | None = Field(None, description="MLP activation; default by arch")
+    norm: Literal["layernorm", "rmsnorm"] | None = Field(None, description="normalisation; default by arch")
+    position: Literal["learned", "rope"] | None = Field(
+        None, description="learned position embeddings or rotary (RoPE); default by arch")
+    bias: bool | None = Field(None, description="linear layers have biases; default by arch")
+    tied_embeddings: bool | None = Field(
+        None, description="the output layer shares the token embedding; default by arch")
+    attention: Literal["flash", "unfused"] = Field(
+        "flash", description="flash (fused, scores never stored) or unfused (Megatron core attention: "
+                             "bmm, softmax, dropout, bmm over stored scores)")
+    dropout: Annotated[float, Field(ge=0, lt=1)] = Field(
+        0.0, description="dropout probability of hidden states and attention probabilities (0: none)")
+    moe: MoESpec | None = Field(None, description="mixture of experts; null: dense MLPs")
 
     @model_validator(mode="after")
     def _heads_divide(self) -> TransformerModel:
         if self.hidden % self.heads:
             raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
+        if self.heads % self.kv_heads_n:
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads_n})")
         return self
+
+    def _default(self, i: int) -> str | bool:
+        return ARCH_DEFAULTS[self.arch][i]
+
+    @property
+    def act(self) -> str:
+        return self.activation or str(self._default(0))
+
+    @property
+    def norm_kind(self) -> str:
+        return self.norm or str(self._default(1))
+
+    @property
+    def rope(self) -> bool:
+        return (self.position or self._default(2)) == "rope"
+
+    @property
+    def has_bias(self) -> bool:
+        return bool(self._default(3)) if self.bias is None else self.bias
+
+    @property
+    def tied(self) -> bool:
+        return bool(self._default(4)) if self.tied_embeddings is None else self.tied_embeddings
+
+    @property
+    def causal(self) -> bool:
+        return self.arch != "bert"
+
+    @property
+    def kv_heads_n(self) -> int:
+        return self.kv_heads or self.heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
 
     @property
     def ffn(self) -> int:
-        return self.ffn_hidden or 4 * self.hidden
+        if self.ffn_hidden:
+            return self.ffn_hidden
+        if self.act == "swiglu":
+            return -(-(8 * self.hidden // 3) // 256) * 256
+        return 4 * self.hidden
+
+    @property
+    def expert_ffn(self) -> int:
+        return (self.moe.expert_ffn_hidden if self.moe else None) or self.ffn
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether block ``layer`` (0-based) has an MoE MLP: the last of every ``moe.every`` blocks."""
+        return self.moe is not None and (layer + 1) % self.moe.every == 0
 
 
 Model = Annotated[DLRMModel | TransformerModel, Field(discriminator="kind")]
 
 
 class Training(Spec):
-    """How one iteration is run."""
+    """How one iteration is run.
 
-    batch_per_gpu: PositiveInt = Field(description="samples per GPU per iteration")
+    Batch: ``micro_batch`` (or its older name ``batch_per_gpu``, give one) is the samples of one
+    micro-batch of one model replica (Megatron's --micro-batch-size). Each data-parallel replica runs
+    ``grad_accumulation`` micro-batches per iteration, so ``global_batch`` = micro_batch x dp x
+    grad_accumulation; give at most one of the two (default one micro-batch: under pure data
+    parallelism ``batch_per_gpu`` is then the samples per GPU per iteration, as before).
+    """
+
+    batch_per_gpu: PositiveInt = Field(
+        description="samples per micro-batch of each data-parallel replica (= micro_batch; under pure data "
+                    "parallelism without accumulation, samples per GPU per iteration)")
+    micro_batch: PositiveInt | None = Field(
+        None, description="samples per micro-batch of one model replica (Megatron --micro-batch-size); "
+                          "the same number as batch_per_gpu, give one of them")
+    global_batch: PositiveInt | None = Field(
+        None, description="samples per iteration over the whole job (Megatron --global-batch-size); a multiple "
+                          "of micro_batch x dp; default micro_batch x dp x grad_accumulation")
+    grad_accumulation: PositiveInt | None = Field(
+        None, description="micro-batches per iteration of each data-parallel replica (give this or global_batch)")
     precision: Precision = Field(
         "fp32", description="compute precision of matmuls (mixed precision keeps fp32 master weights)")
     optimizer: Literal["sgd", "adam", "adagrad"] = Field("adam", description="dense optimizer")
     embedding_optimizer: Literal["sgd", "adagrad"] = Field(
         "sgd", description="fused optimizer applied in the embedding backward (DLRM)")
+    recompute: Literal["none", "selective", "full"] = Field(
+        "none", description="activation recomputation (Transformer): none, selective (attention core) or full "
+                            "(every block re-runs its forward in backward)")
+    framework: Literal["pytorch", "megatron"] = Field(
+        "pytorch", description="conventions of the program (Transformer): pytorch (autocast casts fp32 weights "
+                               "each forward, DDP/FSDP) or megatron (low-precision weights with fp32 main params "
+                               "and grads, fused kernels, batched P2P with a device sync)")
+    sync_each_layer: bool = Field(
+        False, description="the host synchronises with the GPU at the start and end of every block's forward and "
+                           "backward (Megatron-DeepSpeed --synchronize-each-layer, DeepSpeed checkpointing's "
+                           "synchronize)")
+    host_overhead_us: Annotated[float, Field(ge=0)] | None = Field(
+        None, description="CPU time the framework spends per launched op (Python, dispatcher, autograd), us; "
+                          "default: the platform's host.launch_us")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _micro_batch_alias(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("micro_batch") is not None:
+            if data.get("batch_per_gpu") is None:
+                return {**data, "batch_per_gpu": data["micro_batch"]}
+            if data["batch_per_gpu"] != data["micro_batch"]:
+                raise ValueError(f"micro_batch ({data['micro_batch']}) and batch_per_gpu ({data['batch_per_gpu']}) "
+                                 "name the same number; give one of them")
+        return data
+
+    @model_validator(mode="after")
+    def _one_batch_rule(self) -> Training:
+        if self.global_batch is not None and self.grad_accumulation is not None:
+            raise ValueError("give global_batch or grad_accumulation, not both")
+        return self
 
 
 class Parallelism(Spec):
-    """How the job is split over GPUs. ``dp`` defaults to the world size."""
+    """How the job is split over GPUs, as Megatron-LM does it: tensor (tp, innermost: consecutive
+    ranks of a node), context (cp), data (dp, with experts sharded over ep of its ranks) and pipeline
+    (pp, outermost) parallelism; tp * cp * dp * pp is the world size and ``dp`` defaults to the rest."""
 
-    dp: PositiveInt | None = Field(None, description="data-parallel degree; must equal the number of GPUs")
-    sharding: Literal["table_wise"] = Field("table_wise", description="embedding sharding plan (DLRM)")
+    dp: PositiveInt | None = Field(
+        None, description="data-parallel degree; default world size / (tp * pp * cp)")
+    tp: PositiveInt = Field(1, description="tensor-parallel degree (Megatron column/row splits)")
+    pp: PositiveInt = Field(1, description="pipeline-parallel degree (stages)")
+    cp: PositiveInt = Field(1, description="context-parallel degree (the sequence split over ranks)")
+    ep: PositiveInt = Field(1, description="expert-parallel degree (experts split over ep data-parallel ranks)")
+    sp: bool = Field(False, description="sequence parallelism: all-gather / reduce-scatter instead of the tp "
+                                        "all-reduces, norms and dropout on 1/tp of the tokens (needs tp > 1)")
+    zero: Literal[0, 1, 2, 3] = Field(
+        0, description="ZeRO stage over the data-parallel ranks: 0 replicated (DDP), 1 optimizer states, "
+                       "2 and gradients, 3 and parameters (all-gathered per block, FSDP)")
+    fsdp: bool = Field(False, description="PyTorch FSDP full sharding: the same as zero: 3")
+    pp_schedule: Literal["1f1b", "gpipe", "interleaved"] = Field(
+        "1f1b", description="pipeline schedule: 1f1b, gpipe (all forwards, then all backwards) or interleaved "
+                            "1F1B over virtual_stages model chunks per stage")
+    virtual_stages: PositiveInt = Field(1, description="model chunks per pipeline stage (interleaved only)")
+    cp_comm: Literal["ring", "all_gather"] = Field(
+        "ring", description="context parallelism: ring (K/V passed around the ring, overlapping attention) or "
+                            "all_gather (K/V all-gathered per block)")
+    dp_overlap: bool = Field(
+        True, description="reduce gradient buckets while backward runs (DDP / Megatron overlap_grad_reduce); "
+                          "false: after the backward")
+
+    sharding: EmbeddingSharding = Field(default_factory=lambda: EmbeddingSharding(),
+                                        description="embedding sharding plan (DLRM)")
+
+    @model_validator(mode="after")
+    def _zero_or_fsdp(self) -> Parallelism:
+        if self.fsdp and self.zero not in (0, 3):
+            raise ValueError(f"fsdp is ZeRO stage 3; it contradicts zero: {self.zero}")
+        return self
+
+    @property
+    def zero_stage(self) -> int:
+        return 3 if self.fsdp else int(self.zero)
 
 
 class Comm(Spec):
     """Communication settings of the job."""
 
-    algorithm: Literal["auto", "ring", "tree"] = Field(
-        "auto", description="collective algorithm; auto picks the fastest for each size and group")
+    algorithm: Literal["auto", "ring", "tree", "nvls", "direct"] = Field(
+        "auto", description="collective algorithm; auto picks the fastest for each op, size and group, "
+                            "as NCCL's tuner does; a named one applies where it implements the op")
+    protocol: Literal["auto", "ll", "ll128", "simple"] = Field(
+        "auto", description="NCCL protocol; auto picks per collective")
     bucket_mib: Annotated[float, Field(gt=0)] = Field(
         25.0, description="gradient bucket size of data-parallel all-reduce, MiB (DDP default 25)")
 

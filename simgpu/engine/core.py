@@ -1,18 +1,27 @@
 """The discrete-event engine: CPU threads issue ops onto GPU streams; collectives meet and move bytes.
 
-Per rank, a CPU thread walks the program in order, spending the launch overhead on each op (CPU
-threads of a node are a shared pool when ranks outnumber them) and enqueueing it on its stream.
-A stream is a SimPy resource: an op holds it from start to end, so a stream runs its ops in issue
-order, and an op also waits for its explicit dependencies (cross-stream events). A collective
-starts when every member has reached it on its comm stream; its plan's transfers then share the
-links with all other traffic through :class:`~simgpu.comm.network.FlowNetwork`.
+Per rank, a CPU thread walks the program in order, spending the launch overhead on each op (or the
+op's own ``cpu_s``) and enqueueing it on its stream; ``host`` ops only keep the thread busy, and a
+``host_wait`` blocks it until its dependencies finish. When a node's ranks outnumber its CPU
+threads, the threads are time-shared and every launch takes proportionally longer. A stream runs
+its ops one at a time in issue order; an op starts once it has been issued, the op before it on
+the stream has finished and its explicit dependencies (cross-stream events) have finished, and
+then its own ``delay_s`` (if any) has passed. A
+collective starts when every member has reached it on its stream; its plan's transfers then share
+the links with all other traffic through :class:`~simgpu.comm.network.FlowNetwork` (a collective
+with a fixed ``duration_s``, from a trace, takes that long instead).
+
+The event loop is SimPy's clock and event queue, driven by callbacks rather than one process per
+op: the CPU thread's issue times are computed as it walks the program (it only stops at a
+``host_wait``), and each op costs one event for its end, plus one for its start when it is issued
+after the stream and its dependencies are ready.
 
 The engine knows no model family and calls no kernel model: kernel durations arrive as an array.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +30,7 @@ import pandas as pd
 import simpy
 
 from ..comm.network import FlowNetwork
-from ..comm.plan import CollectivePlan, CollectiveRequest
+from ..comm.plan import CollectiveRequest
 from ..comm.planner import Planner
 from ..errors import SimulationError
 from ..platform.topology import Topology
@@ -42,8 +51,55 @@ class EngineOptions:
 @dataclass
 class _Rendezvous:
     call: CollectiveCall
-    done: simpy.Event
-    arrived: dict[int, CollectiveCall] = field(default_factory=dict)
+    arrived: dict[int, tuple[CollectiveCall, int]] = field(default_factory=dict)  # rank -> (call, op index)
+
+
+class _Stream:
+    __slots__ = ("busy", "queue", "waking")
+
+    def __init__(self) -> None:
+        self.queue: deque[int] = deque()
+        self.busy = False
+        self.waking = False
+
+
+class _Rank:
+    """What the engine tracks for one rank while its program runs."""
+
+    __slots__ = (
+        "cpu_time",
+        "cursor",
+        "dependents",
+        "deps_left",
+        "done",
+        "issue",
+        "launch_scale",
+        "ops",
+        "rank",
+        "start",
+        "streams",
+        "wait_since",
+        "waiting",
+    )
+
+    def __init__(self, rank: int, ops: list[Op], launch_scale: float) -> None:
+        self.rank, self.ops, self.launch_scale = rank, ops, launch_scale
+        n = len(ops)
+        self.issue = np.full(n, np.nan)
+        self.start = np.full(n, np.nan)
+        self.done = np.zeros(n, dtype=bool)
+        self.deps_left = np.zeros(n, dtype=np.int64)
+        self.dependents: list[list[int]] = [[] for _ in range(n)]
+        for i, op in enumerate(ops):
+            deps = set(op.deps)
+            self.deps_left[i] = len(deps)
+            for d in deps:
+                self.dependents[d].append(i)
+        self.streams: dict[str, _Stream] = {}
+        self.cursor = 0
+        self.cpu_time = 0.0
+        self.waiting = -1  # index of the host_wait the CPU thread is blocked on
+        self.wait_since = 0.0
 
 
 class Engine:
@@ -63,140 +119,209 @@ class Engine:
         self.records: list[tuple[Any, ...]] = []
         self._rv: dict[str, _Rendezvous] = {}
         self._comm_active = np.zeros(topo.world, dtype=np.int64)
-        self._done: list[list[simpy.Event]] = []
-        self._streams: list[dict[str, simpy.Resource]] = []
+        self._ranks: list[_Rank] = []
         self.ops_run = 0
+        self.events = 0
 
     def run(self) -> SimResult:
-        env, topo = self.env, self.topo
-        pools: dict[int, simpy.Resource | None] = {}
-        for node in range(topo.nodes):
-            contended = self.opt.cpu_threads_per_node < topo.gpus_per_node
-            pools[node] = simpy.Resource(env, self.opt.cpu_threads_per_node) if contended else None
-        for prog in self.workload.programs:
-            self._done.append([env.event() for _ in prog.ops])
-            self._streams.append({})
-            env.process(self._cpu(prog.rank, prog.ops, pools[topo.node_of(prog.rank)]))
-        env.run()
+        topo = self.topo
+        share = max(1.0, topo.gpus_per_node / max(1, self.opt.cpu_threads_per_node))
+        self._ranks = [_Rank(p.rank, p.ops, share) for p in self.workload.programs]
+        for r in self._ranks:
+            self._walk(r)
+        self.env.run()
         self._check_finished()
         self.net.finish()
         return self._result()
 
-    # -- processes ------------------------------------------------------------------------------
+    # -- the CPU thread ---------------------------------------------------------------------------
 
-    def _cpu(self, rank: int, ops: list[Op], pool: simpy.Resource | None) -> Generator[Any, Any, None]:
-        env, launch = self.env, self.opt.launch_s
-        done = self._done[rank]
-        streams = self._streams[rank]
+    def _walk(self, r: _Rank) -> None:
+        """Issue ops from the cursor on, until the program ends or a host_wait must block."""
         rec = self.records.append
-        for i, op in enumerate(ops):
-            if pool is not None:
-                req = pool.request()
-                yield req
-            t0 = env.now
-            if launch > 0:
-                yield env.timeout(launch)
-            if pool is not None:
-                pool.release(req)
-            rec((rank, "cpu", op.name, "launch", op.phase, "launch", t0, env.now, 0, "host"))
+        default = self.opt.launch_s
+        while r.cursor < len(r.ops):
+            i = r.cursor
+            op = r.ops[i]
+            if r.waiting != i:  # not resuming after a wait: spend the launch
+                launch = (default if op.cpu_s is None else op.cpu_s) * r.launch_scale
+                t0 = r.cpu_time
+                r.cpu_time = t0 + launch
+                if op.kind == "host":
+                    rec((r.rank, "cpu", op.name, op.category, op.phase, "host", t0, r.cpu_time, 0, "host"))
+                    r.cursor += 1
+                    self._at(r.cpu_time, lambda r=r, i=i: self._finish(r, i))
+                    continue
+                rec((r.rank, "cpu", op.name, "launch", op.phase, "launch", t0, r.cpu_time, 0, "host"))
             if op.kind == "host_wait":
-                t0 = env.now
-                pending = [done[d] for d in op.deps if not done[d].triggered]
-                if pending:
-                    yield env.all_of(pending)
-                rec((rank, "cpu", op.name, op.category, op.phase, "host_wait", t0, env.now, 0, "host"))
-                done[i].succeed()
+                if r.deps_left[i] > 0:
+                    if r.waiting != i:
+                        r.waiting, r.wait_since = i, r.cpu_time
+                    return  # the last dependency's end resumes the walk
+                t0 = r.wait_since if r.waiting == i else r.cpu_time
+                rec((r.rank, "cpu", op.name, op.category, op.phase, "host_wait", t0, r.cpu_time, 0, "host"))
+                r.waiting = -1
+                r.cursor += 1
+                self._at(r.cpu_time, lambda r=r, i=i: self._finish(r, i))
                 continue
-            stream = streams.get(op.stream)
+            r.issue[i] = r.cpu_time
+            stream = r.streams.get(op.stream)
             if stream is None:
-                stream = streams[op.stream] = simpy.Resource(env, 1)
-            env.process(self._op(rank, i, op, stream, stream.request()))
+                stream = r.streams[op.stream] = _Stream()
+            stream.queue.append(i)
+            r.cursor += 1
+            if len(stream.queue) == 1:
+                self._try_start(r, stream)
 
-    def _op(self, rank: int, i: int, op: Op, stream: simpy.Resource,
-            req: simpy.resources.resource.Request) -> Generator[Any, Any, None]:
-        env = self.env
-        done = self._done[rank]
-        yield req
-        pending = [done[d] for d in op.deps if not done[d].triggered]
-        if pending:
-            yield env.all_of(pending) if len(pending) > 1 else pending[0]
-        start = env.now
-        model = ""
+    def _at(self, t: float, fn: Any) -> None:
+        """Call ``fn`` at simulated time ``t`` (now if ``t`` has passed)."""
+        delay = t - self.env.now
+        ev = self.env.timeout(delay if delay > 0 else 0.0)
+        ev.callbacks.append(lambda _e: fn())
+        self.events += 1
+
+    # -- streams ----------------------------------------------------------------------------------
+
+    def _try_start(self, r: _Rank, stream: _Stream) -> None:
+        if stream.busy or stream.waking or not stream.queue:
+            return
+        i = stream.queue[0]
+        if r.deps_left[i] > 0:
+            return  # a dependency's end will call again
+        issue = float(r.issue[i])
+        if issue > self.env.now:
+            stream.waking = True
+
+            def wake() -> None:
+                stream.waking = False
+                self._try_start(r, stream)
+            self._at(issue, wake)
+            return
+        stream.queue.popleft()
+        stream.busy = True
+        delay = r.ops[i].delay_s
+        if delay > 0:  # the op's own wait on its stream (a replayed trace's measured GPU-side delay)
+            self._at(self.env.now + delay, lambda: self._start(r, i))
+        else:
+            self._start(r, i)
+
+    def _start(self, r: _Rank, i: int) -> None:
+        op = r.ops[i]
+        r.start[i] = self.env.now
         if op.kind == "kernel":
             dur = self.durations[op.kernel]
-            if self._comm_active[rank]:
+            if self._comm_active[r.rank]:
                 dur *= 1.0 + self.opt.overlap_slowdown
-            model = self.models[op.kernel]
-            yield env.timeout(dur)
+            self._at(self.env.now + dur, lambda: self._finish(r, i))
         elif op.kind == "memcpy":
-            route = self.topo.host_route(rank, to_device=True)
-            model = "network"
-            yield self.net.transfer(route, op.nbytes, self.topo.route_latency(route))
+            route = self.topo.host_route(r.rank, to_device=True)
+            self.net.transfer(route, op.nbytes, self.topo.route_latency(route)).callbacks.append(
+                lambda _e: self._finish(r, i))
         elif op.kind == "collective":
-            model = "network"
-            yield from self._collective(rank, op)
+            self._arrive(r, i, op)
         else:
-            raise SimulationError(f"rank {rank} op {op.name!r}: unknown kind {op.kind!r}")
-        stream.release(req)
-        self.ops_run += 1
-        self.records.append((rank, op.stream, op.name, op.category, op.phase, op.kind, start, env.now,
-                             op.nbytes, model))
-        done[i].succeed()
+            raise SimulationError(f"rank {r.rank} op {op.name!r}: unknown kind {op.kind!r}")
 
-    def _collective(self, rank: int, op: Op) -> Generator[Any, Any, None]:
+    def _finish(self, r: _Rank, i: int) -> None:
+        op = r.ops[i]
+        r.done[i] = True
+        now = self.env.now
+        if op.kind in ("kernel", "memcpy", "collective"):
+            self.ops_run += 1
+            model = self.models[op.kernel] if op.kind == "kernel" else "network"
+            self.records.append((r.rank, op.stream, op.name, op.category, op.phase, op.kind, float(r.start[i]), now,
+                                 op.nbytes, model))
+            stream = r.streams[op.stream]
+            stream.busy = False
+        else:
+            r.start[i] = now  # host and host_wait ops: when the CPU thread got past them
+            stream = None
+        for d in r.dependents[i]:
+            r.deps_left[d] -= 1
+            if r.deps_left[d] == 0:
+                dep_op = r.ops[d]
+                if dep_op.kind == "host_wait":
+                    if r.waiting == d:
+                        r.cpu_time = max(r.cpu_time, now)
+                        self._walk(r)
+                elif dep_op.kind != "host" and dep_op.stream in r.streams:
+                    self._try_start(r, r.streams[dep_op.stream])
+        if stream is not None:
+            self._try_start(r, stream)
+
+    # -- collectives ------------------------------------------------------------------------------
+
+    def _arrive(self, r: _Rank, i: int, op: Op) -> None:
         call = op.coll
+        rank = r.rank
         if call is None:
             raise SimulationError(f"rank {rank} op {op.name!r} is a collective without a call")
         if rank not in call.group:
             raise SimulationError(f"rank {rank} issues collective {call.key!r} but is not in its group")
         rv = self._rv.get(call.key)
         if rv is None:
-            rv = self._rv[call.key] = _Rendezvous(call, self.env.event())
+            rv = self._rv[call.key] = _Rendezvous(call)
         elif (rv.call.op, rv.call.group) != (call.op, call.group) or (
                 call.send_bytes is None and rv.call.nbytes != call.nbytes):
             raise SimulationError(f"collective {call.key!r}: rank {rank} issues {call.op} of "
                                   f"{call.nbytes} B over {len(call.group)} ranks, another member "
                                   f"{rv.call.op} of {rv.call.nbytes} B over {len(rv.call.group)}")
-        rv.arrived[rank] = call
+        rv.arrived[rank] = (call, i)
         self._comm_active[rank] += 1
-        if len(rv.arrived) == len(call.group):
-            self.env.process(self._execute(self.planner.plan(self._request(rv)), rv.done))
-        yield rv.done
-        self._comm_active[rank] -= 1
+        if len(rv.arrived) < len(call.group):
+            return
+        if rv.call.duration_s is not None:
+            self._at(self.env.now + rv.call.duration_s, lambda: self._complete(rv))
+            return
+        plan = self.planner.plan(self._request(rv))
+
+        def move() -> None:
+            events = self.net.transfer_all([(t.links, t.nbytes) for t in plan.transfers])
+            if not events:
+                self._complete(rv)
+                return
+            left = [len(events)]
+
+            def one(_e: Any) -> None:
+                left[0] -= 1
+                if left[0] == 0:
+                    self._complete(rv)
+            for ev in events:
+                ev.callbacks.append(one)  # events already triggered have not been processed yet
+
+        # through the event queue even without latency, so a collective never ends inside the walk
+        self._at(self.env.now + plan.latency_s, move)
+
+    def _complete(self, rv: _Rendezvous) -> None:
+        for rank in rv.call.group:
+            _, i = rv.arrived[rank]
+            self._comm_active[rank] -= 1
+            self._finish(self._ranks[rank], i)
 
     def _request(self, rv: _Rendezvous) -> CollectiveRequest:
         c = rv.call
         matrix = None
-        if c.op == "all_to_all" and any(a.send_bytes is not None for a in rv.arrived.values()):
+        if c.op == "all_to_all" and any(a.send_bytes is not None for a, _ in rv.arrived.values()):
             rows = []
             for r in c.group:
-                sb = rv.arrived[r].send_bytes
-                rows.append(tuple(sb) if sb is not None else tuple([rv.arrived[r].nbytes // len(c.group)]
-                                                                   * len(c.group)))
+                a = rv.arrived[r][0]
+                rows.append(tuple(a.send_bytes) if a.send_bytes is not None
+                            else tuple([a.nbytes // len(c.group)] * len(c.group)))
             matrix = tuple(rows)
         return CollectiveRequest(c.op, c.group, c.nbytes if matrix is None else 0, matrix, c.root)
 
-    def _execute(self, plan: CollectivePlan, done: simpy.Event) -> Generator[Any, Any, None]:
-        if plan.latency_s > 0:
-            yield self.env.timeout(plan.latency_s)
-        events = [self.net.transfer(t.links, t.nbytes) for t in plan.transfers]
-        if events:
-            yield self.env.all_of(events)
-        done.succeed()
-
-    # -- results --------------------------------------------------------------------------------
+    # -- results ----------------------------------------------------------------------------------
 
     def _check_finished(self) -> None:
-        for prog, done in zip(self.workload.programs, self._done, strict=True):
-            for op, ev in zip(prog.ops, done, strict=True):
-                if not ev.triggered:
+        for r in self._ranks:
+            for op, done in zip(r.ops, r.done, strict=True):
+                if not done:
                     detail = ""
                     if op.coll is not None and op.coll.key in self._rv:
                         rv = self._rv[op.coll.key]
                         missing = sorted(set(op.coll.group) - set(rv.arrived))
                         detail = f"; members never reached it: {missing[:8]}"
-                    raise SimulationError(f"deadlock: rank {prog.rank} never finished op {op.name!r}"
-                                          f"{detail}")
+                    raise SimulationError(f"deadlock: rank {r.rank} never finished op {op.name!r}{detail}")
 
     def _result(self) -> SimResult:
         records = pd.DataFrame.from_records(self.records, columns=list(RECORD_COLUMNS))
@@ -216,5 +341,5 @@ class Engine:
             link_records = pd.DataFrame([(links[i].name, links[i].kind, s, e) for i, s, e in spans],
                                         columns=list(LINK_RECORD_COLUMNS))
         iteration = float(records["end_s"].max()) if len(records) else 0.0
-        events = self.ops_run + self.net.transfers + self.net.reschedules
+        events = self.ops_run + self.events + self.net.transfers + self.net.reschedules
         return SimResult(records, stats, iteration, events, {}, link_records)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..config.platform import PlatformSpec
+from ..config.platform import GPUSpec, PlatformSpec
 from ..workload.graph import KernelSpec
 from .base import register
 
@@ -22,6 +22,13 @@ TILES = ((256, 128, 1.0), (128, 128, 0.95), (128, 64, 0.85), (64, 64, 0.7))
 SECTOR = 32     # bytes of one DRAM sector: the unit of a random row read
 INDEX_BYTES = 8  # int64 ids
 ATTN_EFFICIENCY = 0.6  # flash attention reaches a lower share of the matmul peak (softmax, masking)
+#: Tensor-core GEMMs load their operands in 16-byte vectors; when a dimension is not a multiple of
+#: 16 bytes the kernels fall back to narrower loads and run at about this share of the aligned rate.
+#: Source: padding GPT-2's vocabulary from 50,257 to 50,304 (the output layer's N) sped nanoGPT's
+#: training steps up by ~25% (A. Karpathy, nanoGPT), i.e. its output-layer GEMMs ran ~2x slower.
+MISALIGNED_EFFICIENCY = 0.5
+ALIGN_BYTES = 16
+TENSOR_CORE_DTYPES = ("tf32", "bf16", "fp16", "fp8")
 
 
 class Analytical:
@@ -29,8 +36,8 @@ class Analytical:
 
     name = "analytical"
 
-    def __init__(self, platform: PlatformSpec) -> None:
-        g = platform.gpu
+    def __init__(self, platform: PlatformSpec | GPUSpec) -> None:
+        g = platform if isinstance(platform, GPUSpec) else platform.gpu
         self.gpu = g
         self.bw = g.hbm_gbytes_per_s * 1e9 * g.memory_efficiency
         self.min_s = g.kernel_min_us * 1e-6
@@ -41,6 +48,11 @@ class Analytical:
             "elementwise": self._elementwise, "norm": self._rowwise, "softmax": self._rowwise,
             "optimizer": self._optimizer,
         }
+
+    @classmethod
+    def for_gpu(cls, gpu: GPUSpec) -> Analytical:
+        """The model of one GPU alone (the only part of a platform it uses)."""
+        return cls(gpu)
 
     def flops_rate(self, dtype: str) -> float:
         peaks = self.gpu.peak_tflops
@@ -75,6 +87,8 @@ class Analytical:
             tiles = b * np.ceil(m / tm) * np.ceil(n / tn)
             waves = np.ceil(tiles / self.gpu.sms)
             best = min(best, waves * self.gpu.sms * tm * tn * kk * 2.0 / eff)
+        if k.dtype in TENSOR_CORE_DTYPES and any(int(x) * e % ALIGN_BYTES for x in (m, n, kk)):
+            best /= MISALIGNED_EFFICIENCY
         nbytes = b * (m * kk + kk * n + m * n) * e
         return best / self.flops_rate(k.dtype), nbytes / self.bw
 

@@ -73,7 +73,7 @@ def register(name: str) -> Callable[[PredictorFactory], PredictorFactory]:
 
 def make_predictor(names: str | Sequence[str], platform: PlatformSpec) -> Predictor:
     """A chain of the named models, in order (a single name gives that model alone)."""
-    from . import analytical  # noqa: F401  (registration on import)
+    from . import analytical, learned  # noqa: F401  (registration on import)
 
     seq = [names] if isinstance(names, str) else list(names)
     models = []

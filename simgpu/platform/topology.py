@@ -26,9 +26,20 @@ class Link:
 
     id: int
     name: str
-    kind: str  # "nvlink", "pcie", "nic", "spine"
+    kind: str  # "nvlink", "pcie", "nic", "spine", "host" (staging in host memory)
     capacity: float
     latency: float
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeInfo:
+    """What the collective algorithms need of the route between two GPUs (cached per pair)."""
+
+    route: tuple[int, ...]
+    latency: float
+    hardware: str
+    capacity: float
+    forwards_chunks: bool
 
 
 class Topology:
@@ -54,13 +65,23 @@ class Topology:
         self._nic_of = [self._pick_nic(g) for g in range(G)]
         for n in range(nodes):
             for g in range(self.gpus_per_node):
-                if nv is not None:
+                if nv is not None and nv.kind == "nvswitch":
                     bw, lat = nv.gbytes_per_s * 1e9 * nv.efficiency, nv.latency_us * 0.5e-6
                     self._add(f"n{n}.gpu{g}->n{n}.nvsw", "nvlink", bw, lat)
                     self._add(f"n{n}.nvsw->n{n}.gpu{g}", "nvlink", bw, lat)
                 sw = self._gpu_switch[g]
                 self._add(f"n{n}.gpu{g}->n{n}.pcisw{sw}", "pcie", pcie_bw, pcie.latency_us * 0.5e-6)
                 self._add(f"n{n}.pcisw{sw}->n{n}.gpu{g}", "pcie", pcie_bw, pcie.latency_us * 0.5e-6)
+            if nv is not None and nv.kind == "mesh":
+                for a, b, count in nv.links:
+                    if a < self.gpus_per_node and b < self.gpus_per_node:
+                        bw = count * nv.gbytes_per_s * 1e9 * nv.efficiency
+                        self._add(f"n{n}.gpu{a}->n{n}.gpu{b}", "nvlink", bw, nv.latency_us * 1e-6)
+                        self._add(f"n{n}.gpu{b}->n{n}.gpu{a}", "nvlink", bw, nv.latency_us * 1e-6)
+            if not pcie.p2p:
+                # one staging buffer area in host memory that every GPU-to-GPU copy passes through
+                staged = pcie.staged_gbytes_per_s * 1e9 if pcie.staged_gbytes_per_s else pcie_bw
+                self._add(f"n{n}.hostmem", "host", staged, pcie.latency_us * 1e-6)
             for s in range(S):
                 self._add(f"n{n}.pcisw{s}->n{n}.cpu", "pcie", pcie_bw, pcie.latency_us * 0.5e-6)
                 self._add(f"n{n}.cpu->n{n}.pcisw{s}", "pcie", pcie_bw, pcie.latency_us * 0.5e-6)
@@ -82,6 +103,9 @@ class Topology:
         self.capacity = np.array([lk.capacity for lk in self.links])
         self.latency = np.array([lk.latency for lk in self.links])
         self.route = lru_cache(maxsize=None)(self._route)
+        self.edge = lru_cache(maxsize=None)(self._edge)
+        #: derived facts that other stages cache per topology (for example ring orders)
+        self.memo: dict[object, object] = {}
 
     # -- construction ---------------------------------------------------------------------------
 
@@ -138,17 +162,31 @@ class Topology:
         ga, gb = self.local_of(src), self.local_of(dst)
         sa, sb = self._gpu_switch[ga], self._gpu_switch[gb]
         i = self._ids
+        nv = self.platform.node.nvlink
         if na == nb:
-            if self.platform.node.nvlink is not None:
+            if nv is not None and nv.kind == "nvswitch":
                 return (i[f"n{na}.gpu{ga}->n{na}.nvsw"], i[f"n{na}.nvsw->n{na}.gpu{gb}"])
+            direct = f"n{na}.gpu{ga}->n{na}.gpu{gb}"
+            if direct in i:
+                return (i[direct],)
+            if nv is not None:  # NVLink through an intermediate GPU wired to both (NCCL's NVB path)
+                via = [k for k in range(self.gpus_per_node)
+                       if f"n{na}.gpu{ga}->n{na}.gpu{k}" in i and f"n{na}.gpu{k}->n{na}.gpu{gb}" in i]
+                if via:
+                    k = max(via, key=lambda k: (min(self.nvlink_count(src, na * self.gpus_per_node + k),
+                                                    self.nvlink_count(na * self.gpus_per_node + k, dst)), -k))
+                    return (i[f"n{na}.gpu{ga}->n{na}.gpu{k}"], i[f"n{na}.gpu{k}->n{na}.gpu{gb}"])
+            # no NVLink between the two: PCIe, through host memory when peer-to-peer is off
             hops = [f"n{na}.gpu{ga}->n{na}.pcisw{sa}"]
-            if sa != sb:
+            if not self.platform.node.pcie.p2p:  # staged through a buffer in host memory
+                hops += [f"n{na}.pcisw{sa}->n{na}.cpu", f"n{na}.hostmem", f"n{na}.cpu->n{na}.pcisw{sb}"]
+            elif sa != sb:
                 hops += [f"n{na}.pcisw{sa}->n{na}.cpu", f"n{na}.cpu->n{na}.pcisw{sb}"]
             hops.append(f"n{na}.pcisw{sb}->n{na}.gpu{gb}")
             return tuple(i[h] for h in hops)
         ka, kb = self._nic_of[ga], self._nic_of[gb]
         hops = []
-        if ka != kb and self.platform.node.nvlink is not None and gb < self.gpus_per_node:
+        if ka != kb and nv is not None and nv.kind == "nvswitch":
             # PXN: hop over NVLink to the local GPU on the destination's rail, then leave through
             # its NIC, so rail-optimised fabrics carry the traffic without crossing the spine.
             hops += [f"n{na}.gpu{ga}->n{na}.nvsw", f"n{na}.nvsw->n{na}.gpu{gb}"]
@@ -174,6 +212,45 @@ class Topology:
         hops = ([f"n{n}.cpu->n{n}.pcisw{s}", f"n{n}.pcisw{s}->n{n}.gpu{g}"] if to_device
                 else [f"n{n}.gpu{g}->n{n}.pcisw{s}", f"n{n}.pcisw{s}->n{n}.cpu"])
         return tuple(self._ids[h] for h in hops)
+
+    def nvlinked(self, a: int, b: int) -> bool:
+        """Whether GPUs ``a`` and ``b`` are joined by NVLink (same node, switch or direct link)."""
+        nv = self.platform.node.nvlink
+        if nv is None or self.node_of(a) != self.node_of(b) or a == b:
+            return False
+        if nv.kind == "nvswitch":
+            return True
+        n = self.node_of(a)
+        return f"n{n}.gpu{self.local_of(a)}->n{n}.gpu{self.local_of(b)}" in self._ids
+
+    def nvlink_count(self, a: int, b: int) -> int:
+        """NVLink links wired between GPUs ``a`` and ``b`` of a mesh (1 for a switch port pair)."""
+        nv = self.platform.node.nvlink
+        if not self.nvlinked(a, b) or nv is None:
+            return 0
+        if nv.kind == "nvswitch":
+            return 1
+        la, lb = self.local_of(a), self.local_of(b)
+        return sum(c for x, y, c in nv.links if {x, y} == {la, lb})
+
+    def hardware(self, route: tuple[int, ...]) -> str:
+        """The slowest class of hardware on a route: "net", "pcie" or "nvlink" (or "local")."""
+        kinds = {self.links[i].kind for i in route}
+        if kinds & {"nic", "spine"}:
+            return "net"
+        if kinds & {"pcie", "host"}:
+            return "pcie"
+        return "nvlink" if kinds else "local"
+
+    def _edge(self, src: int, dst: int) -> EdgeInfo:
+        route = self.route(src, dst)
+        return EdgeInfo(route, self.route_latency(route), self.hardware(route), self.route_capacity(route),
+                        self.forwards_chunks(route))
+
+    def forwards_chunks(self, route: tuple[int, ...]) -> bool:
+        """Whether data on this route is forwarded in whole chunks (a network proxy, or a staging
+        buffer in host memory) rather than written into the peer a slice at a time."""
+        return any(self.links[i].kind in ("nic", "spine", "host") for i in route)
 
     def route_latency(self, route: tuple[int, ...]) -> float:
         return float(self.latency[list(route)].sum()) if route else 0.0

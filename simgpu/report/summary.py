@@ -12,8 +12,8 @@ same result always serialises to the same JSON bytes.
 
 Definitions, per rank, over the window [0, iteration_time] (intervals are clipped to it):
 
-- compute: union of kernel and memcpy intervals on streams other than ``comm`` and ``cpu``;
-- communication: union of intervals on the ``comm`` stream (host waits excluded);
+- compute: union of kernel and memcpy intervals (not on the ``cpu`` row);
+- communication: union of collective intervals, whichever stream they run on;
 - exposed communication: communication minus compute (comm time not hidden under compute);
 - idle: iteration time minus the union of compute and communication;
 - cpu busy: union of intervals on the ``cpu`` stream (host waits excluded).
@@ -40,8 +40,6 @@ COMPUTE_KINDS = ("kernel", "memcpy")
 WAIT_KINDS = ("host_wait",)
 #: Record kinds that are host-side work and never count as GPU work on any stream.
 HOST_KINDS = ("launch", "host_wait")
-#: Streams that are not GPU compute streams.
-NON_COMPUTE_STREAMS = ("comm", "cpu")
 #: Up to this many ranks the printed table lists every rank; above it, min / mean / max.
 MAX_TABLE_RANKS = 16
 
@@ -189,8 +187,10 @@ def rank_breakdown(result: SimResult) -> pd.DataFrame:
         rank_idx = np.zeros(0, dtype=np.int64)
         s = e = np.zeros(0, dtype=np.float64)
         stream = kind = np.zeros(0, dtype=object)
-    is_compute = ~np.isin(stream, NON_COMPUTE_STREAMS) & np.isin(kind, COMPUTE_KINDS)
-    is_comm = (stream == "comm") & ~np.isin(kind, HOST_KINDS)
+    # communication is what collectives do, on whichever stream they run (comm, comm_recv, a trace's
+    # several NCCL streams); compute is every kernel and copy elsewhere
+    is_comm = kind == "collective"
+    is_compute = (stream != "cpu") & np.isin(kind, COMPUTE_KINDS) & ~is_comm
     is_cpu = (stream == "cpu") & ~np.isin(kind, WAIT_KINDS)
 
     def measure(mask: np.ndarray) -> FloatArray:
@@ -307,7 +307,8 @@ def summarize(result: SimResult) -> dict[str, Any]:
 
     Deterministic: the same result gives an equal dict with the same key order, and floats rounded
     to :data:`SIGNIFICANT_DIGITS` significant digits. Unknown quantities (no samples, no peak
-    FLOP/s, no memory data) are None.
+    FLOP/s, no memory data) are None. A replayed trace (``meta["measured_step_time_ms"]``) also
+    reports its traced step time as ``measured_step_time_ms``, after ``iteration_time_ms``.
     """
     t = float(result.iteration_time_s)
     if not math.isfinite(t) or t < 0:
@@ -363,12 +364,16 @@ def summarize(result: SimResult) -> dict[str, Any]:
     ]
 
     seed = meta.get("seed")
-    return {
+    out: dict[str, Any] = {
         "workload": _jsonable(meta.get("workload")),
         "platform": _jsonable(meta.get("platform")),
         "nodes": _jsonable(meta.get("nodes")),
         "gpus": _jsonable(gpus),
         "iteration_time_ms": _ms(t),
+    }
+    if meta.get("measured_step_time_ms") is not None:  # a replayed trace: the traced step time
+        out["measured_step_time_ms"] = round_sig(float(meta["measured_step_time_ms"]))
+    out.update({
         "throughput": throughput,
         "mfu": mfu,
         "breakdown_ms": breakdown,
@@ -379,4 +384,5 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "kernel_models": {k: round_sig(v) for k, v in _kernel_model_shares(meta).items()},
         "seed": _jsonable(seed),
         "events": int(result.events),
-    }
+    })
+    return out

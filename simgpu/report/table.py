@@ -31,6 +31,9 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     mfu = summary.get("mfu")
     mfu_s = "n/a" if mfu is None else f"{100 * mfu:.1f}%"
     lines.append(f"iteration  {_f(t)} ms   throughput  {thr}   MFU  {mfu_s}")
+    measured = summary.get("measured_step_time_ms")
+    if measured is not None:
+        lines.append(f"traced step  {_f(measured)} ms   simulated / traced  {_pct(t, measured).strip()}")
 
     b = summary.get("breakdown_ms") or {}
     lines.append("")

@@ -1,278 +1,280 @@
-"""DLRM as TorchRec trains it: table-wise sharded embeddings, data-parallel MLPs.
+"""DLRM as TorchRec trains it: sharded embeddings, data-parallel dense layers.
 
-This module owns the DLRM's table placement (greedy by bytes), its program per rank (input copy,
-the three all-to-alls of the sparse part, bottom / top MLPs, interaction, DDP all-reduces of the
-dense gradients, optimizer), its useful FLOPs and its memory per GPU.
-
-Embedding tables are fp32, looked up by FBGEMM table-batched kernels whose backward applies the
-embedding optimizer in place; pooled embeddings and their gradients travel as fp32.
+This module owns the DLRM's program per rank and the builder. Per rank, one iteration is: the
+input copy; for each sharding type present (table-wise, column-wise, row-wise, table-row-wise, in
+that order, as TorchRec groups them), the input all-to-all of the ids to the shards' owners; the
+bottom MLP, overlapping it; per type, the lookups (FBGEMM table-batched kernels over the global
+batch) and the output distribution of the pooled embeddings: an all-to-all-v for table- and
+column-wise, a reduce-scatter of partial sums for row-wise, a reduce-scatter inside the node then
+an all-to-all across nodes for table-row-wise; data-parallel tables are looked up locally. Then the
+interaction, top MLP and loss; backward reverses each type's distribution (all-to-all, all-gather)
+before its lookups' backward, which applies the embedding optimizer in place (fused); replicated
+tables' dense gradients join the DDP buckets of the dense gradients; the dense optimizer runs
+once every bucket is reduced. Pooled embeddings and their gradients travel as fp32 unless
+``parallelism.sharding.comm_precision`` says otherwise (TorchRec's quantized comms; the memory
+estimate keeps their buffers at fp32).
 """
 
 from __future__ import annotations
 
-import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
-from ..config.workload import DLRMModel, WorkloadSpec
-from ..errors import ConfigError
+import numpy as np
+
+from ..config.checks import check_dlrm
+from ..config.workload import DLRMModel, ShardingType, WorkloadSpec
 from .common import (
-    GRAD_BYTES,
     MIB,
     Emitter,
     GradBuckets,
-    Linear,
     Param,
     assign_buckets,
     aux_dtype,
-    dense_memory,
     dtype_bytes,
     mlp_bwd,
     mlp_fwd,
     optimizer_step,
 )
-from .graph import CollectiveCall, KernelTable, MemoryEstimate, Program, Workload
+from .dlrm_arch import Arch, interaction_bwd, interaction_fwd, make_arch, model_flops
+from .dlrm_memory import memory_per_rank
+from .embedding import EMB_BYTES, ID_BYTES, LENGTH_BYTES, Shard, Table, expand_tables
+from .graph import CollectiveCall, KernelTable, Program, Workload
 from .registry import World, register
+from .sharding import Plan, resolve_plan
 
-_EMB_BYTES = 4     # fp32 table rows and pooled embeddings
-_ID_BYTES = 8      # int64 sparse ids
-_LENGTH_BYTES = 4  # int32 bag lengths (one per sample per table)
-_DENSE_BYTES = 4   # fp32 dense features
-
-
-@dataclass(frozen=True)
-class Table:
-    """One embedding table, ``index`` its position among all tables (``count`` expanded)."""
-
-    index: int
-    rows: int
-    dim: int
-    pooling: float
-
-    @property
-    def nbytes(self) -> int:
-        return self.rows * self.dim * _EMB_BYTES
-
-    def ids(self, batch: int) -> int:
-        """Ids looked up for ``batch`` samples."""
-        return round(batch * self.pooling)
-
-    def input_bytes(self, batch: int) -> int:
-        """Bytes of this table's ids and lengths for ``batch`` samples."""
-        return self.ids(batch) * _ID_BYTES + batch * _LENGTH_BYTES
-
-
-def expand_tables(model: DLRMModel) -> list[Table]:
-    tables: list[Table] = []
-    for t in model.tables:
-        for _ in range(t.count):
-            tables.append(Table(len(tables), t.rows, t.dim or model.embedding_dim, t.pooling_factor))
-    return tables
-
-
-def assign_tables(tables: list[Table], ranks: int) -> list[list[Table]]:
-    """Table-wise sharding: largest table first to the least-loaded rank (by bytes).
-
-    Ties go to the lower table index and the lower rank, so the plan is deterministic. Each rank's
-    tables are returned in table order.
-    """
-    heap = [(0, r) for r in range(ranks)]
-    plan: list[list[Table]] = [[] for _ in range(ranks)]
-    for t in sorted(tables, key=lambda t: (-t.nbytes, t.index)):
-        load, r = heapq.heappop(heap)
-        plan[r].append(t)
-        heapq.heappush(heap, (load + t.nbytes, r))
-    return [sorted(p, key=lambda t: t.index) for p in plan]
-
-
-def _groups(tables: list[Table]) -> list[tuple[Table, int]]:
-    """Tables of one shape fused into one kernel: (a representative, how many), first-seen order."""
-    counts: dict[tuple[int, int, float], int] = {}
-    first: dict[tuple[int, int, float], Table] = {}
-    for t in tables:
-        key = (t.dim, t.rows, t.pooling)
-        counts[key] = counts.get(key, 0) + 1
-        first.setdefault(key, t)
-    return [(first[k], n) for k, n in counts.items()]
+#: Sharding types in the order TorchRec's sharded collection runs them, with their short names.
+TYPES: dict[ShardingType, str] = {"table_wise": "tw", "column_wise": "cw", "row_wise": "rw",
+                                  "table_row_wise": "twrw", "data_parallel": "dp"}
+_DENSE_BYTES = 4  # fp32 dense features
 
 
 @dataclass(frozen=True)
-class _Arch:
-    """The dense side of the model."""
+class Layout:
+    """The shards of a plan by sharding type and rank, and the bytes each collective moves (computed
+    once per build and shared by every rank's program)."""
 
-    bottom: list[Linear]
-    top: list[Linear]
-    features: int  # F, embedding tables
-    dim: int       # the bottom MLP's output width (= embedding dim for "dot")
+    world: World
+    batch: int
+    shards: tuple[Shard, ...]
+    wire_bytes: int = EMB_BYTES  # bytes per element of pooled embeddings and their gradients in collectives
 
-    @property
-    def linears(self) -> list[Linear]:
-        return self.bottom + self.top
+    @cached_property
+    def _by_rank(self) -> dict[tuple[ShardingType, int], list[Shard]]:
+        out: dict[tuple[ShardingType, int], list[Shard]] = {}
+        for s in self.shards:
+            out.setdefault((s.type, s.rank), []).append(s)
+        return out
 
-    def ready_order(self) -> list[Param]:
-        """Dense parameters in the order backward makes their gradients ready."""
-        return [p for lin in reversed(self.linears) for p in lin.params]
+    @cached_property
+    def _table_dims(self) -> dict[tuple[ShardingType, int], int]:
+        """(type, node) -> columns of the tables of that type on that node; node -1: on any node."""
+        seen: dict[tuple[ShardingType, int], dict[int, int]] = {}
+        for s in self.shards:
+            for node in (-1, s.rank // self.world.gpus_per_node):
+                seen.setdefault((s.type, node), {})[s.table.index] = s.table.dim
+        return {k: sum(v.values()) for k, v in seen.items()}
+
+    @cached_property
+    def _input_send(self) -> dict[ShardingType, tuple[int, ...]]:
+        return {t: tuple(sum(s.input_bytes_from_each_rank(self.batch) for s in self.of(t, j))
+                         for j in range(self.world.size)) for t in self.types}
+
+    @cached_property
+    def _reuse(self) -> dict[tuple[int, float, float], dict[str, float]]:
+        return {}
+
+    @cached_property
+    def types(self) -> list[ShardingType]:
+        present = {s.type for s in self.shards}
+        return [t for t in TYPES if t in present]
+
+    def of(self, type_: ShardingType, rank: int) -> list[Shard]:
+        return self._by_rank.get((type_, rank), [])
+
+    def dims(self, type_: ShardingType, rank: int) -> int:
+        """Pooled-embedding columns of ``type_`` that ``rank`` computes for each sample."""
+        return sum(s.dim for s in self.of(type_, rank))
+
+    def table_dims(self, type_: ShardingType) -> int:
+        """Columns of all tables of ``type_``."""
+        return self._table_dims.get((type_, -1), 0)
+
+    def node_dims(self, node: int) -> int:
+        """Columns of the table-row-wise tables held by ``node``."""
+        return self._table_dims.get(("table_row_wise", node), 0)
+
+    def input_send(self, type_: ShardingType) -> tuple[int, ...]:
+        """Bytes of ids and lengths every rank sends to each rank in ``type_``'s input all-to-all
+        (all ranks send alike: their local batches have the same size)."""
+        return self._input_send[type_]
+
+    def reuse(self, shard: Shard, lookups: float) -> dict[str, float]:
+        """:meth:`Shard.reuse`, computed once per distinct (rows, lookups, skew)."""
+        key = (shard.rows, lookups, shard.table.zipf_alpha)
+        if key not in self._reuse:
+            self._reuse[key] = shard.reuse(lookups)
+        return self._reuse[key]
+
+    def node_group(self, rank: int) -> tuple[int, ...]:
+        g = self.world.gpus_per_node
+        n = rank // g
+        return tuple(range(n * g, (n + 1) * g))
+
+    def cross_group(self, rank: int) -> tuple[int, ...]:
+        """The ranks with ``rank``'s local index, one per node."""
+        g = self.world.gpus_per_node
+        return tuple(n * g + rank % g for n in range(self.world.nodes))
 
 
-def _arch(model: DLRMModel, tables: list[Table]) -> _Arch:
-    f = len(tables)
-    d = model.bottom_mlp[-1]
-    if model.interaction == "dot":
-        if any(t.dim != d for t in tables):
-            raise ConfigError(f"the dot interaction needs every table's dim to equal bottom_mlp[-1] ({d})",
-                              key="model.tables")
-        top_in = d + f * (f + 1) // 2  # the bottom output and the pairwise dot products
-    else:
-        top_in = d + sum(t.dim for t in tables)
-    widths_b = [model.dense_features, *model.bottom_mlp]
-    widths_t = [top_in, *model.top_mlp]
-    bottom = [Linear(f"bot{i}", widths_b[i], widths_b[i + 1]) for i in range(len(model.bottom_mlp))]
-    top = [Linear(f"top{i}", widths_t[i], widths_t[i + 1]) for i in range(len(model.top_mlp))]
-    return _Arch(bottom, top, f, d)
+def _a2a(em: Emitter, key: str, group: tuple[int, ...], send: tuple[int, ...], *, phase: str,
+         deps: Sequence[int]) -> int:
+    return em.collective(key, CollectiveCall(key, "all_to_all", group, sum(send), send_bytes=send),
+                         phase=phase, deps=deps)
 
 
-def _emb_kernels(em: Emitter, tables: list[Table], batch: int, bwd: bool, dep: int) -> int:
-    """Fused lookups (or backward + optimizer) of ``tables``; returns the last op (``dep`` if none)."""
+def _lookups(em: Emitter, layout: Layout, shards: Sequence[Shard], type_: ShardingType, bwd: bool,
+             dep: int) -> int:
+    """Table-batched lookups (or their backward with the fused optimizer) of ``shards``, tables of one
+    shape fused into one kernel; returns the last op (``dep`` if there is none)."""
+    b = layout.batch
+    batch = b if type_ == "data_parallel" else b * layout.world.size
+    groups: dict[tuple[int, int, float, float], list[Shard]] = {}
+    for s in shards:
+        if s.rows > 0:
+            pooling = s.ids_from_each_rank(b) / b  # ids per sample of the kernel's batch
+            groups.setdefault((s.rows, s.dim, pooling, s.table.zipf_alpha), []).append(s)
     last = dep
-    family = "embedding_bwd" if bwd else "embedding_fwd"
-    for i, (t, n) in enumerate(_groups(tables)):
-        last = em.kernel(f"emb.group{i}.{'bwd' if bwd else 'fwd'}", family, "fp32",
-                         phase="bwd" if bwd else "fwd", deps=(dep,) if i == 0 else (), batch=batch,
-                         tables=n, pooling=t.pooling, dim=t.dim, rows=t.rows)
+    family, phase = ("embedding_bwd", "bwd") if bwd else ("embedding_fwd", "fwd")
+    for i, ((rows, dim, pooling, _), members) in enumerate(groups.items()):
+        reuse = layout.reuse(members[0], batch * pooling)
+        last = em.kernel(f"emb.{TYPES[type_]}.group{i}.{phase}", family, "fp32", phase=phase,
+                         deps=(dep,) if i == 0 else (), batch=batch, tables=len(members), pooling=pooling,
+                         dim=dim, rows=rows, **reuse)
     return last
 
 
-def _dims(tables: list[Table]) -> int:
-    return sum(t.dim for t in tables)
+def _output_dist(em: Emitter, layout: Layout, type_: ShardingType, dep: int) -> int:
+    """Pooled embeddings of ``type_`` from the shards to the ranks owning the samples."""
+    r, b, w = em.rank, layout.batch, layout.world.size
+    everyone = tuple(range(w))
+    short = TYPES[type_]
+    if type_ in ("table_wise", "column_wise"):
+        send = (b * layout.dims(type_, r) * layout.wire_bytes,) * w
+        return _a2a(em, f"emb.{short}.output_a2a", everyone, send, phase="fwd", deps=(dep,))
+    if type_ == "row_wise":
+        call = CollectiveCall("emb.rw.output_rs", "reduce_scatter", everyone,
+                              b * w * layout.table_dims(type_) * layout.wire_bytes)
+        return em.collective("emb.rw.output_rs", call, phase="fwd", deps=(dep,))
+    node = r // layout.world.gpus_per_node
+    key = f"emb.twrw.output_rs.node{node}"
+    call = CollectiveCall(key, "reduce_scatter", layout.node_group(r),
+                          b * w * layout.node_dims(node) * layout.wire_bytes)
+    rs = em.collective(key, call, phase="fwd", deps=(dep,))
+    cross = layout.cross_group(r)
+    send = (b * layout.node_dims(node) * layout.wire_bytes,) * len(cross)
+    return _a2a(em, f"emb.twrw.output_a2a.local{r % layout.world.gpus_per_node}", cross, send, phase="fwd",
+                deps=(rs,))
 
 
-def _rank_program(rank: int, spec: WorkloadSpec, model: DLRMModel, arch: _Arch, plan: list[list[Table]],
-                  kernels: KernelTable) -> Program:
+def _grad_dist(em: Emitter, layout: Layout, type_: ShardingType, dep: int) -> int:
+    """The reverse of :func:`_output_dist`: each rank's gradients of its samples back to the shards."""
+    r, b, w = em.rank, layout.batch, layout.world.size
+    everyone = tuple(range(w))
+    short = TYPES[type_]
+    if type_ in ("table_wise", "column_wise"):
+        send = tuple(b * layout.dims(type_, j) * layout.wire_bytes for j in range(w))
+        return _a2a(em, f"emb.{short}.grad_a2a", everyone, send, phase="bwd", deps=(dep,))
+    if type_ == "row_wise":
+        call = CollectiveCall("emb.rw.grad_ag", "all_gather", everyone,
+                              b * w * layout.table_dims(type_) * layout.wire_bytes)
+        return em.collective("emb.rw.grad_ag", call, phase="bwd", deps=(dep,))
+    g = layout.world.gpus_per_node
+    node = r // g
+    cross = layout.cross_group(r)
+    send = tuple(b * layout.node_dims(j // g) * layout.wire_bytes for j in cross)
+    a2a = _a2a(em, f"emb.twrw.grad_a2a.local{r % g}", cross, send, phase="bwd", deps=(dep,))
+    key = f"emb.twrw.grad_ag.node{node}"
+    call = CollectiveCall(key, "all_gather", layout.node_group(r), b * w * layout.node_dims(node) * layout.wire_bytes)
+    return em.collective(key, call, phase="bwd", deps=(a2a,))
+
+
+def _rank_program(rank: int, spec: WorkloadSpec, model: DLRMModel, arch: Arch, layout: Layout,
+                  tables: Sequence[Table], kernels: KernelTable) -> Program:
     prec = spec.training.precision
-    aux = aux_dtype(prec)
-    world = len(plan)
-    group = tuple(range(world))
-    b = spec.training.batch_per_gpu
-    gb = b * world  # the global batch
-    f, d = arch.features, arch.dim
-    mine = plan[rank]
-    all_tables = [t for p in plan for t in p]
+    b, w = layout.batch, layout.world.size
     em = Emitter(rank, kernels)
-    grads = GradBuckets(em, assign_buckets(arch.ready_order(), spec.comm.bucket_mib * MIB), group)
+    replicas = layout.of("data_parallel", rank)
+    replicated = [Param(f"emb.t{s.table.index}.weight", s.rows * s.dim) for s in replicas]
+    grads = GradBuckets(em, assign_buckets(arch.ready_order(replicated), spec.comm.bucket_mib * MIB),
+                        tuple(range(w)))
+    sharded = [t for t in layout.types if t != "data_parallel"]
 
-    # ---- data: the local batch, then its ids to each table's owner
+    # ---- data: the local batch, then each sharding's ids to the shards' owners
     h2d = em.memcpy("batch.h2d", b * model.dense_features * _DENSE_BYTES
-                    + sum(t.input_bytes(b) for t in all_tables))
-    send = tuple(sum(t.input_bytes(b) for t in plan[j]) for j in range(world))
-    in_a2a = em.collective("emb.input_a2a", CollectiveCall("emb.input_a2a", "all_to_all", group, sum(send),
-                                                           send_bytes=send), phase="fwd", deps=(h2d,))
+                    + sum(t.ids(b) * ID_BYTES + b * LENGTH_BYTES for t in tables))
+    inputs = {t: _a2a(em, f"emb.{TYPES[t]}.input_a2a", tuple(range(w)), layout.input_send(t), phase="fwd",
+                      deps=(h2d,)) for t in sharded}
 
-    # ---- forward: bottom MLP overlaps the input all-to-all; lookups of my tables over the global batch
+    # ---- forward: the bottom MLP overlaps the input all-to-alls; lookups and output distributions
     mlp_fwd(em, arch.bottom, b, prec, relu_last=True, deps=(h2d,))
-    lookups = _emb_kernels(em, mine, gb, bwd=False, dep=in_a2a)
-    send = (b * _dims(mine) * _EMB_BYTES,) * world
-    out_a2a = em.collective("emb.output_a2a", CollectiveCall("emb.output_a2a", "all_to_all", group,
-                                                             sum(send), send_bytes=send),
-                            phase="fwd", deps=(lookups,))
-    top_in = arch.top[0].inputs
-    if model.interaction == "dot":
-        em.elementwise("interaction.cat", b * (f + 1) * d, 1, 1, aux, phase="fwd", deps=(out_a2a,))
-        em.kernel("interaction.bmm", "bmm", prec, phase="fwd", b=b, m=f + 1, n=f + 1, k=d)
-        em.elementwise("interaction.triu_gather", b * f * (f + 1) // 2, 1, 1, aux, phase="fwd")
-        em.elementwise("interaction.cat_dense", b * top_in, 1, 1, aux, phase="fwd")
-    else:
-        em.elementwise("interaction.cat", b * top_in, 1, 1, aux, phase="fwd", deps=(out_a2a,))
+    pooled = []
+    for t in layout.types:
+        if t == "data_parallel":
+            pooled.append(_lookups(em, layout, replicas, t, bwd=False, dep=h2d))
+        else:
+            looked = _lookups(em, layout, layout.of(t, rank), t, bwd=False, dep=inputs[t])
+            pooled.append(_output_dist(em, layout, t, looked))
+    interaction_fwd(em, arch, b, prec, deps=pooled)
     mlp_fwd(em, arch.top, b, prec, relu_last=False)
     out = b * arch.top[-1].outputs
+    aux = aux_dtype(prec)
     em.elementwise("loss.fwd", out, 2, 1, aux, phase="fwd")  # sigmoid + BCE, fused
 
     # ---- backward
     em.elementwise("loss.bwd", out, 2, 1, aux, phase="bwd")
     mlp_bwd(em, arch.top, b, prec, relu_last=False, input_grad=True, grads=grads)
-    if model.interaction == "dot":
-        em.elementwise("interaction.triu_scatter", b * (f + 1) ** 2, 1, 1, aux, phase="bwd")
-        # Z = T @ T^T: dT = dZ @ T + dZ^T @ T
-        for i in range(2):
-            em.kernel(f"interaction.bmm_bwd{i}", "bmm", prec, phase="bwd", b=b, m=f + 1, n=d, k=f + 1)
-        em.elementwise("interaction.dense_grad_add", b * d, 2, 1, aux, phase="bwd")
-    pack = em.elementwise("interaction.emb_grad_pack", b * _dims(all_tables), 1, 1, aux, phase="bwd")
-    # The reverse of the output all-to-all: my samples' gradients to each table owner.
-    send = tuple(b * _dims(plan[j]) * _EMB_BYTES for j in range(world))
-    grad_a2a = em.collective("emb.grad_a2a", CollectiveCall("emb.grad_a2a", "all_to_all", group, sum(send),
-                                                            send_bytes=send), phase="bwd", deps=(pack,))
+    interaction_bwd(em, arch, b, prec, grads)
+    pack = em.elementwise("interaction.emb_grad_pack", b * arch.emb_dims, 1, 1, aux, phase="bwd")
     # TorchRec's autograd order: the embedding backward (and its fused optimizer) comes before the
-    # bottom MLP's, so the compute stream waits for the gradient all-to-all.
-    _emb_kernels(em, mine, gb, bwd=True, dep=grad_a2a)
+    # bottom MLP's, so the compute stream waits for the gradients' distribution.
+    for t in reversed(layout.types):
+        if t == "data_parallel":
+            zero = em.elementwise("emb.dp.grad_zero", sum(p.numel for p in replicated), 0, 1, "fp32", phase="bwd",
+                                  deps=(pack,))
+            grads.ready(replicated, _lookups(em, layout, replicas, t, bwd=True, dep=zero))
+        else:
+            _lookups(em, layout, layout.of(t, rank), t, bwd=True, dep=_grad_dist(em, layout, t, pack))
     mlp_bwd(em, arch.bottom, b, prec, relu_last=True, input_grad=False, grads=grads)
 
-    # ---- dense optimizer after every bucket is reduced
-    optimizer_step(em, sum(lin.numel for lin in arch.linears), spec.training.optimizer, deps=grads.done())
+    # ---- dense optimizer (also over replicated tables) after every bucket is reduced
+    optimizer_step(em, arch.dense_numel + sum(p.numel for p in replicated), spec.training.optimizer,
+                   deps=grads.done())
     return em.program
 
 
-def memory_estimate(spec: WorkloadSpec, model: DLRMModel, arch: _Arch, plan: list[list[Table]],
-                    rank: int) -> MemoryEstimate:
-    """Bytes on ``rank``: dense parameters, its embedding tables, activations and comm buffers.
-
-    Activations are the MLP layer outputs (gemm and ReLU), interaction tensors, the lookups of the
-    local tables over the global batch and the received pooled embeddings. Buffers are the ids
-    all-to-all (send + receive), the gradient all-to-all (send + receive) and DDP's flat buckets.
-    """
-    prec = spec.training.precision
-    b = spec.training.batch_per_gpu
-    world = len(plan)
-    gb = b * world
-    f, d = arch.features, arch.dim
-    mine = plan[rank]
-    all_tables = [t for p in plan for t in p]
-    dense = sum(lin.numel for lin in arch.linears)
-    params, grads, states = dense_memory(dense, prec, spec.training.optimizer)
-
-    adagrad_row = 4 if spec.training.embedding_optimizer == "adagrad" else 0  # row-wise adagrad: 1 fp32
-    embeddings = sum(t.nbytes + t.rows * adagrad_row for t in mine)
-
-    width = dtype_bytes(aux_dtype(prec))
-    act = 0
-    for lin in arch.bottom:
-        act += 2 * b * lin.outputs * width
-    for i, lin in enumerate(arch.top):
-        act += (1 if i == len(arch.top) - 1 else 2) * b * lin.outputs * width
-    if model.interaction == "dot":
-        act += b * ((f + 1) * d + (f + 1) ** 2 + arch.top[0].inputs) * width
-    else:
-        act += b * arch.top[0].inputs * width
-    act += (gb * _dims(mine) + b * _dims(all_tables)) * _EMB_BYTES
-
-    ids = sum(t.input_bytes(b) for t in all_tables) + sum(t.input_bytes(gb) for t in mine)
-    grad_a2a = (b * _dims(all_tables) + gb * _dims(mine)) * _EMB_BYTES
-    buffers = ids + grad_a2a + dense * GRAD_BYTES
-    return MemoryEstimate(parameters=params, gradients=grads, optimizer_states=states,
-                          activations=float(act), embeddings=float(embeddings), buffers=float(buffers))
-
-
-def model_flops(arch: _Arch, model: DLRMModel, samples: int) -> float:
-    """Useful FLOPs of one iteration: 3x the forward matmuls (MLPs and the dot interaction's bmm).
-
-    Embedding lookups are memory traffic, not FLOPs, and are left out.
-    """
-    fwd = sum(lin.flops(samples) for lin in arch.linears)
-    if model.interaction == "dot":
-        fwd += 2 * samples * (arch.features + 1) ** 2 * arch.dim
-    return 3.0 * fwd
+def layout_of(spec: WorkloadSpec, world: World, tables: Sequence[Table], plan: Plan) -> Layout:
+    return Layout(world, spec.training.batch_per_gpu, tuple(plan.shards(tables)),
+                  dtype_bytes(spec.parallelism.sharding.comm_precision))
 
 
 @register("dlrm")
 def build(spec: WorkloadSpec, world: World) -> Workload:
-    """One program per rank; ranks differ by the tables they own."""
+    """One program per rank; ranks differ by the shards they hold. Tables are generated from one
+    generator seeded with ``spec.seed``."""
     model = spec.model
     if not isinstance(model, DLRMModel):
         raise TypeError(f"the dlrm builder got a {model.kind} model")
-    tables = expand_tables(model)
-    arch = _arch(model, tables)
-    plan = assign_tables(tables, world.size)
+    check_dlrm(spec, world.nodes, world.gpus_per_node)
+    tables = expand_tables(model, np.random.default_rng(spec.seed))
+    arch = make_arch(model, tables)
+    plan = resolve_plan(spec, arch, tables, world)
+    layout = layout_of(spec, world, tables, plan)
     kernels = KernelTable()
-    programs = [_rank_program(r, spec, model, arch, plan, kernels) for r in range(world.size)]
-    memory = [memory_estimate(spec, model, arch, plan, r) for r in range(world.size)]
+    programs = [_rank_program(r, spec, model, arch, layout, tables, kernels) for r in range(world.size)]
+    memory = memory_per_rank(spec, arch, layout.shards, world.size)
     samples = spec.training.batch_per_gpu * world.size
     return Workload(name=spec.name, programs=programs, kernels=kernels.specs, memory=memory,
-                    samples=samples, tokens=0, model_flops=model_flops(arch, model, samples),
+                    samples=samples, tokens=0, model_flops=model_flops(arch, samples),
                     compute_dtype=spec.training.precision)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-OpKind = Literal["kernel", "collective", "memcpy", "host_wait"]
+OpKind = Literal["kernel", "collective", "memcpy", "host_wait", "host"]
 CollectiveOp = Literal[
     "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "send_recv"
 ]
@@ -56,6 +56,8 @@ class CollectiveCall:
     the gathered output of all-gather, the input of reduce-scatter, the whole send buffer of
     all-to-all. ``send_bytes`` (all-to-all-v only) is this rank's bytes to each member, in group
     order; ``root`` is a group index for broadcast / reduce, the peer for send_recv.
+    ``duration_s``, when set (a replayed trace), is how long the collective takes once every member
+    has arrived, instead of its planned transfers over the network.
     """
 
     key: str
@@ -64,6 +66,7 @@ class CollectiveCall:
     nbytes: int
     send_bytes: tuple[int, ...] | None = None
     root: int = 0
+    duration_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -72,7 +75,12 @@ class Op:
 
     ``deps`` are indices of earlier ops of the same rank that must finish before this one starts
     (cross-stream waits; order within a stream is implicit). A ``host_wait`` op blocks the CPU
-    thread until its deps finish (a synchronisation such as ``.item()``).
+    thread until its deps finish (a synchronisation such as ``.item()``). A ``host`` op is CPU work
+    only: the thread is busy for its ``cpu_s`` and the op touches no stream (it has no deps).
+    ``cpu_s``, when set, is the op's time on the CPU thread in seconds (host work plus launch),
+    replacing the engine's per-op launch overhead; a replayed trace sets it from the measured host
+    timeline. ``delay_s`` is how long the op waits on its stream, once its deps are done, before it
+    starts (a replayed trace's measured GPU-side delay that nothing in the program explains).
     """
 
     name: str
@@ -84,6 +92,8 @@ class Op:
     coll: CollectiveCall | None = None
     nbytes: int = 0
     deps: tuple[int, ...] = ()
+    cpu_s: float | None = None
+    delay_s: float = 0.0
 
 
 @dataclass
@@ -94,6 +104,12 @@ class Program:
     ops: list[Op] = field(default_factory=list)
 
     def add(self, op: Op) -> int:
+        if op.kind == "host" and op.deps:
+            raise ValueError(f"host op {op.name!r} cannot have deps (use a host_wait op to wait)")
+        if op.cpu_s is not None and not op.cpu_s >= 0:
+            raise ValueError(f"op {op.name!r}: cpu_s must be >= 0, got {op.cpu_s}")
+        if not op.delay_s >= 0:
+            raise ValueError(f"op {op.name!r}: delay_s must be >= 0, got {op.delay_s}")
         for d in op.deps:
             if not 0 <= d < len(self.ops):
                 raise ValueError(f"op {op.name!r} depends on op {d}, which is not earlier in rank {self.rank}")

@@ -16,10 +16,12 @@ from .graph import Workload
 @dataclass(frozen=True)
 class World:
     """Where the job runs: ``nodes`` x ``gpus_per_node`` ranks; rank r is GPU ``r % gpus_per_node``
-    of node ``r // gpus_per_node``."""
+    of node ``r // gpus_per_node``. ``gpu_memory_gib`` (None: unknown) lets a builder that makes
+    placement choices, such as the DLRM's sharding planner, keep them within memory."""
 
     nodes: int
     gpus_per_node: int
+    gpu_memory_gib: float | None = None
 
     @property
     def size(self) -> int:

@@ -1,222 +1,280 @@
-"""The GPT-style decoder-only Transformer under data parallelism (PyTorch DDP + autocast).
+"""The Transformer builder: every rank's program for one training iteration, under any parallelism.
 
-This module owns the Transformer's program per rank (the kernels a nanoGPT-like model issues for
-one micro-batch, forward then backward, with DDP's bucketed gradient all-reduces interleaved and a
-fused optimizer step), its parameter count, its useful FLOPs and its memory per GPU.
+This module owns how a stage's iteration is put together from the pieces of the other modules: the
+pipeline schedule's steps (:mod:`~simgpu.workload.pipeline`) with a batched P2P exchange and a host
+synchronisation before each step, the forward / backward of the stage's model chunks for each
+micro-batch (:mod:`~simgpu.workload.blocks`), input copies on the stages that need data, gradient
+reduction (DDP / ZeRO buckets during the last micro-batch's backward, or FSDP's per-block
+all-gathers with prefetch and reduce-scatters every micro-batch, :mod:`~simgpu.workload.dataparallel`),
+the tied embedding's gradient all-reduce between the first and last stage, the norms' gradient
+all-reduce over tp under sequence parallelism, the optimizer step and, under ZeRO 1-2, the
+parameter all-gather (after the step; Megatron can overlap it with the next iteration's forward,
+which one simulated iteration does not). One program is built per stage and retargeted to its ranks
+(:mod:`~simgpu.workload.stage`); it also gives the job's useful FLOPs and memory per GPU.
 
-The model is GPT-2 style: learned position embeddings, pre-LayerNorm blocks with biased linears,
-GELU MLP, a final LayerNorm and an LM head tied to the token embedding; flash attention (SDPA)
-with a causal mask; no dropout (pretraining setting).
+With no model parallelism, ``framework: pytorch`` and no recomputation the program is nanoGPT's
+under DDP: one micro-batch forward, backward with bucketed all-reduces, a fused optimizer step.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
 
-from ..config.workload import TransformerModel, WorkloadSpec
-from .common import (
-    GRAD_BYTES,
-    MIB,
-    Emitter,
-    GradBuckets,
-    Linear,
-    Param,
-    assign_buckets,
-    aux_dtype,
-    dense_memory,
-    dtype_bytes,
-    linear_bwd,
-    linear_fwd,
-    optimizer_step,
-)
-from .graph import KernelTable, MemoryEstimate, Op, Program, Workload
+from ..config.workload import WorkloadSpec
+from .blocks import Blocks
+from .common import Param, assign_buckets, is_mixed, optimizer_step
+from .dataparallel import GradSink, NoSync, Reducer
+from .graph import CollectiveOp, KernelTable, Program, Workload
+from .memory import stage_memory, weight_bytes
+from .parallel import Coord
+from .pipeline import Batch, Step, plan
 from .registry import World, register
+from .shapes import (
+    Block,
+    Setup,
+    active_matmul_params,
+    block,
+    embedding_params,
+    head_params,
+    make_setup,
+    model_flops,
+    parameter_count,
+)
+from .stage import Pair, StageEmitter, retarget
 
-#: Bytes of one token id (int64) in the input batch; inputs and targets are both copied.
+__all__ = ["active_matmul_params", "build", "model_flops", "parameter_count"]
+
+#: Bytes of one token id (int64) in the input batch.
 _TOKEN_ID_BYTES = 8
+#: P2P streams, one per direction and kind of tensor: each is a FIFO whose order both sides of a
+#: stage pair share (activations and gradients leave and arrive in schedule order).
+_PP_STREAMS = {("act", True): "comm.pp_send_fwd", ("act", False): "comm.pp_recv_fwd",
+               ("grad", True): "comm.pp_send_bwd", ("grad", False): "comm.pp_recv_bwd"}
+#: What FSDP wraps and gathers as one: a block, the embedding ("embed") or the output head ("head").
+Unit = Block | str
 
 
-@dataclass(frozen=True)
-class _Block:
-    """The parameterised modules of one Transformer block named ``name``."""
+class _Stage:
+    """Emits one pipeline stage's program for its representative rank."""
 
-    name: str
-    ln1: str
-    qkv: Linear
-    proj: Linear
-    ln2: str
-    fc1: Linear
-    fc2: Linear
+    def __init__(self, s: Setup, stage: int, kernels: KernelTable) -> None:
+        self.s, self.stage = s, stage
+        lay = s.layout
+        self.em = StageEmitter(lay.rank(Coord(0, 0, 0, stage)), kernels, lay, s.host_s)
+        self.bl = Blocks(s, self.em)
+        self.chunks = s.stage_chunks(stage)
+        self.blocks = {g: [block(s, i) for i in s.chunk_layers(g)] for g in self.chunks}
+        self.last_g = s.chunks - 1
+        self.out: dict[tuple[str, int, int], int] = {}   # (act|grad, mb, global chunk) -> producing op
+        self.reductions: list[int] = []
+        steps = [x for x in plan(s.schedule, lay.pp, s.m, s.v, stage) if isinstance(x, Step)]
+        final = [self.chunks[x.chunk] for x in steps if x.kind == "B" and x.mb == s.m - 1]
+        self.dense_order = [p for g in final for p in self._chunk_params(g)]
+        self.expert_order = [p for g in final for b in reversed(self.blocks[g]) if b.experts
+                             for p in b.experts.params]
+        self.dense: Reducer | None = None
+        self.expert: Reducer | None = None
+        if s.zero < 3:
+            op: CollectiveOp = "all_reduce" if s.zero == 0 else "reduce_scatter"
+            self.dense = Reducer(self.em, assign_buckets(self.dense_order, s.bucket_bytes), "dp_cp", op=op)
+            if self.expert_order:
+                self.expert = Reducer(self.em, assign_buckets(self.expert_order, s.bucket_bytes), "edp_cp", op=op,
+                                      key="expert_grads")
+
+    def _chunk_params(self, g: int) -> list[Param]:
+        out: list[Param] = list(head_params(self.s)) if g == self.last_g else []
+        for b in reversed(self.blocks[g]):
+            out += b.dense_params()
+        if g == 0:
+            out += embedding_params(self.s)
+        return out
+
+    # ---- the schedule
+
+    def build(self) -> StageEmitter:
+        s = self.s
+        for item in plan(s.schedule, s.layout.pp, s.m, s.v, self.stage):
+            if isinstance(item, Step):
+                self.bl.mb = item.mb
+                g = self.chunks[item.chunk]
+                if item.kind == "F":
+                    self.out[("act", item.mb, g)] = self.forward(g)
+                else:
+                    self.out[("grad", item.mb, g)] = self.backward(g, item.mb == s.m - 1)
+            else:
+                self.p2p(item)
+        self.finish()
+        return self.em
+
+    def p2p(self, batch: Batch) -> None:
+        """Megatron's batched isend/irecv (all posted at once, on per-kind streams), then the host
+        waits for the batch (``batch_p2p_sync``)."""
+        s = self.s
+        nbytes = s.rows * s.model.hidden * s.width
+        ops = []
+        for t in batch:
+            deps = (self.out[(t.what, t.mb, t.src)],) if t.send else ()
+            ops.append(self.em.p2p(Pair("pp", t.peer, t.send), f"pp.{'send' if t.send else 'recv'}_{t.what}",
+                                   t.key, nbytes, phase="fwd" if t.what == "act" else "bwd", deps=deps,
+                                   stream=_PP_STREAMS[(t.what, t.send)]))
+        self.em.host_wait("pp.sync", ops, phase="fwd" if batch[0].what == "act" else "bwd")
+
+    def forward(self, g: int) -> int:
+        s, bl, em = self.s, self.bl, self.em
+        first, last = g == 0, g == self.last_g
+        copy = -1
+        if first or last:
+            copy = em.memcpy("batch.h2d", (int(first) + int(last)) * s.tokens * _TOKEN_ID_BYTES)
+        units: list[Unit] = (["embed"] if first else []) + list(self.blocks[g]) + (["head"] if last else [])
+        gather = self._gather(units, "fwd")
+        gate: tuple[int, ...] = ()   # the embedding's tp reduction, which the first block waits for
+        for i, u in enumerate(units):
+            gather(i)
+            if u == "embed":
+                gate = (bl.embedding_fwd(copy),)
+            elif u == "head":
+                bl.head_fwd(copy)
+            else:
+                assert isinstance(u, Block)
+                bl.block_fwd(u, deps=gate)
+                gate = ()
+        return em.last
+
+    def backward(self, g: int, final: bool) -> int:
+        s, bl = self.s, self.bl
+        sink: GradSink | None
+        esink: GradSink | None
+        units: list[Unit] = (["head"] if g == self.last_g else []) + list(reversed(self.blocks[g])) \
+            + (["embed"] if g == 0 else [])
+        if s.zero == 3:
+            sink, esink = self._unit_reducers(units, g)
+        elif final and s.dp_overlap:
+            sink, esink = self.dense, self.expert
+        else:
+            sink = esink = NoSync()
+        gather = self._gather(units, "bwd")
+        for i, u in enumerate(units):
+            gather(i)
+            if u == "head":
+                bl.head_bwd(sink)
+            elif u == "embed":
+                bl.embedding_bwd(sink)
+            else:
+                assert isinstance(u, Block)
+                bl.block_bwd(u, sink, esink)
+        if s.zero == 3:
+            for r in (sink, esink):
+                if isinstance(r, Reducer):
+                    self.reductions += r.done()
+        return self.em.last
+
+    # ---- ZeRO-3 / FSDP
+
+    def _unit_params(self, u: Unit) -> tuple[list[Param], list[Param]]:
+        if u == "embed":
+            return list(embedding_params(self.s)), []
+        if u == "head":
+            return list(head_params(self.s)), []
+        assert isinstance(u, Block)
+        return list(u.dense_params()), list(u.experts.params) if u.experts else []
+
+    def _gather(self, units: list[Unit], phase: str) -> Callable[[int], None]:
+        """Under ZeRO-3, a function that, called before unit i computes, all-gathers its weights (if
+        not prefetched yet) and the next unit's (prefetch), then copies unit i's out on the compute
+        stream, which its kernels follow."""
+        s, em = self.s, self.em
+        if s.zero != 3:
+            return lambda i: None
+        wb = weight_bytes(s.precision)
+        issued: dict[int, int | None] = {}
+
+        def issue(i: int) -> None:
+            if i < len(units) and i not in issued:
+                dense, expert = self._unit_params(units[i])
+                name = _unit_name(units[i])
+                a = em.group_op("dp_cp", f"{name}.all_gather", f"{name}.{phase}.mb{self.bl.mb}", "all_gather",
+                                sum(p.numel for p in dense) * wb, phase=phase, deps=(em.last,), stream="comm.ag")
+                e = em.group_op("edp_cp", f"{name}.experts.all_gather", f"{name}.experts.{phase}.mb{self.bl.mb}",
+                                "all_gather", sum(p.numel for p in expert) * wb, phase=phase, deps=(em.last,),
+                                stream="comm.ag") if expert else None
+                issued[i] = a if e is None else e
+
+        def gate(i: int) -> None:
+            issue(i)
+            issue(i + 1)
+            ag = issued[i]
+            if ag is not None:
+                dense, expert = self._unit_params(units[i])
+                n = sum(p.numel for p in dense + expert)
+                self.bl.ew(f"{_unit_name(units[i])}.copy_out", n, 1, 1, phase, deps=(ag,))
+        return gate
+
+    def _unit_reducers(self, units: list[Unit], g: int) -> tuple[Reducer, Reducer]:
+        key = f"grads.g{g}.mb{self.bl.mb}"
+        dense = [tuple(self._unit_params(u)[0]) for u in units]
+        expert = [tuple(self._unit_params(u)[1]) for u in units if self._unit_params(u)[1]]
+        return (Reducer(self.em, [b for b in dense if b], "dp_cp", op="reduce_scatter", key=key),
+                Reducer(self.em, expert, "edp_cp", op="reduce_scatter", key="expert_" + key))
+
+    # ---- after the last backward
+
+    def finish(self) -> None:
+        s, em = self.s, self.em
+        last = em.last
+        for r in (self.dense, self.expert):
+            if r is not None:
+                if not s.dp_overlap:
+                    r.flush(last)
+                self.reductions += r.done()
+        deps = list(self.reductions) or [last]
+        if s.layout.pp > 1 and s.model.tied and (0 in self.chunks or self.last_g in self.chunks):
+            nbytes = s.vocab // s.tp * s.model.hidden * 4
+            ar = em.group_op("embed", "embed.wte_grad.all_reduce", "embed.wte_grad", "all_reduce", nbytes,
+                             phase="bwd", deps=deps)
+            deps += [] if ar is None else [ar]
+        if s.sp:
+            norms = sum(p.numel for g in self.chunks for b in self.blocks[g] for p in (*b.ln1, *b.ln2))
+            ar = em.group_op("tp", "norms.grad.all_reduce", "norms.grad", "all_reduce", norms * 4, phase="bwd",
+                             deps=deps, stream="comm.tp")
+            deps += [] if ar is None else [ar]
+        dense = sum(p.numel for p in self.dense_order)
+        expert = sum(p.numel for p in self.expert_order)
+        lay = s.layout
+        local = dense + expert
+        if s.zero:  # the optimizer updates this rank's shard
+            local = -(-dense // (lay.dp * lay.cp)) + -(-expert // (lay.dp // lay.ep * lay.cp))
+        optimizer_step(em, local, s.optimizer, deps=deps)
+        if s.megatron and is_mixed(s.precision):
+            em.elementwise("optimizer.copy_to_model", local, 1, 1, s.aux, phase="opt")
+        if s.zero in (1, 2):
+            wb = weight_bytes(s.precision)
+            for kind, order in (("dp_cp", self.dense_order), ("edp_cp", self.expert_order)):
+                for i, b in enumerate(assign_buckets(order, s.bucket_bytes) if order else []):
+                    em.group_op(kind, f"params.bucket{i}.all_gather", f"params.{kind}.bucket{i}", "all_gather",
+                                sum(p.numel for p in b) * wb, phase="opt", deps=(em.last,), stream="comm.ag")
 
 
-def _norm_params(name: str, h: int) -> tuple[Param, ...]:
-    return (Param(f"{name}.weight", h), Param(f"{name}.bias", h))
-
-
-def _blocks(model: TransformerModel) -> list[_Block]:
-    h, f = model.hidden, model.ffn
-    return [_Block(f"h{i}", f"h{i}.ln1", Linear(f"h{i}.attn.qkv", h, 3 * h), Linear(f"h{i}.attn.proj", h, h),
-                   f"h{i}.ln2", Linear(f"h{i}.mlp.fc1", h, f), Linear(f"h{i}.mlp.fc2", f, h))
-            for i in range(model.layers)]
-
-
-def _ready_order(model: TransformerModel) -> list[Param]:
-    """All parameters, in the order backward makes their gradients ready (DDP's rebuilt order).
-
-    The token embedding is tied to the LM head: its gradient has two contributions and is ready
-    only after the embedding backward, at the very end.
-    """
-    h = model.hidden
-    order = list(_norm_params("ln_f", h))
-    for blk in reversed(_blocks(model)):
-        order += [*blk.fc2.params, *blk.fc1.params, *_norm_params(blk.ln2, h), *blk.proj.params,
-                  *blk.qkv.params, *_norm_params(blk.ln1, h)]
-    order += [Param("wpe", model.seq_len * h), Param("wte", model.vocab * h)]
-    return order
-
-
-def parameter_count(model: TransformerModel) -> int:
-    """Parameters of the model, the tied embedding counted once (GPT-2 small: 124.4M)."""
-    return sum(p.numel for p in _ready_order(model))
-
-
-def activation_bytes(model: TransformerModel, batch: int, precision: str) -> float:
-    """Activations kept for backward by one rank, bytes (no recomputation).
-
-    Per layer Korthikanti et al. 2022 give s*b*h*(34 + 5*a*s/h) for 16-bit activations. The
-    5*a*s/h term is the materialised attention scores; with the fused (flash) attention this
-    builder emits they are never stored, only the softmax log-sum-exp (fp32, b*a*s), so that term
-    is replaced. The 34 is scaled for other activation widths. Plus the fp32 logits (T*vocab*4)
-    and the embedding output.
-    """
-    s, b, h, a = model.seq_len, batch, model.hidden, model.heads
-    width = dtype_bytes(aux_dtype(precision))
-    per_layer = 34 * s * b * h * width / 2 + 4 * b * a * s
-    return model.layers * per_layer + s * b * model.vocab * 4 + s * b * h * width
-
-
-def model_flops(model: TransformerModel, samples: int) -> float:
-    """Useful FLOPs of one iteration of the whole job (forward + backward), nanoGPT / PaLM style.
-
-    6 * N * tokens with N the parameters less the position embeddings (a lookup, not a matmul; the
-    tied token embedding is counted because it is the LM head matmul), plus attention
-    QK^T and AV counted as full (non-causal) matrices: 12 * layers * samples * s^2 * h. This is the
-    usual MFU convention even though a causal kernel does about half that work.
-    """
-    s, h = model.seq_len, model.hidden
-    n = parameter_count(model) - s * h
-    return 6.0 * n * samples * s + 12.0 * model.layers * samples * s * s * h
-
-
-def _rank_program(rank: int, spec: WorkloadSpec, model: TransformerModel, group: tuple[int, ...],
-                  kernels: KernelTable) -> Program:
-    """The ops of one rank: input copy, forward, backward with bucket all-reduces, optimizer."""
-    prec = spec.training.precision
-    aux = aux_dtype(prec)
-    b, s, h, v = spec.training.batch_per_gpu, model.seq_len, model.hidden, model.vocab
-    t = b * s
-    em = Emitter(rank, kernels)
-    buckets = assign_buckets(_ready_order(model), spec.comm.bucket_mib * MIB)
-    grads = GradBuckets(em, buckets, group)
-    lm_head = Linear("lm_head", h, v, bias=False)
-    blocks = _blocks(model)
-
-    def norm(name: str, bwd: int) -> int:
-        return em.kernel(f"{name}.{'bwd' if bwd else 'fwd'}", "norm", aux, phase="bwd" if bwd else "fwd",
-                         rows=t, cols=h, bwd=bwd)
-
-    def attention(name: str, bwd: int) -> int:
-        return em.kernel(name, "attention_bwd" if bwd else "attention_fwd", prec,
-                         phase="bwd" if bwd else "fwd", batch=b, heads=model.heads, seq_q=s, seq_kv=s,
-                         head_dim=h // model.heads, causal=1)
-
-    # ---- data and embeddings
-    copy = em.memcpy("batch.h2d", 2 * t * _TOKEN_ID_BYTES)
-    em.elementwise("embed.tok_gather", t * h, 1, 1, aux, phase="fwd", deps=(copy,))
-    em.elementwise("embed.pos_gather", s * h, 1, 1, aux, phase="fwd")
-    em.elementwise("embed.add", t * h, 2, 1, aux, phase="fwd")
-
-    # ---- forward
-    for blk in blocks:
-        norm(blk.ln1, 0)
-        linear_fwd(em, blk.qkv, t, prec)
-        attention(f"{blk.name}.attention.fwd", 0)
-        linear_fwd(em, blk.proj, t, prec)
-        em.elementwise(f"{blk.proj.name}.residual", t * h, 2, 1, aux, phase="fwd")
-        norm(blk.ln2, 0)
-        linear_fwd(em, blk.fc1, t, prec)
-        em.elementwise(f"{blk.fc1.name}.gelu", t * model.ffn, 1, 1, aux, phase="fwd")
-        linear_fwd(em, blk.fc2, t, prec)
-        em.elementwise(f"{blk.fc2.name}.residual", t * h, 2, 1, aux, phase="fwd")
-    norm("ln_f", 0)
-    linear_fwd(em, lm_head, t, prec)
-    em.kernel("loss.cross_entropy.fwd", "softmax", aux, phase="fwd", rows=t, cols=v, bwd=0)
-
-    # ---- backward, DDP buckets issued as their last gradient is produced
-    em.kernel("loss.cross_entropy.bwd", "softmax", aux, phase="bwd", rows=t, cols=v, bwd=1)
-    linear_bwd(em, lm_head, t, prec, grads=None)  # tied to wte: not ready until the embedding bwd
-    grads.ready(_norm_params("ln_f", h), norm("ln_f", 1))
-    for blk in reversed(blocks):
-        linear_bwd(em, blk.fc2, t, prec, grads=grads)
-        em.elementwise(f"{blk.fc1.name}.gelu_bwd", t * model.ffn, 2, 1, aux, phase="bwd")
-        linear_bwd(em, blk.fc1, t, prec, grads=grads)
-        grads.ready(_norm_params(blk.ln2, h), norm(blk.ln2, 1))
-        # The residual stream forks at each block input: its two gradients are summed.
-        em.elementwise(f"{blk.ln2}.residual_grad", t * h, 2, 1, aux, phase="bwd")
-        linear_bwd(em, blk.proj, t, prec, grads=grads)
-        attention(f"{blk.name}.attention.bwd", 1)
-        linear_bwd(em, blk.qkv, t, prec, grads=grads)
-        grads.ready(_norm_params(blk.ln1, h), norm(blk.ln1, 1))
-        em.elementwise(f"{blk.ln1}.residual_grad", t * h, 2, 1, aux, phase="bwd")
-    # Position embedding: the gradient summed over the batch. Token embedding: a fresh fp32 vocab x h
-    # gradient (zero, scatter-add the rows), then summed with the LM head's contribution.
-    grads.ready((Param("wpe", s * h),), em.elementwise("embed.pos_grad", t * h, 1, 1, aux, phase="bwd"))
-    em.elementwise("embed.tok_grad_zero", v * h, 0, 1, "fp32", phase="bwd")
-    em.elementwise("embed.tok_grad_scatter", t * h, 1, 1, "fp32", phase="bwd")
-    grads.ready((Param("wte", v * h),), em.elementwise("embed.tok_grad_accumulate", v * h, 2, 1, "fp32",
-                                                       phase="bwd"))
-
-    # ---- optimizer: DDP's finalize makes the compute stream wait for every bucket
-    optimizer_step(em, parameter_count(model), spec.training.optimizer, deps=grads.done())
-    return em.program
-
-
-def _copy(op: Op) -> Op:
-    # Field by field: about 4x faster than dataclasses.replace (tests check that no field is lost).
-    return Op(op.name, op.kind, op.category, op.stream, op.phase, op.kernel, op.coll, op.nbytes, op.deps)
-
-
-def memory_estimate(spec: WorkloadSpec, model: TransformerModel) -> MemoryEstimate:
-    """Bytes per GPU; every data-parallel rank holds the same.
-
-    ``buffers`` are DDP's flat fp32 bucket buffers (``gradient_as_bucket_view=False``, the default).
-    """
-    n = parameter_count(model)
-    params, grads, states = dense_memory(n, spec.training.precision, spec.training.optimizer)
-    return MemoryEstimate(parameters=params, gradients=grads, optimizer_states=states,
-                          activations=activation_bytes(model, spec.training.batch_per_gpu,
-                                                       spec.training.precision),
-                          buffers=float(n * GRAD_BYTES))
+def _unit_name(u: Unit) -> str:
+    return u.name if isinstance(u, Block) else str(u)
 
 
 @register("transformer")
 def build(spec: WorkloadSpec, world: World) -> Workload:
-    """One identical program per data-parallel rank."""
-    model = spec.model
-    if not isinstance(model, TransformerModel):
-        raise TypeError(f"the transformer builder got a {model.kind} model")
-    dp = spec.parallelism.dp or world.size
-    if dp != world.size:
-        raise ValueError(f"the transformer builder supports pure data parallelism: dp={dp} but "
-                         f"{world.size} GPUs")
-    group = tuple(range(world.size))
+    """One program per pipeline stage, retargeted to each of its ranks."""
+    s = make_setup(spec, world)
+    lay = s.layout
     kernels = KernelTable()
-    # Ranks run the same program; building it once keeps 1000-GPU jobs fast. Ops are copied so that
-    # no two programs share a mutable Op.
-    first = _rank_program(0, spec, model, group, kernels)
-    programs = [first] + [Program(r, [_copy(op) for op in first.ops]) for r in range(1, world.size)]
-    mem = memory_estimate(spec, model)
-    samples = spec.training.batch_per_gpu * world.size
-    return Workload(name=spec.name, programs=programs, kernels=kernels.specs,
-                    memory=[mem] * world.size, samples=samples, tokens=samples * model.seq_len,
-                    model_flops=model_flops(model, samples), compute_dtype=spec.training.precision)
+    programs: dict[int, Program] = {}
+    memory = {}
+    for stage in range(lay.pp):
+        em = _Stage(s, stage, kernels).build()
+        mem = stage_memory(s, stage)
+        for r in lay.stage_ranks(stage):
+            programs[r] = retarget(em, r)
+            memory[r] = mem
+    samples = s.global_batch
+    return Workload(name=spec.name, programs=[programs[r] for r in range(lay.world)], kernels=kernels.specs,
+                    memory=[memory[r] for r in range(lay.world)], samples=samples,
+                    tokens=samples * s.model.seq_len, model_flops=model_flops(s.model, samples),
+                    compute_dtype=s.precision)
+

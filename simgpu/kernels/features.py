@@ -1,0 +1,217 @@
+"""Features of the learned kernel models: shape parameters in log space plus derived quantities.
+
+This module owns what a kernel family's shape parameters are (:data:`FAMILY_PARAMS`, the same names
+as :class:`~simgpu.workload.graph.KernelSpec` carries), the index-reuse statistics of embedding
+lookups (:func:`reuse_stats`), and the feature table of a batch of kernels on one GPU
+(:func:`feature_frame`): every parameter as ``log2(1 + x)``, FLOPs, bytes moved, arithmetic
+intensity, waves of 128x128 output tiles per SM for GEMMs, the dtype's width, the GPU's datasheet
+figures in dimensionless form (intensity relative to the ridge point, compute time over memory
+time: they carry over to GPUs a model has not seen) and the analytical model's time of the kernel.
+Times are in seconds, bytes in bytes, FLOPs in floating-point operations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+import numpy as np
+import pandas as pd
+
+from ..config.platform import GPUSpec
+from ..workload.graph import KernelSpec
+from .analytical import DTYPE_BYTES, Analytical
+
+#: The names of the reuse statistics of embedding lookups (fractions in [0, 1]), see :func:`reuse_stats`.
+REUSE: Final = ("reuse_top0p1", "reuse_top1", "reuse_top10", "reuse_unique")
+_TOP_SHARES: Final = (0.001, 0.01, 0.1)
+
+#: Each family's shape parameters and their defaults (None: required). Optional ones are features
+#: that measurements may carry and simulated kernels may omit; :func:`kernel_params` fills them in.
+FAMILY_PARAMS: Final[Mapping[str, Mapping[str, float | None]]] = {
+    "gemm": {"m": None, "n": None, "k": None},
+    "bmm": {"b": None, "m": None, "n": None, "k": None},
+    "attention_fwd": {"batch": None, "heads": None, "seq_q": None, "seq_kv": None, "head_dim": None,
+                      "causal": 0.0},
+    "attention_bwd": {"batch": None, "heads": None, "seq_q": None, "seq_kv": None, "head_dim": None,
+                      "causal": 0.0},
+    "embedding_fwd": {"batch": None, "tables": None, "pooling": None, "dim": None, "rows": None,
+                      **{r: np.nan for r in REUSE}},
+    "embedding_bwd": {"batch": None, "tables": None, "pooling": None, "dim": None, "rows": None,
+                      **{r: np.nan for r in REUSE}},
+    "elementwise": {"numel": None, "reads": 1.0, "writes": 1.0},
+    "norm": {"rows": None, "cols": None, "bwd": 0.0, "rms": 0.0},
+    "softmax": {"rows": None, "cols": None, "bwd": 0.0},
+    "optimizer": {"numel": None, "states": 0.0},
+    "memcpy": {"nbytes": None, "to_device": 1.0},
+}
+#: Families the analytical model has no formula for: their models learn the time itself.
+NO_BASELINE: Final = frozenset({"memcpy"})
+_TILE = 128  # output tile edge used for the waves feature
+
+
+def reuse_stats(ids: np.ndarray, rows: int) -> dict[str, float]:
+    """Index-reuse statistics of one table's lookups ``ids`` (row numbers in ``[0, rows)``).
+
+    ``reuse_topX``: the fraction of lookups that hit the most-looked-up X% of the table's rows
+    (0.1%, 1%, 10%; at least one row each); ``reuse_unique``: distinct rows / lookups. Uniform
+    access over a large table gives small top shares and ``unique`` near 1; a skewed (Zipf or
+    hot-set) access gives large top shares and much reuse, which caches turn into speed.
+    """
+    ids = np.asarray(ids)
+    if ids.size == 0:
+        return {r: 0.0 for r in REUSE}
+    counts = np.bincount(ids, minlength=rows)
+    nz = np.sort(counts[counts > 0])[::-1]
+    cum = np.cumsum(nz)
+    out = {}
+    for name, share in zip(REUSE, _TOP_SHARES, strict=False):
+        top = max(1, int(share * rows))
+        out[name] = float(cum[min(top, nz.size) - 1] / ids.size)
+    out["reuse_unique"] = float(nz.size / ids.size)
+    return out
+
+
+def uniform_reuse(rows: float, lookups: float) -> dict[str, float]:
+    """The statistics of :func:`reuse_stats` expected for uniformly random ids (no skew).
+
+    ``unique`` is exact (``rows * (1 - (1 - 1/rows)^lookups) / lookups``). For the top shares, the
+    number of rows hit ``j`` times is Poisson: ``rows * P(X = j)`` with mean ``lookups / rows``; the
+    most-hit rows are filled from the highest ``j`` down until X% of the rows are taken.
+    """
+    rows, lookups = max(float(rows), 1.0), max(float(lookups), 1.0)
+    distinct = rows * -np.expm1(lookups * np.log1p(-1.0 / rows)) if rows > 1 else 1.0
+    out = {"reuse_unique": float(distinct / lookups)}
+    mean = lookups / rows
+    up = np.arange(1, int(mean + 12.0 * np.sqrt(mean) + 12.0) + 1, dtype=float)
+    j, log_fact = up[::-1], np.cumsum(np.log(up))[::-1]  # hits, most first, and log(j!)
+    log_pmf = -mean + j * np.log(mean) - log_fact
+    count = rows * np.exp(log_pmf)             # expected rows hit exactly j times
+    cum_rows, cum_hits = np.cumsum(count), np.cumsum(count * j)
+    for name, share in zip(REUSE, _TOP_SHARES, strict=False):
+        top = max(1.0, np.floor(share * rows))
+        i = int(np.searchsorted(cum_rows, top))
+        if i >= len(j):
+            hits = float(cum_hits[-1])
+        else:
+            prev_rows, prev_hits = (cum_rows[i - 1], cum_hits[i - 1]) if i else (0.0, 0.0)
+            hits = prev_hits + (top - prev_rows) * j[i]
+        out[name] = float(min(1.0, hits / lookups))
+    return out
+
+
+def kernel_params(kernel: KernelSpec) -> dict[str, float]:
+    """The family's parameters of ``kernel`` with defaults filled in; unknown families raise."""
+    spec = FAMILY_PARAMS.get(kernel.family)
+    if spec is None:
+        raise KeyError(f"no features for kernel family {kernel.family!r}; known: {', '.join(FAMILY_PARAMS)}")
+    given = dict(kernel.params)
+    out: dict[str, float] = {}
+    for name, default in spec.items():
+        if name in given:
+            out[name] = given[name]
+        elif default is None:
+            raise KeyError(f"{kernel.family} kernel has no parameter {name!r}")
+        else:
+            out[name] = default
+    if kernel.family.startswith("embedding") and np.isnan(out["reuse_unique"]):
+        out.update(uniform_reuse(out["rows"], out["batch"] * out["pooling"]))
+    return out
+
+
+def kernels_from_table(family: str, table: pd.DataFrame) -> list[KernelSpec]:
+    """One KernelSpec per row of a measurement table (columns: ``dtype`` and the family's params)."""
+    names = [p for p in FAMILY_PARAMS[family] if p in table.columns]
+    cols = [table[p].to_numpy(dtype=float) for p in names]
+    dtypes = table["dtype"].astype(str).to_numpy()
+    out = []
+    for i in range(len(table)):
+        params = {p: c[i] for p, c in zip(names, cols, strict=True) if not np.isnan(c[i])}
+        out.append(KernelSpec.make(family, str(dtypes[i]), **params))
+    return out
+
+
+def _flops_bytes(family: str, p: Mapping[str, np.ndarray], e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """FLOPs and bytes moved of each kernel (the same accounting as the analytical model)."""
+    if family in ("gemm", "bmm"):
+        b = p.get("b", np.ones_like(p["m"]))
+        return 2 * b * p["m"] * p["n"] * p["k"], b * (p["m"] * p["k"] + p["k"] * p["n"] + p["m"] * p["n"]) * e
+    if family.startswith("attention"):
+        bh = p["batch"] * p["heads"]
+        flops = 4 * bh * p["seq_q"] * p["seq_kv"] * p["head_dim"] * np.where(p["causal"] > 0, 0.5, 1.0)
+        nbytes = bh * (2 * p["seq_q"] + 2 * p["seq_kv"]) * p["head_dim"] * e
+        return flops, nbytes
+    if family.startswith("embedding"):
+        lookups = p["batch"] * p["tables"] * p["pooling"]
+        return lookups * p["dim"], lookups * p["dim"] * e + p["batch"] * p["tables"] * p["dim"] * e
+    if family == "elementwise":
+        return p["numel"], p["numel"] * (p["reads"] + p["writes"]) * e
+    if family in ("norm", "softmax"):
+        n = p["rows"] * p["cols"]
+        return 5 * n, n * (2 + p["bwd"]) * e
+    if family == "optimizer":
+        return p["numel"] * (2 + 5 * p["states"]), p["numel"] * 4 * (3 + 2 * p["states"])
+    if family == "memcpy":
+        return np.zeros_like(p["nbytes"]), p["nbytes"]
+    raise KeyError(f"no features for kernel family {family!r}")
+
+
+def feature_frame(family: str, kernels: Sequence[KernelSpec], gpu: GPUSpec,
+                  baseline: np.ndarray | None = None) -> pd.DataFrame:
+    """The feature table of ``kernels`` (all of ``family``) on ``gpu``, one row per kernel.
+
+    ``baseline`` is the analytical model's seconds per kernel (computed here when omitted); it is
+    a feature in log space (``log_analytical_us``) and the reference that correction models learn from.
+    """
+    rows = [kernel_params(k) for k in kernels]
+    names = list(FAMILY_PARAMS[family])
+    p = {n: np.array([r[n] for r in rows], dtype=float) for n in names}
+    e = np.array([DTYPE_BYTES[k.dtype] for k in kernels], dtype=float)
+    f: dict[str, np.ndarray] = {f"log_{n}": np.log2(1.0 + np.maximum(p[n], 0.0)) for n in names}
+    if family.startswith("embedding"):
+        for n in REUSE:
+            f[n] = p[n]
+    flops, nbytes = _flops_bytes(family, p, e)
+    peak = np.array([_peak(gpu, k.dtype) for k in kernels])
+    bw = gpu.hbm_gbytes_per_s * 1e9
+    f["log_flops"] = np.log2(1.0 + flops)
+    f["log_bytes"] = np.log2(1.0 + nbytes)
+    f["log_intensity"] = np.log2((1.0 + flops) / (1.0 + nbytes))
+    # Dimensionless ones carry the GPU's datasheet over to GPUs a model has not seen: intensity
+    # relative to the ridge point (peak / bandwidth), and the ratio of compute to memory time.
+    f["ridge_rel"] = f["log_intensity"] - np.log2(peak / bw)
+    f["bound"] = np.log2((flops / peak + 1e-12) / (nbytes / bw + 1e-12))
+    f["dtype_bytes"] = e
+    if family in ("gemm", "bmm"):
+        b = p.get("b", np.ones_like(p["m"]))
+        tiles = b * np.ceil(p["m"] / _TILE) * np.ceil(p["n"] / _TILE)
+        waves = tiles / gpu.sms
+        f["log_waves"] = np.log2(waves)
+        f["wave_tail"] = np.ceil(waves) - waves  # idle share of the last wave
+        for n in ("m", "n", "k"):
+            f[f"{n}_align"] = np.mod(p[n], _TILE) / _TILE
+    if family.startswith("embedding"):
+        lookups = p["batch"] * p["tables"] * p["pooling"]
+        f["log_lookups"] = np.log2(1.0 + lookups)
+        f["log_distinct_rows"] = np.log2(1.0 + lookups * p["reuse_unique"])  # rows touched
+        f["log_table_bytes"] = np.log2(1.0 + p["tables"] * p["rows"] * p["dim"] * e)
+    if family in ("norm", "softmax"):
+        f["log_rows_per_sm"] = np.log2(p["rows"] / gpu.sms)
+    if family not in NO_BASELINE:
+        if baseline is None:
+            baseline, _ = analytical_for(gpu).predict(kernels)
+        f["log_analytical_us"] = np.log2(np.asarray(baseline, dtype=float) * 1e6)
+    return pd.DataFrame(f)
+
+
+def analytical_for(gpu: GPUSpec) -> Analytical:
+    """The analytical model of one GPU alone: it reads nothing of a platform but its GPU."""
+    return Analytical.for_gpu(gpu)
+
+
+def _peak(gpu: GPUSpec, dtype: str) -> float:
+    peaks = {str(k): float(v) for k, v in gpu.peak_tflops.items()}
+    peak = peaks.get(dtype) or peaks.get("fp32")
+    if peak is None:
+        raise ValueError(f"{gpu.name} has no {dtype} (or fp32) peak in its platform file")
+    return float(peak) * 1e12

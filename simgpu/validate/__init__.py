@@ -1,0 +1,1 @@
+"""Validation of predictions against real measurements in ../shared/data (see its README)."""

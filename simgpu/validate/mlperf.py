@@ -1,0 +1,199 @@
+"""DLRM iteration time against MLPerf Training v2.0 in ``../shared/data/iterations/mlperf-training-v2.0/``.
+
+Every DLRM submission on A100 GPUs that a shipped platform can describe becomes one row: the
+measured iteration time is the global batch over the tracked throughput (samples/s, the median of
+the submission's runs), the predicted one simulates the benchmark's model on that machine. MLPerf
+v2.0's DLRM is DLRM v1 on Criteo 1TB: 13 dense features, 26 one-hot tables with the reference's
+row counts (ids hashed into at most 40M rows), dim 128, bottom MLP 512-256-128, dot interaction,
+top MLP 1024-1024-512-256-1, SGD; every submission ran HugeCTR with fp16 matmuls. HugeCTR's hybrid
+embedding (frequent rows replicated, the rest model-parallel) is not a TorchRec plan; the closest
+one, fixed before looking at the measurements, is the planner's ``data_parallel_small``: tables
+with no more rows than the global batch replicated, the rest table-wise; pooled embeddings travel
+as fp16, as in HugeCTR. ``--best`` also reports the fastest of all the planner's plans (what a
+search over plans would pick), a lower bound on what plan choice alone can explain.
+
+Machines: 8 A100-SXM per node on NVSwitch -> ``dgx_a100`` (1, 8 or 14 nodes); 4 A100-SXM boards
+(HGX A100 4-GPU, NVLink between every pair) -> four GPUs of ``dgx_a100``; 4 A100-PCIe -> ``pcie_4gpu``;
+8 A100-PCIe in one server -> ``pcie_4gpu`` with 8 GPUs on 4 PCIe switches. A30 and TPU systems have
+no platform and are listed as skipped. The error is ``predicted / measured - 1``; the summary is the
+geometric-mean absolute error ``exp(mean |ln(predicted / measured)|) - 1``. No threshold: reported.
+``python -m simgpu.validate.mlperf`` prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..config.checks import check_job
+from ..config.loader import Job, load_platform, validate
+from ..config.workload import WorkloadSpec
+from ..sim import simulate
+from ..workload.registry import World
+from ..workload.sharding import propose_plans
+
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "iterations" / "mlperf-training-v2.0"
+#: Criteo 1TB rows per categorical feature with ids hashed into at most 40M rows (MLPerf DLRM v1).
+CRITEO_1TB_ROWS = (39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346, 10, 2208,
+                   11938, 155, 4, 976, 14, 39979771, 25641295, 39664984, 585935, 12972, 108, 36)
+PLAN = "data_parallel_small"
+
+
+@dataclass(frozen=True)
+class System:
+    """One submission and the platform that stands for its machine."""
+
+    submitter: str
+    system: str
+    nodes: int
+    gpus_per_node: int
+    accelerator: str
+    global_batch: int
+    measured_s: float
+    runs: int
+    platform: str = ""
+    overrides: tuple[tuple[str, Any], ...] = field(default=())
+    note: str = ""
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+def _platform(accelerator: str, gpn: int) -> tuple[str, tuple[tuple[str, Any], ...], str] | str:
+    """(platform, overrides, note) for an accelerator and GPUs per node, or why there is none."""
+    if "A100" not in accelerator:
+        return f"no platform for {accelerator}"
+    if "PCIe" in accelerator:
+        if gpn == 4:
+            return "pcie_4gpu", (), ""
+        if gpn == 8:
+            return ("pcie_4gpu", (("node.gpus", 8), ("node.pcie.switches", 4)),
+                    "pcie_4gpu with 8 GPUs on 4 PCIe switches")
+        return f"no platform for {gpn} PCIe A100 per node"
+    if gpn == 8:
+        return "dgx_a100", (), ""
+    if gpn == 4:
+        return "dgx_a100", (), "HGX 4-GPU board as 4 GPUs of a DGX A100"
+    return f"no platform for {gpn} SXM A100 per node"
+
+
+def systems(root: Path = DATA) -> tuple[list[System], list[tuple[str, str]]]:
+    """The DLRM submissions a platform can describe, and (system, reason) for the others."""
+    df = pd.read_csv(root / "summary_dlrm_bert.csv")
+    df = df[(df["benchmark"] == "dlrm") & (df["status"] == "success")]
+    keep: list[System] = []
+    skipped: list[tuple[str, str]] = []
+    keys = ["submitter", "system", "nodes", "accel_per_node", "accelerator", "global_batch_size"]
+    for (sub, name, nodes, gpn, acc, gbs), g in df.groupby(keys, sort=True):
+        label = f"{sub}/{name}"
+        thr = g["tracked_throughput"].dropna()
+        where = _platform(str(acc), int(gpn))
+        if isinstance(where, str):
+            skipped.append((label, where))
+            continue
+        if thr.empty:
+            skipped.append((label, "no tracked throughput"))
+            continue
+        if int(gbs) % (int(nodes) * int(gpn)):
+            skipped.append((label, f"global batch {gbs} does not divide over {int(nodes) * int(gpn)} GPUs"))
+            continue
+        platform, over, note = where
+        keep.append(System(str(sub), str(name), int(nodes), int(gpn), str(acc), int(gbs),
+                           float(gbs) / float(thr.median()), len(thr), platform, over, note))
+    return keep, skipped
+
+
+def job(system: System, plan: str = PLAN) -> Job:
+    """The MLPerf v2.0 DLRM on ``system``'s platform with the planner's ``plan``, validated like a
+    workload file."""
+    data: dict[str, Any] = {
+        "name": f"mlperf_dlrm_{system.system}", "platform": system.platform, "nodes": system.nodes,
+        "gpus_per_node": system.gpus_per_node, "seed": 0,
+        "model": {"kind": "dlrm", "dense_features": 13, "bottom_mlp": [512, 256, 128],
+                  "top_mlp": [1024, 1024, 512, 256, 1], "embedding_dim": 128, "interaction": "dot",
+                  "tables": [{"rows": r, "pooling_factor": 1} for r in CRITEO_1TB_ROWS]},
+        "training": {"batch_per_gpu": system.global_batch // system.gpus, "precision": "fp16",
+                     "optimizer": "sgd", "embedding_optimizer": "sgd"},
+        "parallelism": {"sharding": {"planner": plan, "comm_precision": "fp16"}},
+    }
+    source = f"mlperf:{system.submitter}/{system.system}"
+    spec = validate(WorkloadSpec, data, source)
+    platform, pfile = load_platform(system.platform, system.overrides)
+    j = Job(spec, platform, source, pfile)
+    check_job(j)
+    return j
+
+
+def best_plan(system: System) -> tuple[str, float]:
+    """The fastest of the sharding planner's proposals on ``system`` and its predicted seconds."""
+    j = job(system)
+    world = World(system.nodes, system.gpus_per_node, j.platform.gpu.memory_gib)
+    times = {p.name: simulate(job(system, p.name)).iteration_time_s for p in propose_plans(j.workload, world)}
+    name = min(times, key=lambda n: (times[n], n))
+    return name, times[name]
+
+
+def validate_all(root: Path = DATA, limit_gpus: int | None = None, *,
+                 best: bool = False) -> tuple[pd.DataFrame, list[tuple[str, str]]]:
+    """One row per system (up to ``limit_gpus`` GPUs): measured and predicted milliseconds and the
+    error of the fixed plan; with ``best``, also the fastest of the planner's plans and its error."""
+    found, skipped = systems(root)
+    rows = []
+    for s in found:
+        if limit_gpus is not None and s.gpus > limit_gpus:
+            continue
+        predicted = simulate(job(s)).iteration_time_s
+        row: dict[str, Any] = {
+            "system": f"{s.submitter}/{s.system}", "gpus": f"{s.nodes}x{s.gpus_per_node}",
+            "accelerator": s.accelerator, "platform": s.platform, "global_batch": s.global_batch,
+            "runs": s.runs, "measured_ms": s.measured_s * 1e3, "predicted_ms": predicted * 1e3,
+            "error": predicted / s.measured_s - 1}
+        if best:
+            name, t = best_plan(s)
+            row.update(best_plan=name, best_ms=t * 1e3, best_error=t / s.measured_s - 1)
+        rows.append({**row, "note": s.note})
+    return pd.DataFrame(rows), skipped
+
+
+def geomean_error(table: pd.DataFrame, column: str = "predicted_ms") -> float:
+    """``exp(mean |ln(predicted / measured)|) - 1`` over the rows of ``table``."""
+    if table.empty:
+        return float("nan")
+    return float(np.exp(np.mean(np.abs(np.log(table[column] / table["measured_ms"])))) - 1)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m simgpu.validate.mlperf", description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--data", type=Path, default=DATA)
+    ap.add_argument("--max-gpus", type=int, help="leave out systems with more GPUs")
+    ap.add_argument("--best", action="store_true", help="also simulate every plan the planner proposes")
+    ap.add_argument("--csv", help="write the table here")
+    args = ap.parse_args(argv)
+    if not args.data.is_dir():
+        print(f"error: no measurements at {args.data}", file=sys.stderr)
+        return 2
+    table, skipped = validate_all(args.data, args.max_gpus, best=args.best)
+    with pd.option_context("display.width", 250, "display.max_colwidth", 48):
+        shown = table.assign(**{c: table[c].map("{:+.1%}".format) for c in ("error", "best_error") if c in table})
+        print(shown.to_string(index=False, float_format="{:.3f}".format))
+    for label, why in skipped:
+        print(f"skipped {label}: {why}")
+    for name, g in [("all", table), *table.groupby(["platform", "gpus"])]:
+        label = name if isinstance(name, str) else " ".join(map(str, name))
+        extra = f"  best plan {geomean_error(g, 'best_ms'):.1%}" if args.best else ""
+        print(f"{label:14} rows {len(g):3d}  geomean |error| {geomean_error(g):.1%}{extra}")
+    if args.csv:
+        table.to_csv(args.csv, index=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

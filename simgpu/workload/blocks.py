@@ -1,0 +1,342 @@
+"""The kernels and tensor-parallel collectives of a Transformer's modules on one rank, forward and backward.
+
+This module owns what one micro-batch issues through a block (norm, QKV, RoPE, attention core,
+output projection, residual, norm, MLP or MoE, residual), the embedding and the output head with
+its loss, under Megatron's tensor parallelism: column-parallel linears need their input whole (an
+all-gather first under sequence parallelism) and give their input gradient partial (all-reduced,
+or reduce-scattered under sequence parallelism, overlapping the weight gradient); row-parallel
+linears give a partial output (all-reduced, or reduce-scattered); norms, dropout and residuals run
+on 1/tp of the tokens under sequence parallelism. The vocabulary-parallel cross entropy all-reduces
+its max, target logit and sum of exponentials.
+
+``framework`` pytorch: autocast casts every weight to the compute dtype at each use and the weight
+gradients back to fp32; dropout and residual are separate kernels. megatron: low-precision weights,
+weight gradients accumulated straight into fp32 main grads, fused bias-dropout-add. FP8 follows
+Transformer Engine: block linears in FP8 with their weights quantised once per iteration, inputs
+quantised by the kernel producing them (norm, activation) except the attention output, output
+gradients cast and transposed before each linear's backward; attention and the output layer in bf16.
+Recomputation: ``full`` re-runs each block's forward (with its collectives) before its backward;
+``selective`` re-runs the unfused attention core (flash attention recomputes internally anyway).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .attention import core_bwd, core_fwd
+from .common import Linear, Param
+from .dataparallel import GradSink
+from .graph import CollectiveOp
+from .moe import moe_bwd, moe_fwd
+from .shapes import Block, Setup, embedding_params, head_linears, norm_params
+from .stage import StageEmitter
+
+_TP_OPS: dict[str, CollectiveOp] = {"ar": "all_reduce", "rs": "reduce_scatter", "ag": "all_gather"}
+
+
+def _d(idx: int | None) -> tuple[int, ...]:
+    return () if idx is None else (idx,)
+
+
+class Blocks:
+    """Emits the modules of one stage's micro-batches onto ``em``; set :attr:`mb` before each step."""
+
+    def __init__(self, s: Setup, em: StageEmitter) -> None:
+        md = s.model
+        self.s, self.em = s, em
+        self.mb = 0
+        self.prec = s.precision
+        self.aux = s.aux
+        self.attn_dtype = "bf16" if s.precision == "fp8" else s.precision
+        self.aux_gemm = self.attn_dtype  # GEMMs kept out of FP8
+        self.w = s.width
+        self.h, self.d = md.hidden, md.head_dim
+        self.heads, self.kv = md.heads // s.tp, md.kv_heads_n // s.tp
+        self.p = md.dropout
+        self.causal = md.causal
+        self.norm_kind = md.norm_kind
+
+    # ---- primitives
+
+    def ew(self, name: str, numel: int, reads: int, writes: int, phase: str, deps: Iterable[int] = (),
+           dtype: str | None = None) -> int:
+        return self.em.elementwise(name, numel, reads, writes, dtype or self.aux, phase=phase, deps=deps)
+
+    def norm(self, name: str, bwd: bool, phase: str, tag: str = "", deps: Iterable[int] = ()) -> int:
+        return self.em.kernel(f"{name}.{'bwd' if bwd else 'fwd'}{tag}", "norm", self.aux, phase=phase, deps=deps,
+                              rows=self.s.rows, cols=self.h, bwd=int(bwd))
+
+    def tp_comm(self, what: str, name: str, phase: str, deps: Iterable[int] = (), nbytes: int | None = None
+                ) -> int | None:
+        """A tensor-parallel all-reduce (``ar``), reduce-scatter (``rs``) or all-gather (``ag``) of a
+        ``[tokens, hidden]`` activation; None where tp is 1."""
+        op = _TP_OPS[what]
+        size = self.s.tokens * self.h * self.w if nbytes is None else nbytes
+        return self.em.group_op("tp", f"{name}.{op}", f"{name}.{what}.mb{self.mb}", op, size, phase=phase,
+                                deps=deps, stream="comm.tp")
+
+    def fp8(self, lin: Linear) -> bool:
+        """Whether ``lin`` runs in FP8 (Transformer Engine); the output layer stays in bf16, as in Megatron."""
+        return self.prec == "fp8" and not lin.name.startswith(("lm_head", "mlm", "pooler", "nsp"))
+
+    def lin_fwd(self, lin: Linear, phase: str, tag: str = "", deps: Iterable[int] = (), rows: int | None = None,
+                quantize_input: bool = False) -> int:
+        """``y = x W^T (+ b)``. Under autocast the weight is cast first; under FP8 it is quantised at the
+        first micro-batch (then cached), and ``quantize_input`` casts an input that no fused kernel has
+        already produced in FP8 (bf16 read, fp8 written)."""
+        t = self.s.tokens if rows is None else rows
+        if self.s.cast:
+            self.ew(f"{lin.name}.cast{tag}", lin.numel, 1, 1, phase)
+        fp8 = self.fp8(lin)
+        if fp8 and self.mb == 0 and not tag:
+            self.ew(f"{lin.name}.weight_fp8", lin.numel, 1, 1, phase)
+        if fp8 and quantize_input:
+            # counted in fp8 bytes: a 2-byte read and a 1-byte write per element
+            self.em.elementwise(f"{lin.name}.quantize{tag}", t * lin.inputs, 2, 1, "fp8", phase=phase, deps=deps)
+            deps = ()
+        return self.em.kernel(f"{lin.name}.fwd{tag}", "gemm", self.prec if fp8 else self.aux_gemm, phase=phase,
+                              deps=deps, m=t, n=lin.outputs, k=lin.inputs)
+
+    def lin_dgrad(self, lin: Linear, phase: str, deps: Iterable[int] = (), rows: int | None = None) -> int:
+        """Input gradient; under FP8 the output gradient is first cast and transposed (for the wgrad too)."""
+        t = self.s.tokens if rows is None else rows
+        fp8 = self.fp8(lin)
+        if fp8:
+            self.em.elementwise(f"{lin.name}.grad_cast_transpose", t * lin.outputs, 1, 1, self.aux, phase=phase,
+                                deps=deps)
+            deps = ()
+        return self.em.kernel(f"{lin.name}.dgrad", "gemm", self.prec if fp8 else self.aux_gemm, phase=phase,
+                              deps=deps, m=t, n=lin.inputs, k=lin.outputs)
+
+    def lin_wgrad(self, lin: Linear, phase: str, sink: GradSink | None, deps: Iterable[int] = (),
+                  rows: int | None = None) -> int:
+        """Weight gradient, bias gradient (a reduction over the rows) and, under autocast, the cast of
+        the gradients to fp32; the parameters are ready at the last of them."""
+        t = self.s.tokens if rows is None else rows
+        last = self.em.kernel(f"{lin.name}.wgrad", "gemm", self.prec if self.fp8(lin) else self.aux_gemm,
+                              phase=phase, deps=deps, m=lin.outputs, n=lin.inputs, k=t)
+        if lin.bias:
+            last = self.ew(f"{lin.name}.bias_grad", t * lin.outputs, 1, 0, phase)
+        if self.s.cast:
+            last = self.ew(f"{lin.name}.grad_cast", lin.numel, 1, 1, phase)
+        if sink is not None:
+            sink.ready(lin.params, last)
+        return last
+
+    def column_bwd(self, lin: Linear, name: str, phase: str, sink: GradSink | None, deps: Iterable[int] = ()
+                   ) -> int | None:
+        """Backward of a column-parallel linear: the input gradient is reduced over tp while the weight
+        gradient runs (under sequence parallelism the wgrad needs the input all-gathered again).
+        Returns the reduction (None where tp is 1), which the next op must wait for."""
+        ag = self.tp_comm("ag", f"{name}.input", phase, deps=(self.em.last,)) if self.s.sp else None
+        dgrad = self.lin_dgrad(lin, phase, deps=deps)
+        red = self.tp_comm("rs" if self.s.sp else "ar", f"{name}.dgrad", phase, deps=(dgrad,))
+        self.lin_wgrad(lin, phase, sink, deps=_d(ag))
+        return red
+
+    def residual(self, name: str, phase: str, deps: Iterable[int] = ()) -> int:
+        """Dropout and the residual add: Megatron's fused bias-dropout-add, or separate kernels."""
+        rows = self.s.rows * self.h
+        if self.s.megatron:
+            return self.ew(name, rows, 2, 2 if self.p else 1, phase, deps=deps)
+        if self.p:
+            self.ew(f"{name}.dropout", rows, 1, 2, phase, deps=deps)
+            deps = ()
+        return self.ew(name, rows, 2, 1, phase, deps=deps)
+
+    def residual_bwd(self, name: str, phase: str) -> None:
+        if self.p:
+            self.ew(f"{name}.dropout_bwd", self.s.rows * self.h, 2, 1, phase)
+
+    # ---- a block
+
+    def sync(self, name: str, phase: str) -> None:
+        """Under ``sync_each_layer``, the host waits for everything issued so far."""
+        if self.s.sync_layers:
+            self.em.host_wait(name, (self.em.last,), phase=phase)
+
+    def block_fwd(self, blk: Block, phase: str = "fwd", tag: str = "", deps: Iterable[int] = ()) -> int:
+        """One block's forward; ``tag`` marks a recomputation, ``deps`` gate its first kernel.
+        Returns its last op."""
+        s, n = self.s, blk.name
+        if not tag:
+            self.sync(f"{n}.sync", phase)
+        ln1 = self.norm(f"{n}.ln1", False, phase, tag, deps=deps)
+        ag = self.tp_comm("ag", f"{n}.ln1{tag}", phase, deps=(ln1,)) if s.sp else None
+        self.lin_fwd(blk.qkv, phase, tag, deps=_d(ag))
+        if s.model.rope:
+            self.ew(f"{n}.rope{tag}", s.tokens * (self.heads + self.kv) * self.d, 1, 1, phase)
+        core_fwd(self, n, phase, tag)
+        out = self.lin_fwd(blk.proj, phase, tag, quantize_input=True)
+        red = self.tp_comm("rs" if s.sp else "ar", f"{blk.proj.name}{tag}", phase, deps=(out,))
+        self.residual(f"{blk.proj.name}.residual{tag}", phase, deps=_d(red))
+        ln2 = self.norm(f"{n}.ln2", False, phase, tag)
+        ag = self.tp_comm("ag", f"{n}.ln2{tag}", phase, deps=(ln2,)) if s.sp else None
+        if blk.experts is not None:
+            out = moe_fwd(self, blk.experts, phase, tag, deps=_d(ag))
+            name = f"{n}.moe"
+        else:
+            assert blk.fc1 is not None and blk.fc2 is not None
+            act = self.lin_fwd(blk.fc1, phase, tag, deps=_d(ag))
+            self.activation(blk.fc2.inputs, f"{blk.fc1.name}", phase, tag, deps=(act,))
+            out = self.lin_fwd(blk.fc2, phase, tag)
+            name = blk.fc2.name
+        red = self.tp_comm("rs" if s.sp else "ar", f"{name}{tag}", phase, deps=(out,))
+        last = self.residual(f"{name}.residual{tag}", phase, deps=_d(red))
+        if not tag:
+            self.sync(f"{n}.sync", phase)
+        return last
+
+    def activation(self, width: int, name: str, phase: str, tag: str = "", deps: Iterable[int] = (),
+                   rows: int | None = None, bwd: bool = False) -> int:
+        """GELU (bias fused) or SwiGLU over ``rows x width`` outputs."""
+        numel = (self.s.tokens if rows is None else rows) * width
+        swiglu = self.s.model.act == "swiglu"
+        kind = "swiglu" if swiglu else "gelu"
+        if bwd:
+            return self.ew(f"{name}.{kind}_bwd", numel, 3 if swiglu else 2, 2 if swiglu else 1, phase, deps=deps)
+        return self.ew(f"{name}.{kind}{tag}", numel, 2 if swiglu else 1, 1, phase, deps=deps)
+
+    def block_bwd(self, blk: Block, sink: GradSink | None, esink: GradSink | None, phase: str = "bwd") -> int:
+        """One block's backward (recomputation first); ``esink`` takes the expert gradients."""
+        s, n = self.s, blk.name
+        self.sync(f"{n}.sync", phase)
+        if s.recompute == "full":
+            self.block_fwd(blk, phase, ".recompute")
+        if blk.experts is not None:
+            self.residual_bwd(f"{n}.moe.residual", phase)
+            ag = self.tp_comm("ag", f"{n}.moe.grad", phase, deps=(self.em.last,)) if s.sp else None
+            red = moe_bwd(self, blk.experts, phase, sink, esink, deps=_d(ag))
+        else:
+            assert blk.fc1 is not None and blk.fc2 is not None
+            self.residual_bwd(f"{blk.fc2.name}.residual", phase)
+            ag = self.tp_comm("ag", f"{blk.fc2.name}.grad", phase, deps=(self.em.last,)) if s.sp else None
+            self.lin_dgrad(blk.fc2, phase, deps=_d(ag))
+            self.lin_wgrad(blk.fc2, phase, sink)
+            self.activation(blk.fc2.inputs, blk.fc1.name, phase, bwd=True)
+            red = self.column_bwd(blk.fc1, blk.fc1.name, phase, sink)
+        ln2 = self.norm(f"{n}.ln2", True, phase, deps=_d(red))
+        if sink is not None:
+            sink.ready(blk.ln2, ln2)
+        # The residual stream forks at each block input: its two gradients are summed.
+        self.ew(f"{n}.ln2.residual_grad", s.rows * self.h, 2, 1, phase)
+        self.residual_bwd(f"{blk.proj.name}.residual", phase)
+        ag = self.tp_comm("ag", f"{blk.proj.name}.grad", phase, deps=(self.em.last,)) if s.sp else None
+        self.lin_dgrad(blk.proj, phase, deps=_d(ag))
+        self.lin_wgrad(blk.proj, phase, sink)
+        core_bwd(self, n, phase)
+        if s.model.rope:
+            self.ew(f"{n}.rope_bwd", s.tokens * (self.heads + self.kv) * self.d, 1, 1, phase)
+        red = self.column_bwd(blk.qkv, blk.qkv.name, phase, sink)
+        ln1 = self.norm(f"{n}.ln1", True, phase, deps=_d(red))
+        if sink is not None:
+            sink.ready(blk.ln1, ln1)
+        last = self.ew(f"{n}.ln1.residual_grad", s.rows * self.h, 2, 1, phase)
+        self.sync(f"{n}.sync", phase)
+        return last
+
+    # ---- embedding and head
+
+    def embedding_fwd(self, copy: int) -> int:
+        """Token (vocabulary-parallel) and position / token-type embeddings of the micro-batch; returns
+        the op the first block must wait for."""
+        s, h = self.s, self.h
+        self.ew("embed.tok_gather", s.tokens * h, 1, 1, "fwd", deps=(copy,))
+        if not s.model.rope:
+            self.ew("embed.pos_gather", s.seq * h, 1, 1, "fwd")
+            self.ew("embed.add", s.tokens * h, 2, 1, "fwd")
+        if s.model.arch == "bert":
+            self.ew("embed.type_gather", s.tokens * h, 1, 1, "fwd")
+            self.ew("embed.type_add", s.tokens * h, 2, 1, "fwd")
+        last = self.em.last
+        red = self.tp_comm("rs" if s.sp else "ar", "embed", "fwd", deps=(last,))
+        if s.model.arch == "bert":
+            last = self.norm("embed.ln", False, "fwd", deps=_d(red))
+        elif self.p:
+            last = self.ew("embed.dropout", s.rows * h, 1, 2, "fwd", deps=_d(red))
+        elif red is not None:
+            last = red
+        return last
+
+    def embedding_bwd(self, sink: GradSink | None) -> int:
+        """Position gradient summed over the batch; the token embedding's gradient is a fresh fp32
+        ``vocab/tp x h`` tensor (zeroed, rows scatter-added), then summed into the accumulated one."""
+        s, h = self.s, self.h
+        if s.model.arch == "bert":
+            self.norm("embed.ln", True, "bwd")
+            if sink is not None:
+                sink.ready(norm_params("embed.ln", h, self.norm_kind), self.em.last)
+        elif self.p:
+            self.ew("embed.dropout_bwd", s.rows * h, 2, 1, "bwd")
+        ag = self.tp_comm("ag", "embed.grad", "bwd", deps=(self.em.last,)) if s.sp else None
+        params = {p.name: p for p in embedding_params(s)}
+        if "wpe" in params:
+            pos = self.ew("embed.pos_grad", s.tokens * h, 1, 1, "bwd", deps=_d(ag))
+            ag = None
+            if sink is not None:
+                sink.ready((params["wpe"],), pos)
+        if "wtt" in params:
+            tt = self.ew("embed.type_grad", s.tokens * h, 1, 1, "bwd", deps=_d(ag))
+            ag = None
+            if sink is not None:
+                sink.ready((params["wtt"],), tt)
+        v = s.vocab // s.tp
+        self.ew("embed.tok_grad_zero", v * h, 0, 1, "bwd", dtype="fp32", deps=_d(ag))
+        self.ew("embed.tok_grad_scatter", s.tokens * h, 1, 1, "bwd", dtype="fp32")
+        last = self.ew("embed.tok_grad_accumulate", v * h, 2, 1, "bwd", dtype="fp32")
+        if sink is not None:
+            sink.ready((params["wte"],), last)
+        return last
+
+    def head_fwd(self, labels: int) -> int:
+        """Final norm, (BERT's MLM transform and next-sentence head), output layer and cross entropy."""
+        s, h = self.s, self.h
+        lins = head_linears(s)
+        ln = self.norm("ln_f", False, "fwd")
+        ag = self.tp_comm("ag", "ln_f", "fwd", deps=(ln,)) if s.sp else None
+        if "mlm" in lins:
+            self.lin_fwd(lins["mlm"], "fwd", deps=_d(ag))
+            ag = None
+            self.ew("mlm.gelu", s.tokens * h, 1, 1, "fwd")
+            self.norm("mlm.ln", False, "fwd")
+        logits = self.lin_fwd(lins["lm_head"], "fwd", deps=_d(ag))
+        v = lins["lm_head"].outputs
+        last = self.em.kernel("loss.cross_entropy.fwd", "softmax", self.aux, phase="fwd", deps=(logits, labels),
+                              rows=s.tokens, cols=v, bwd=0)
+        for part in ("max", "target", "sum_exp"):
+            red = self.tp_comm("ar", f"loss.{part}", "fwd", deps=(last,), nbytes=s.tokens * 4)
+            last = last if red is None else red
+        if "nsp" in lins:
+            self.lin_fwd(lins["pooler"], "fwd", rows=s.micro)
+            self.ew("pooler.tanh", s.micro * h, 1, 1, "fwd")
+            last = self.lin_fwd(lins["nsp"], "fwd", rows=s.micro)
+        return last
+
+    def head_bwd(self, sink: GradSink | None) -> int:
+        """Backward of :meth:`head_fwd`. A tied output layer on the embedding's stage gives its
+        gradient to the token embedding, which is ready only after the embedding backward."""
+        s, h = self.s, self.h
+        lins = head_linears(s)
+        self.em.kernel("loss.cross_entropy.bwd", "softmax", self.aux, phase="bwd", rows=s.tokens,
+                       cols=lins["lm_head"].outputs, bwd=1)
+        lm = lins["lm_head"]
+        own = not (s.model.tied and s.layout.pp == 1)
+        self.lin_dgrad(lm, "bwd")
+        self.lin_wgrad(lm, "bwd", sink if own else None)
+        if not own and lm.bias and sink is not None:
+            sink.ready((Param("lm_head.bias", lm.outputs),), self.em.last)
+        if "nsp" in lins:
+            for name in ("nsp", "pooler"):
+                self.lin_dgrad(lins[name], "bwd", rows=s.micro)
+                self.lin_wgrad(lins[name], "bwd", sink, rows=s.micro)
+            self.norm("mlm.ln", True, "bwd")
+            if sink is not None:
+                sink.ready(norm_params("mlm.ln", h, self.norm_kind), self.em.last)
+            self.ew("mlm.gelu_bwd", s.tokens * h, 2, 1, "bwd")
+            self.lin_dgrad(lins["mlm"], "bwd")
+            self.lin_wgrad(lins["mlm"], "bwd", sink)
+        red = self.tp_comm("rs" if s.sp else "ar", "ln_f.grad", "bwd", deps=(self.em.last,))
+        ln = self.norm("ln_f", True, "bwd", deps=_d(red))
+        if sink is not None:
+            sink.ready(norm_params("ln_f", h, self.norm_kind), ln)
+        return ln

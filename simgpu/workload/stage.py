@@ -1,0 +1,136 @@
+"""One program per pipeline stage, retargeted to every rank of the stage.
+
+Every rank of a pipeline stage runs the same ops; only its collectives differ (their groups and
+keys). This module owns :class:`StageEmitter`, an :class:`~simgpu.workload.common.Emitter` for the
+stage's representative rank that records, for each collective, which kind of group it spans (a
+:mod:`~simgpu.workload.parallel` group kind, or a P2P pair along the pipeline or the context ring),
+and :func:`retarget`, which copies the program for another rank of the stage with that rank's
+groups and keys. Building one program per stage instead of one per rank keeps 1,000-GPU jobs fast.
+
+Keys: ``{kind}{first rank of the group}.{suffix}`` for group collectives, ``p2p{src}>{dst}.{suffix}``
+for P2P transfers, so both sides of a transfer and all members of a group agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .common import Emitter
+from .graph import CollectiveCall, CollectiveOp, KernelTable, Op, Program
+from .parallel import GROUP_KINDS, Coord, Layout
+
+#: Group kinds that a collective's group can be recognised by (P2P pairs are always explicit).
+_INFERABLE = tuple(k for k in GROUP_KINDS if k != "pp")
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A P2P direction: along ``dim`` (``pp`` or ``cp``), ``step`` (+1 next, -1 previous) away; this
+    rank sends (``send``) or receives."""
+
+    dim: str
+    step: int
+    send: bool
+
+    def resolve(self, layout: Layout, rank: int) -> tuple[int, int]:
+        peer = _along(layout, rank, self.dim, self.step)
+        return (rank, peer) if self.send else (peer, rank)
+
+
+def _along(layout: Layout, rank: int, dim: str, step: int) -> int:
+    c = layout.coord(rank)
+    if dim == "pp":
+        return layout.neighbour(rank, step)
+    if dim == "cp":
+        return layout.rank(Coord(c.tp, (c.cp + step) % layout.cp, c.dp, c.pp))
+    raise ValueError(f"P2P runs along pp or cp, not {dim!r}")
+
+
+class StageEmitter(Emitter):
+    """An Emitter that remembers how to retarget its collectives (see the module docstring).
+
+    ``cpu_s`` is the host time of every op (None: the platform's launch overhead).
+    """
+
+    def __init__(self, rank: int, kernels: KernelTable, layout: Layout, cpu_s: float | None = None) -> None:
+        super().__init__(rank, kernels)
+        self.layout = layout
+        self.cpu_s = cpu_s
+        self.calls: list[tuple[int, str | Pair, str]] = []
+        self._groups: dict[str, tuple[int, ...]] = {}
+        self._by_group: dict[tuple[int, ...], str] = {}
+        for kind in _INFERABLE:
+            g = layout.group(rank, kind)
+            if len(g) > 1:
+                self._by_group.setdefault(g, kind)
+
+    def group(self, kind: str) -> tuple[int, ...]:
+        g = self._groups.get(kind)
+        if g is None:
+            g = self._groups[kind] = self.layout.group(self.rank, kind)
+        return g
+
+    def collective(self, name: str, call: CollectiveCall, *, phase: str, deps: Iterable[int] = (),
+                   stream: str = "comm") -> int:
+        """A collective whose group is one of this rank's groups (its kind is recognised by it)."""
+        kind = self._by_group.get(call.group)
+        if kind is None:
+            raise ValueError(f"{call.key}: group {call.group} is none of rank {self.rank}'s groups")
+        return self._add(name, kind, call.key, call.op, call.nbytes, phase, deps, stream)
+
+    def group_op(self, kind: str, name: str, suffix: str, op: CollectiveOp, nbytes: int, *, phase: str,
+                 deps: Iterable[int] = (), stream: str = "comm") -> int | None:
+        """``op`` over this rank's group of ``kind``; None (nothing emitted) when the group is one rank."""
+        if len(self.group(kind)) < 2:
+            return None
+        return self._add(name, kind, suffix, op, nbytes, phase, deps, stream)
+
+    def p2p(self, pair: Pair, name: str, suffix: str, nbytes: int, *, phase: str, deps: Iterable[int] = (),
+            stream: str) -> int:
+        """One side of a send/recv with the peer ``pair`` names."""
+        return self._add(name, pair, suffix, "send_recv", nbytes, phase, deps, stream)
+
+    def host_wait(self, name: str, deps: Iterable[int], *, phase: str) -> int:
+        """The host blocks until ``deps`` finish (a device synchronisation)."""
+        return self.program.add(Op(name, "host_wait", "sync", stream="compute", phase=phase,
+                                   deps=tuple(sorted(set(deps)))))
+
+    def _add(self, name: str, kind: str | Pair, suffix: str, op: CollectiveOp, nbytes: int, phase: str,
+             deps: Iterable[int], stream: str) -> int:
+        group = self.group(kind) if isinstance(kind, str) else kind.resolve(self.layout, self.rank)
+        call = CollectiveCall(suffix, op, group, int(nbytes))
+        idx = self.program.add(Op(name, "collective", op, stream=stream, phase=phase, coll=call,
+                                  nbytes=call.nbytes, deps=tuple(sorted(set(deps)))))
+        self.calls.append((idx, kind, suffix))
+        return idx
+
+
+def _group(layout: Layout, rank: int, kind: str | Pair) -> tuple[int, ...]:
+    return kind.resolve(layout, rank) if isinstance(kind, Pair) else layout.group(rank, kind)
+
+
+def _key(kind: str | Pair, group: tuple[int, ...], suffix: str) -> str:
+    if isinstance(kind, Pair):
+        return f"p2p{group[0]}>{group[1]}.{suffix}"
+    return f"{kind}{group[0]}.{suffix}"
+
+
+def retarget(em: StageEmitter, rank: int) -> Program:
+    """The stage's program as ``rank`` (a rank of the same stage) runs it; ops are fresh copies."""
+    if em.layout.coord(rank).pp != em.layout.coord(em.rank).pp:
+        raise ValueError(f"rank {rank} is not on the stage of rank {em.rank}")
+    cpu = em.cpu_s
+    # Field by field: several times faster than dataclasses.replace on millions of ops.
+    ops = [Op(o.name, o.kind, o.category, o.stream, o.phase, o.kernel, o.coll, o.nbytes, o.deps, cpu)
+           for o in em.program.ops]
+    groups: dict[str | Pair, tuple[int, ...]] = {}
+    for idx, kind, suffix in em.calls:
+        op = ops[idx]
+        c = op.coll
+        assert c is not None
+        group = groups.get(kind)
+        if group is None:
+            group = groups[kind] = _group(em.layout, rank, kind)
+        op.coll = CollectiveCall(_key(kind, group, suffix), c.op, group, c.nbytes, c.send_bytes, c.root)
+    return Program(rank, ops)

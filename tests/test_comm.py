@@ -1,0 +1,191 @@
+"""Collectives: algorithms, the tuner, protocols, groups, contention, the nccl-tests view, calibration."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+from conftest import run_programs
+
+from simgpu.comm.__main__ import main as comm_main
+from simgpu.comm.__main__ import parse_sizes
+from simgpu.comm.algorithms import ring_orders
+from simgpu.comm.calibrate import main as calibrate_main
+from simgpu.comm.calibrate import parse_nccl_tests
+from simgpu.comm.collective import simulate_collective
+from simgpu.comm.plan import CollectiveRequest
+from simgpu.comm.planner import Planner
+from simgpu.config.loader import load_platform
+from simgpu.errors import ConfigError
+from simgpu.platform.topology import Topology
+from simgpu.workload.graph import CollectiveCall, Op, Program
+
+GB = 1 << 30
+
+
+def plan_for(platform, nodes, op, nbytes, group=None, **kw):
+    topo = Topology(platform, nodes)
+    req = CollectiveRequest(op, tuple(group or range(topo.world)), nbytes)
+    return Planner(topo, platform.collectives, **kw).plan(req)
+
+
+def test_sizes_parse_like_nccl_tests():
+    assert parse_sizes("8B:16GB")[:3] == [8, 16, 32] and parse_sizes("8B:16GB")[-1] == 16 * GB
+    assert len(parse_sizes("8B:16GB")) == 32
+    assert parse_sizes("1MB,64MB") == [1 << 20, 64 << 20]
+    assert parse_sizes("4096") == [4096]
+    with pytest.raises(ConfigError):
+        parse_sizes("lots")
+
+
+def test_nccl_tests_view_prints_columns_and_writes_csv(tmp_path, capsys):
+    out = tmp_path / "ar.csv"
+    assert comm_main(["--platform", "dgx_h100", "--nodes", "2", "--op", "all_reduce", "--sizes", "8B:1MB",
+                      "--csv", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split() == ["size(B)", "time(us)", "algbw(GB/s)", "busbw(GB/s)"]
+    assert len(lines) == 2 + 18
+    rows = list(csv.reader(out.open()))
+    assert rows[0] == ["size(B)", "time(us)", "algbw(GB/s)", "busbw(GB/s)"] and len(rows) == 19
+
+
+def test_nccl_tests_view_rejects_bad_input(capsys):
+    assert comm_main(["--platform", "dgx_h100", "--gpus-per-node", "9"]) == 2
+    assert "--gpus-per-node" in capsys.readouterr().err
+    assert comm_main(["--platform", "nope"]) == 2
+
+
+def test_small_messages_latency_bound_large_bandwidth_bound(dgx_h100):
+    t = {s: simulate_collective(dgx_h100, "all_reduce", s, nodes=2) for s in (8, 4096, GB, 2 * GB)}
+    assert t[4096] == pytest.approx(t[8], rel=0.05)
+    assert t[2 * GB] == pytest.approx(2 * t[GB], rel=0.05)
+
+
+def test_tuner_picks_by_size_and_topology(dgx_h100, dgx_a100):
+    small = plan_for(dgx_h100, 2, "all_reduce", 8)
+    big = plan_for(dgx_h100, 2, "all_reduce", 4 * GB)
+    assert small.protocol == "ll" and big.protocol == "simple"
+    assert small.algorithm == "tree"
+    assert plan_for(dgx_h100, 1, "all_reduce", GB).algorithm == "nvls"  # in-switch reduction on H100
+    assert plan_for(dgx_a100, 1, "all_reduce", GB).algorithm == "ring"  # no NVLS on A100
+    assert plan_for(dgx_a100, 1, "all_to_all", GB).algorithm == "direct"
+
+
+def test_forced_algorithm_and_protocol(dgx_h100):
+    p = plan_for(dgx_h100, 2, "all_reduce", 8, algorithm="ring", protocol="simple")
+    assert (p.algorithm, p.protocol) == ("ring", "simple")
+    # an algorithm that cannot serve the op or topology falls back to one that can
+    assert plan_for(dgx_h100, 2, "all_gather", GB, algorithm="tree").algorithm == "ring"
+    with pytest.raises(ValueError, match="unknown collective algorithm"):
+        plan_for(dgx_h100, 1, "all_reduce", 8, algorithm="magic")
+
+
+def test_every_collective_over_arbitrary_groups(dgx_a100):
+    """A TP group inside a node, a DP group across nodes and a PP pair, all in one iteration."""
+    progs = [Program(r) for r in range(16)]
+    tp = tuple(range(8, 16))
+    for r in tp:
+        for op in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce"):
+            progs[r].add(Op(op, "collective", op, stream="comm", coll=CollectiveCall(f"tp.{op}", op, tp, 64 << 20),
+                            nbytes=64 << 20))
+    for r in (0, 8):
+        progs[r].add(Op("dp", "collective", "all_reduce", stream="comm",
+                        coll=CollectiveCall("dp", "all_reduce", (0, 8), 64 << 20), nbytes=64 << 20))
+    for r in (1, 9):
+        progs[r].add(Op("pp", "collective", "send_recv", stream="comm",
+                        coll=CollectiveCall("pp", "send_recv", (1, 9), 32 << 20), nbytes=32 << 20))
+    res = run_programs(dgx_a100, 2, progs, [])
+    comm = res.records[res.records["stream"] == "comm"]
+    assert len(comm) == 8 * 6 + 2 + 2
+    assert (comm["end_s"] > comm["start_s"]).all()
+
+
+def test_uneven_all_to_all(dgx_a100):
+    """all-to-all-v: the rank with most to send sets the pace."""
+    group = (0, 1, 2, 3)
+
+    def run(rows):
+        progs = [Program(r, [Op("a2a", "collective", "all_to_all", stream="comm",
+                                coll=CollectiveCall("a2a", "all_to_all", group, sum(rows[r]), send_bytes=rows[r]),
+                                nbytes=sum(rows[r]))]) for r in group]
+        return run_programs(dgx_a100, 1, progs, [], gpus_per_node=4).iteration_time_s
+
+    even = run([tuple(0 if i == j else 64 << 20 for j in group) for i in group])
+    skew = run([tuple(0 if i == j else (256 << 20 if i == 0 else 64 << 20) for j in group) for i in group])
+    assert skew > 2.5 * even
+
+
+def test_rail_optimised_beats_single_nic_node(dgx_a100):
+    one_nic, _ = load_platform("dgx_a100", [("network.nics_per_node", 1)])
+    rail = simulate_collective(dgx_a100, "all_reduce", 4 * GB, nodes=2)
+    single = simulate_collective(one_nic, "all_reduce", 4 * GB, nodes=2)
+    assert single > 4 * rail
+
+
+def test_oversubscribed_core_costs_its_ratio(dgx_h100):
+    """All-to-all across pods: with a 4:1 oversubscribed spine the cross-pod traffic takes ~4x."""
+    def a2a(oversub):
+        p, _ = load_platform("dgx_h100", [("network.nodes_per_leaf", 1), ("network.oversubscription", oversub)])
+        return simulate_collective(p, "all_to_all", 4 * GB, nodes=4)
+
+    ratio = a2a(4.0) / a2a(1.0)
+    assert 3.0 < ratio <= 4.05
+
+
+def test_mesh_rings_use_every_wire_once(dgx_a100):
+    v100, _ = load_platform("dgx1_v100")
+    topo = Topology(v100, 1)
+    rings = ring_orders(tuple(range(8)), topo, v100.collectives)
+    assert len(rings) == 6  # six NVLink links per GPU, one ring per link
+    used: dict[tuple[int, int], int] = {}
+    for ring in rings:
+        for a, b in zip(ring, ring[1:] + ring[:1]):
+            used[(a, b)] = used.get((a, b), 0) + 1
+    assert all(n <= topo.nvlink_count(a, b) for (a, b), n in used.items())
+
+
+def test_multi_node_channels_spread_over_nics(dgx_a100):
+    topo = Topology(dgx_a100, 2)
+    rings = ring_orders(tuple(range(16)), topo, dgx_a100.collectives)
+    entries = {topo.nic_of(r[0]) for r in rings}
+    assert len(rings) == 8 and entries == set(range(8))
+
+
+def test_parse_nccl_tests_and_calibrate(tmp_path, capsys):
+    """Calibration reads nccl-tests rows, improves the fit, and writes a loadable platform."""
+    p, _ = load_platform("dgx_a100", [("node.nvlink.efficiency", 0.6)])  # the "real" machine is slower
+    sizes = [1 << k for k in range(20, 31, 2)]
+    rows = ["#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw"]
+    for s in sizes:
+        t = simulate_collective(p, "all_reduce", s) * 1e6
+        rows.append(f"{s:>12d} {s // 4:>12d}     float     sum      -1 {t:8.1f} {s / t / 1e3:6.2f} {0:6.2f}      0")
+    log = tmp_path / "ar.log"
+    log.write_text("\n".join(rows) + "\n")
+    got_sizes, got_times = parse_nccl_tests(log.read_text())
+    assert list(got_sizes) == sizes and (got_times > 0).all()
+    out = tmp_path / "cal.yaml"
+    assert calibrate_main([str(log), "--platform", "dgx_a100", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "node.nvlink.efficiency" in printed
+    cal, _ = load_platform(str(out))
+    assert cal.node.nvlink is not None and cal.node.nvlink.efficiency == pytest.approx(0.6, rel=0.1)
+    assert calibrate_main([str(tmp_path / "missing.log"), "--platform", "dgx_a100"]) == 2
+
+
+def test_link_kinds_on_routes(dgx_a100):
+    topo = Topology(dgx_a100, 2)
+    assert topo.hardware(topo.route(0, 1)) == "nvlink"
+    assert topo.hardware(topo.route(0, 8)) == "net"
+    pcie, _ = load_platform("pcie_4gpu")
+    assert Topology(pcie, 1).hardware(Topology(pcie, 1).route(0, 3)) == "pcie"
+
+
+def test_protocol_and_algorithm_in_workload(tmp_path):
+    from conftest import ROOT
+
+    from simgpu import load_job, simulate
+    path = Path(ROOT / "workloads" / "gpt2_small_pcie_4gpu.yaml")
+    a = simulate(load_job(path, ["model.layers=2", "comm.algorithm=ring", "comm.protocol=ll"])).iteration_time_s
+    b = simulate(load_job(path, ["model.layers=2", "comm.algorithm=ring", "comm.protocol=simple"])).iteration_time_s
+    assert a != b

@@ -1,0 +1,220 @@
+"""End to end on ``cpu_host``: simulated training steps against the same steps timed in torch.
+
+A small GPT and a small DLRM are described as workloads on ``cpu_host`` (the CPU as the device,
+with kernel models fitted on its microbenchmarks), simulated, and also built as real torch models
+that run what the builders emit (forward, backward, optimizer step) on this machine's CPU with the
+thread count the platform was measured with, timed with the harness's clock. The simulated step
+must be within 15% of the median measured step. On a machine other than the one cpu_host was
+measured on (another CPU, core count or torch build), the comparison skips: the models describe
+that machine only. Also: the shipped models of ``cpu_host`` are the
+ones fitted on its shipped data.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from conftest import ROOT
+from torch import nn
+
+from simgpu import load_job, simulate
+from simgpu.bench.harness import machine
+from simgpu.bench.timing import cpu_clock
+from simgpu.kernels import store
+from simgpu.kernels.learned import load_models
+
+TOLERANCE = 0.15
+PLATFORM = ROOT / "platforms" / "cpu_host"
+STEPS, WARMUP = 9, 2
+
+GPT_MODEL = {"kind": "transformer", "layers": 2, "hidden": 256, "heads": 4, "seq_len": 128, "vocab": 4096}
+GPT_TRAINING = {"batch_per_gpu": 4, "precision": "fp32", "optimizer": "adam"}
+DLRM_MODEL = {"kind": "dlrm", "dense_features": 13, "bottom_mlp": [512, 256, 64], "top_mlp": [1024, 512, 256, 1],
+              "embedding_dim": 64, "interaction": "dot",
+              "tables": [{"rows": 200_000, "pooling_factor": 8, "count": 4},
+                         {"rows": 20_000, "pooling_factor": 4, "count": 4}]}
+DLRM_TRAINING = {"batch_per_gpu": 512, "precision": "fp32", "optimizer": "adam", "embedding_optimizer": "sgd"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def platform_threads() -> Iterator[None]:
+    """Run torch with the thread count cpu_host was measured with."""
+    device = json.loads((PLATFORM / "microbench" / "device.json").read_text())
+    before = torch.get_num_threads()
+    torch.set_num_threads(int(device["threads"]))
+    yield
+    torch.set_num_threads(before)
+
+
+def simulated_s(tmp_path: Path, name: str, model: dict[str, Any], training: dict[str, Any]) -> float:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"name": name, "platform": "cpu_host", "nodes": 1, "model": model,
+                                    "training": training}))
+    result = simulate(load_job(path))
+    assert set(result.meta["kernel_model_share"]) == {"lightgbm"}, result.meta["kernel_model_share"]
+    return result.iteration_time_s
+
+
+def measured_s(step: Callable[[], None]) -> tuple[float, float]:
+    """Median seconds of a step on the harness's clock (the thread's CPU time when torch runs on one
+    thread: time given to other processes of a shared machine is not counted), and in wall time."""
+    clock = cpu_clock()
+    for _ in range(WARMUP):
+        step()
+    times, walls = [], []
+    for _ in range(STEPS):
+        t0, w0 = clock(), time.perf_counter()
+        step()
+        times.append((clock() - t0) * 1e-9)
+        walls.append(time.perf_counter() - w0)
+    return float(np.median(times)), float(np.median(walls))
+
+
+# ---- the torch models, op for op what the builders emit ----------------------------------------------
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm GPT-2 block with flash (SDPA) causal attention and a GELU MLP."""
+
+    def __init__(self, h: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
+        self.qkv, self.proj = nn.Linear(h, 3 * h), nn.Linear(h, h)
+        self.fc1, self.fc2 = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        q, k, v = (t.view(b, s, self.heads, h // self.heads).transpose(1, 2)
+                   for t in self.qkv(self.ln1(x)).split(h, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, h)
+        x = x + self.proj(y)
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    """Learned position embeddings, blocks, final LayerNorm, LM head tied to the token embedding."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(cfg["vocab"], cfg["hidden"]), nn.Embedding(cfg["seq_len"], cfg["hidden"])
+        self.blocks = nn.ModuleList(Block(cfg["hidden"], cfg["heads"]) for _ in range(cfg["layers"]))
+        self.ln_f = nn.LayerNorm(cfg["hidden"])
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for blk in self.blocks:
+            x = blk(x)
+        logits = F.linear(self.ln_f(x), self.wte.weight)
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+
+def gpt_step(cfg: dict[str, Any], batch: int) -> Callable[[], None]:
+    gen = torch.Generator().manual_seed(0)
+    model = GPT(cfg)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, fused=True)
+    idx = torch.randint(0, cfg["vocab"], (batch, cfg["seq_len"]), generator=gen)
+    tgt = torch.randint(0, cfg["vocab"], (batch, cfg["seq_len"]), generator=gen)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        model(idx, tgt).backward()
+        opt.step()
+    return step
+
+
+class DLRMNet(nn.Module):
+    """Bottom MLP, one fused bag per group of same-shape tables, dot interaction, top MLP."""
+
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        super().__init__()
+        d = cfg["embedding_dim"]
+        widths = [cfg["dense_features"], *cfg["bottom_mlp"]]
+        self.bottom = nn.Sequential(*[m for i in range(len(widths) - 1)
+                                      for m in (nn.Linear(widths[i], widths[i + 1]), nn.ReLU())])
+        self.groups = [(t["count"], t["rows"], int(t["pooling_factor"])) for t in cfg["tables"]]
+        self.bags = nn.ModuleList(nn.EmbeddingBag(n * rows, d, mode="sum", sparse=True) for n, rows, _ in self.groups)
+        f = sum(n for n, _, _ in self.groups)
+        self.li, self.lj = torch.triu_indices(f + 1, f + 1, offset=1)
+        widths = [d + f * (f + 1) // 2, *cfg["top_mlp"]]
+        layers: list[nn.Module] = []
+        for i in range(len(widths) - 1):
+            layers += [nn.Linear(widths[i], widths[i + 1])] + ([nn.ReLU()] if i < len(widths) - 2 else [])
+        self.top = nn.Sequential(*layers)
+
+    def forward(self, dense: torch.Tensor, sparse: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        x = self.bottom(dense)
+        b, d = x.shape
+        pooled = [bag(ids, offs).view(n, b, d) for bag, (ids, offs), (n, _, _) in zip(self.bags, sparse, self.groups,
+                                                                                      strict=True)]
+        t = torch.cat([x.unsqueeze(1), torch.cat(pooled, 0).transpose(0, 1)], 1)
+        z = torch.bmm(t, t.transpose(1, 2))
+        return self.top(torch.cat([x, z[:, self.li, self.lj]], 1)).squeeze(1)
+
+
+def dlrm_step(cfg: dict[str, Any], batch: int) -> Callable[[], None]:
+    torch.manual_seed(0)
+    model = DLRMNet(cfg)
+    rng = np.random.default_rng(0)
+    sparse = []
+    for n, rows, pooling in model.groups:
+        ids = np.concatenate([rng.integers(0, rows, batch * pooling) + t * rows for t in range(n)])
+        sparse.append((torch.from_numpy(ids), torch.arange(0, n * batch * pooling, pooling)))
+    dense = torch.randn(batch, cfg["dense_features"])
+    labels = torch.from_numpy(rng.integers(0, 2, batch).astype(np.float32))
+    dense_opt = torch.optim.Adam([p for m in (model.bottom, model.top) for p in m.parameters()], lr=1e-4, fused=True)
+    sparse_opt = torch.optim.SGD(model.bags.parameters(), lr=0.01)
+
+    def step() -> None:
+        dense_opt.zero_grad(set_to_none=True)
+        sparse_opt.zero_grad(set_to_none=True)
+        F.binary_cross_entropy_with_logits(model(dense, sparse), labels).backward()
+        dense_opt.step()
+        sparse_opt.step()
+    return step
+
+
+# ---- tests ---------------------------------------------------------------------------------------------
+
+
+def test_shipped_models_match_shipped_data():
+    manifest = store.read_manifest(PLATFORM / "models")
+    assert manifest is not None and manifest["data_sha256"] == store.data_hash(PLATFORM / "microbench",
+                                                                               tuple(manifest["families"]))
+    assert set(load_models(PLATFORM)) == set(store.read_tables(PLATFORM / "microbench"))
+    assert manifest["families"]["gemm"]["heldout"]["geomean_ape"] < 0.10
+
+
+def other_machine() -> str:
+    """Why this machine is not the one cpu_host was measured on ('' if it is)."""
+    measured = json.loads((PLATFORM / "microbench" / "device.json").read_text())
+    here = machine("cpu")
+    diff = [f"{k} {measured.get(k)!r} there, {v!r} here" for k, v in here.items() if measured.get(k) != v]
+    return "; ".join(diff)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gpt", "dlrm"])
+def test_simulated_step_matches_measured_step(name: str, tmp_path: Path):
+    if reason := other_machine():
+        pytest.skip(f"cpu_host describes the machine it was measured on, not this one ({reason}); "
+                    f"measure this one with python -m simgpu.bench --device cpu --threads 1")
+    if name == "gpt":
+        sim = simulated_s(tmp_path, name, GPT_MODEL, GPT_TRAINING)
+        real, wall = measured_s(gpt_step(GPT_MODEL, GPT_TRAINING["batch_per_gpu"]))
+    else:
+        sim = simulated_s(tmp_path, name, DLRM_MODEL, DLRM_TRAINING)
+        real, wall = measured_s(dlrm_step(DLRM_MODEL, DLRM_TRAINING["batch_per_gpu"]))
+    err = sim / real - 1
+    print(f"\n{name}: simulated {sim * 1e3:.1f} ms, measured {real * 1e3:.1f} ms (wall {wall * 1e3:.1f} ms), "
+          f"error {err:+.1%}")
+    assert abs(err) <= TOLERANCE

@@ -1,0 +1,82 @@
+"""What-if studies: variant expansion, resuming, failures recorded, a real local Dask cluster."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from conftest import ROOT
+
+from simgpu.errors import ConfigError
+from simgpu.whatif.__main__ import main
+from simgpu.whatif.runner import load_rows, run_study
+from simgpu.whatif.study import StudySpec, expand, load_study
+
+BASE = ROOT / "workloads" / "gpt2_small_pcie_4gpu.yaml"
+
+
+def study_file(tmp_path: Path, **extra) -> Path:
+    data = {"name": "t", "base": str(BASE), "set": {"model.layers": 1, "model.seq_len": 256}} | extra
+    p = tmp_path / "study.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def test_grid_and_list_expand_in_a_stable_order():
+    spec = StudySpec.model_validate({"name": "s", "base": "x.yaml", "set": {"a": 1},
+                                     "variants": [{"name": "v", "set": {"b": 2}}],
+                                     "grid": {"c": [1, 2], "d": ["x", "y"]}})
+    vs = expand(spec)
+    assert [v.name for v in vs] == ["v", "c=1, d=x", "c=1, d=y", "c=2, d=x", "c=2, d=y"]
+    assert all(v.overrides[0] == ("a", 1) for v in vs)
+    assert [v.id for v in vs] == [v.id for v in expand(spec)] and len({v.id for v in vs}) == 5
+
+
+def test_bad_study_files(tmp_path):
+    with pytest.raises(ConfigError, match=r"grid\.nodes: expected a non-empty list"):
+        load_study(study_file(tmp_path, grid={"nodes": []}))
+    with pytest.raises(ConfigError, match="base workload"):
+        load_study(study_file(tmp_path, base="nope.yaml"))
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_study(study_file(tmp_path, gird={"nodes": [1]}))
+
+
+def test_study_runs_records_failures_and_resumes(tmp_path, capsys):
+    p = study_file(tmp_path, grid={"platform.network.nic_gbps": [100, 400]},
+                   variants=[{"name": "typo", "set": {"model.layerz": 2}},
+                             {"name": "huge", "set": {"training.batch_per_gpu": 4096}}])
+    out = tmp_path / "out"
+    assert main([str(p), "--out", str(out), "--workers", "2", "--quiet"]) == 0
+    table = pd.read_csv(out / "results.csv").set_index("name")
+    assert table.loc["typo", "status"] == "invalid" and "model.layerz" in table.loc["typo", "why"]
+    assert table.loc["huge", "status"] == "infeasible" and "does not fit" in table.loc["huge", "why"]
+    ok = table[table["status"] == "ok"]
+    assert len(ok) == 2 and (ok["iteration_time_ms"] > 0).all()
+    assert (out / "bars.png").stat().st_size > 0 and (out / "lines.png").stat().st_size > 0
+    printed = capsys.readouterr().out
+    assert "rank" in printed and "infeasible" in printed
+    # an interrupted study resumes: drop one row and truncate the file mid-line
+    rows = load_rows(out / "results.jsonl")
+    (out / "results.jsonl").write_text("\n".join(json.dumps(r) for r in rows[:-1]) + '\n{"id": "trunc')
+    study = load_study(p)
+    ran = []
+    again = run_study(study, out, workers=1, progress=lambda i, n, r: ran.append(r["name"]))
+    assert len(ran) == 1 and len(again) == 4
+
+
+def test_dask_local_cluster(tmp_path):
+    distributed = pytest.importorskip("distributed")
+    p = study_file(tmp_path, grid={"platform.network.nic_gbps": [100, 800]})
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster:
+        rows = run_study(load_study(p), tmp_path / "dask", scheduler=cluster.scheduler_address)
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    assert rows[1]["iteration_time_ms"] <= rows[0]["iteration_time_ms"]
+
+
+def test_shipped_study_is_valid():
+    study = load_study(ROOT / "workloads" / "studies" / "faster_nic.yaml")
+    assert len(study.variants) == 8 and study.base.is_file()
