@@ -249,23 +249,29 @@ def assign_buckets(params: Sequence[Param], cap_bytes: float,
     return buckets
 
 
-class GradBuckets:
-    """One rank's DDP reducer: all-reduces each bucket once all of its gradients are ready.
+class BucketTracker:
+    """DDP's bucket bookkeeping: which buckets of gradients are complete, launched strictly in order.
 
-    Like DDP, buckets are launched strictly in order: a bucket whose gradients are ready waits for
-    the buckets before it. Each all-reduce depends on the op that produced the bucket's last
-    gradient (a CUDA event recorded on the compute stream).
+    A bucket whose gradients are all ready waits for the buckets before it; once it may go,
+    :meth:`_issue` is called with the bucket's index, its bytes (fp32 gradients) and the op that
+    produced its last gradient (the CUDA event its reduction waits for). Subclasses emit the reduction.
     """
 
-    def __init__(self, em: Emitter, buckets: Sequence[tuple[Param, ...]], group: tuple[int, ...],
-                 key: str = "dp") -> None:
-        self._em, self._group, self._key = em, group, key
+    def __init__(self, buckets: Sequence[tuple[Param, ...]]) -> None:
         self._buckets = list(buckets)
         self._pending = [{p.name for p in b} for b in self._buckets]
-        self._bucket_of = {p.name: i for i, b in enumerate(self._buckets) for p in b}
+        self._bucket_of: dict[str, int] = {}
+        for i, b in enumerate(self._buckets):
+            for p in b:
+                if p.name in self._bucket_of:
+                    raise ValueError(f"parameter {p.name} is in two buckets")
+                self._bucket_of[p.name] = i
         self._producer = [-1] * len(self._buckets)
         self._next = 0
-        self.all_reduces: list[int] = []
+        self.issued: list[int] = []
+
+    def _issue(self, i: int, nbytes: int, producer: int) -> int | None:
+        raise NotImplementedError
 
     def ready(self, params: Iterable[Param], op: int) -> None:
         """Mark the gradients of ``params`` produced by op ``op``; issue the buckets that completed."""
@@ -277,18 +283,30 @@ class GradBuckets:
             self._producer[b] = max(self._producer[b], op)
         while self._next < len(self._buckets) and not self._pending[self._next]:
             i = self._next
-            nbytes = sum(p.numel for p in self._buckets[i]) * GRAD_BYTES
-            call = CollectiveCall(f"{self._key}.bucket{i}", "all_reduce", self._group, nbytes)
-            self.all_reduces.append(self._em.collective(f"{self._key}.bucket{i}.all_reduce", call,
-                                                        phase="bwd", deps=(self._producer[i],)))
+            idx = self._issue(i, sum(p.numel for p in self._buckets[i]) * GRAD_BYTES, self._producer[i])
+            if idx is not None:
+                self.issued.append(idx)
             self._next += 1
 
     def done(self) -> tuple[int, ...]:
-        """Indices of all bucket all-reduces; raises if a gradient never became ready."""
+        """Indices of the reductions issued; raises if a gradient never became ready."""
         if self._next < len(self._buckets):
             missing = sorted(set().union(*self._pending[self._next:]))
             raise RuntimeError(f"gradients never produced: {', '.join(missing[:5])}")
-        return tuple(self.all_reduces)
+        return tuple(self.issued)
+
+
+class GradBuckets(BucketTracker):
+    """One rank's DDP reducer: all-reduces each bucket over ``group`` once its gradients are ready."""
+
+    def __init__(self, em: Emitter, buckets: Sequence[tuple[Param, ...]], group: tuple[int, ...],
+                 key: str = "dp") -> None:
+        super().__init__(buckets)
+        self._em, self._group, self._key = em, group, key
+
+    def _issue(self, i: int, nbytes: int, producer: int) -> int | None:
+        call = CollectiveCall(f"{self._key}.bucket{i}", "all_reduce", self._group, nbytes)
+        return self._em.collective(f"{self._key}.bucket{i}.all_reduce", call, phase="bwd", deps=(producer,))
 
 
 def optimizer_step(em: Emitter, numel: int, optimizer: str, *, deps: Iterable[int] = ()) -> int:
