@@ -45,6 +45,7 @@ CASES: dict[str, Callable[[], tuple[float, int]]] = {
     "dlrm 16 GPU (2x dgx_a100)": _workload("workloads/dlrm_2x_dgx_a100.yaml"),
     "gpt 1.3B 16 GPU (2x dgx_h100)": _workload("workloads/gpt_2x_dgx_h100.yaml"),
     "gpt 1.3B 64 GPU (8x dgx_h100)": _workload("workloads/gpt_2x_dgx_h100.yaml", "nodes=8", "parallelism.dp=64"),
+    "gpt-3 175B 1024 GPU (TP8 PP16 DP8)": _workload("workloads/gpt3_175b_1024x_a100.yaml"),
     "all-reduce 1 GB, 16 GPU": _allreduce("dgx_h100", 2, 1 << 30),
     "all-reduce 1 GB, 1024 GPU": _allreduce("dgx_h100", 128, 1 << 30),
     "all-reduce 1 GB, 4096 GPU": _allreduce("dgx_h100", 512, 1 << 30),
