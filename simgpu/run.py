@@ -22,6 +22,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--links", action="store_true", help="record link busy intervals and draw them")
     ap.add_argument("--format", choices=("csv", "parquet"), default="csv", help="records file format")
     ap.add_argument("--quiet", action="store_true", help="print only the iteration time")
+    ap.add_argument("--no-fold", action="store_true",
+                    help="simulate every rank, even where identical data-parallel replicas could be simulated once")
     return ap
 
 
@@ -35,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides = list(args.overrides) + ([f"seed={args.seed}"] if args.seed is not None else [])
         job = load_job(args.workload, overrides)
         t0 = time.perf_counter()
-        result = simulate(job, record_links=args.links)
+        result = simulate(job, record_links=args.links, fold=not args.no_fold)
         wall = time.perf_counter() - t0
         out = Path(args.out) if args.out else Path("out") / job.workload.name
         paths = write_outputs(result, out, links=args.links, records_format=args.format)

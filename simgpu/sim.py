@@ -15,15 +15,17 @@ from .comm.planner import Planner
 from .config.checks import check_memory, gpus_per_node
 from .config.loader import Job, load_job
 from .engine import Engine, EngineOptions, SimResult
+from .engine.fold import FoldBroken, fold_blocker
 from .kernels.base import make_predictor
 from .platform.topology import Topology
 from .workload.graph import Workload
 from .workload.registry import World, get_builder
 
 
-def build(job: Job) -> Workload:
-    """The per-rank op graph of ``job``, after checking that it fits in GPU memory."""
-    world = World(job.workload.nodes, gpus_per_node(job), job.platform.gpu.memory_gib)
+def build(job: Job, *, fold: bool = False) -> Workload:
+    """The per-rank op graph of ``job``, after checking that it fits in GPU memory; with ``fold``,
+    the builder may return one data-parallel replica's programs (see :mod:`simgpu.engine.fold`)."""
+    world = World(job.workload.nodes, gpus_per_node(job), job.platform.gpu.memory_gib, fold=fold)
     workload = get_builder(job.workload.model.kind)(job.workload, world)
     check_memory(job, workload)
     return workload
@@ -35,18 +37,47 @@ DEFAULT_KERNEL_MODEL = ("learned", "analytical")
 
 
 def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MODEL,
-             record_links: bool = False) -> SimResult:
-    """Simulate one training iteration of ``job``; ``kernel_model`` names a model or a chain of them."""
+             record_links: bool = False, fold: bool = True) -> SimResult:
+    """Simulate one training iteration of ``job``; ``kernel_model`` names a model or a chain of them.
+
+    With ``fold`` (the default), identical data-parallel replicas are simulated once where that is
+    exact (see :mod:`simgpu.engine.fold`): the records then cover the representative ranks only
+    (:meth:`SimResult.expanded` gives every rank's) and ``meta["fold"]`` says by how much; where
+    it is not exact, every rank is simulated and ``meta["fold_note"]`` says why.
+    """
     p = job.platform
-    workload = build(job)
     topo = Topology(p, job.workload.nodes, gpus_per_node(job))
-    durations, models = make_predictor(kernel_model, p).predict(workload.kernels)
+    note = "" if fold else "turned off"
+    if fold and record_links:
+        fold, note = False, "link intervals are recorded for every link"
+    workload = build(job, fold=fold)
+    if workload.replicas is not None:
+        blocker = fold_blocker(topo, workload.replicas)
+        if blocker is not None:
+            note = blocker
+            workload = build(job)
+    elif fold:
+        note = "no identical data-parallel replicas of whole nodes"
+    predictor = make_predictor(kernel_model, p)
     planner = Planner(topo, p.collectives, job.workload.comm.algorithm, job.workload.comm.protocol)
     options = EngineOptions(launch_s=p.host.launch_us * 1e-6, cpu_threads_per_node=p.host.cpu_threads,
                             overlap_slowdown=p.gpu.overlap_slowdown, record_links=record_links)
-    result = Engine(topo, workload, durations, models, planner, options).run()
+    durations, models = predictor.predict(workload.kernels)
+    try:
+        result = Engine(topo, workload, durations, models, planner, options).run()
+    except FoldBroken as e:
+        note = str(e)
+        workload = build(job)
+        durations, models = predictor.predict(workload.kernels)
+        result = Engine(topo, workload, durations, models, planner, options).run()
+    slack = float(result.meta.pop("fold_slack_s", 0.0))
+    if slack > 0:
+        note = (f"replicas sit differently on the leaf switches; their latencies differ by at most "
+                f"{slack * 1e6:.1f} us in all ({slack / max(result.iteration_time_s, 1e-30):.3%} of the iteration)")
     kernels = result.records[result.records["kind"] == "kernel"]
     share = (kernels.assign(d=kernels["end_s"] - kernels["start_s"]).groupby("model")["d"].sum())
+    reps = workload.replicas
+    result.replicas = reps
     result.meta.update(
         workload=job.workload.name, platform=p.name, gpu=p.gpu.name, nodes=topo.nodes, gpus=topo.world,
         samples=workload.samples, tokens=workload.tokens, model_flops=workload.model_flops,
@@ -54,6 +85,7 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
         gpu_memory_gib=p.gpu.memory_gib, memory_gib=[m.as_gib() for m in workload.memory],
         kernel_model_share={str(k): float(v) for k, v in share.items()}, seed=job.workload.seed,
         workload_file=job.workload_file, platform_file=job.platform_file,
+        fold=1 if reps is None else reps.factor, fold_note=note,
     )
     return result
 

@@ -41,22 +41,55 @@ def _allreduce(platform: str, nodes: int, nbytes: int) -> Callable[[], tuple[flo
     return run
 
 
-CASES: dict[str, Callable[[], tuple[float, int]]] = {
-    "dlrm 16 GPU (2x dgx_a100)": _workload("workloads/dlrm_2x_dgx_a100.yaml"),
-    "gpt 1.3B 16 GPU (2x dgx_h100)": _workload("workloads/gpt_2x_dgx_h100.yaml"),
-    "gpt 1.3B 64 GPU (8x dgx_h100)": _workload("workloads/gpt_2x_dgx_h100.yaml", "nodes=8", "parallelism.dp=64"),
-    "gpt-3 175B 1024 GPU (TP8 PP16 DP8)": _workload("workloads/gpt3_175b_1024x_a100.yaml"),
-    "all-reduce 1 GB, 16 GPU": _allreduce("dgx_h100", 2, 1 << 30),
-    "all-reduce 1 GB, 1024 GPU": _allreduce("dgx_h100", 128, 1 << 30),
-    "all-reduce 1 GB, 4096 GPU": _allreduce("dgx_h100", 512, 1 << 30),
+def _study(path: str) -> Callable[[], tuple[float, int]]:
+    """A what-if study on the local process pool (one worker per core), in a scratch folder; the
+    'events' column is the number of variants simulated."""
+    def run() -> tuple[float, int]:
+        import tempfile
+
+        from .whatif.runner import run_study
+        from .whatif.study import load_study
+
+        study = load_study(ROOT / path)
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = run_study(study, Path(tmp))
+        if any(r["status"] == "error" for r in rows):
+            raise RuntimeError(next(r["why"] for r in rows if r["status"] == "error"))
+        return 0.0, len(rows)
+    return run
+
+
+GPT3 = "workloads/gpt3_175b_1024x_a100.yaml"
+
+
+def _gpt3(dp: int) -> Callable[[], tuple[float, int]]:
+    """GPT-3 175B, TP8 PP16 1F1B with 16 micro-batches of 2 per pipeline, on ``128 * dp`` A100s."""
+    return _workload(GPT3, f"nodes={16 * dp}", f"parallelism.dp={dp}", f"training.global_batch={32 * dp}")
+
+
+#: name -> (GPUs, the case); the GPU count places the case on the scaling plot
+CASES: dict[str, tuple[int, Callable[[], tuple[float, int]]]] = {
+    "dlrm 8 GPU (dgx_a100, DCNv2)": (8, _workload("workloads/dlrm_dcnv2_dgx_a100.yaml")),
+    "dlrm 16 GPU (2x dgx_a100)": (16, _workload("workloads/dlrm_2x_dgx_a100.yaml")),
+    "gpt 1.3B 16 GPU (2x dgx_h100)": (16, _workload("workloads/gpt_2x_dgx_h100.yaml")),
+    "gpt 1.3B 64 GPU (TP8 DP8)": (64, _workload("workloads/gpt_2x_dgx_h100.yaml", "nodes=8", "parallelism.tp=8",
+                                                "parallelism.dp=8")),
+    "gpt-3 175B 128 GPU (TP8 PP16 DP1)": (128, _gpt3(1)),
+    "gpt-3 175B 1024 GPU (TP8 PP16 DP8)": (1024, _workload(GPT3)),
+    "gpt-3 175B 4096 GPU (TP8 PP16 DP32)": (4096, _gpt3(32)),
+    "gpt-3 175B 16384 GPU (TP8 PP16 DP128)": (16384, _gpt3(128)),
+    "study: 1000 variants of a 64-GPU GPT": (64, _study("workloads/studies/gpt_64gpu_1000.yaml")),
+    "all-reduce 1 GB, 16 GPU": (16, _allreduce("dgx_h100", 2, 1 << 30)),
+    "all-reduce 1 GB, 1024 GPU": (1024, _allreduce("dgx_h100", 128, 1 << 30)),
+    "all-reduce 1 GB, 4096 GPU": (4096, _allreduce("dgx_h100", 512, 1 << 30)),
 }
 
 
 def _measure(name: str, queue: mp.Queue[tuple[float, float, int, float]]) -> None:
     t0 = time.perf_counter()
-    simulated, events = CASES[name]()
+    simulated, events = CASES[name][1]()
     wall = time.perf_counter() - t0
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak_mib = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024
     queue.put((wall, simulated, events, peak_mib))
 
 
@@ -67,14 +100,71 @@ def _previous() -> dict[str, dict[str, float]]:
     return dict(json.loads(lines[-1])["cases"]) if lines else {}
 
 
+def profile(name: str, top: int = 20) -> str:
+    """cProfile of one case in this process: the functions with the most cumulative time."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    CASES[name][1]()
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).strip_dirs().sort_stats("cumulative").print_stats(top)
+    return buf.getvalue()
+
+
+def plot_scaling(path: Path, history: dict[str, dict[str, float]]) -> None:
+    """Wall time against GPUs of the recorded cases, one line per family of cases."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    families: dict[str, list[tuple[int, float]]] = {}
+    for name, (gpus, _) in CASES.items():
+        if name in history:
+            if name.startswith("study"):
+                continue
+            family = name.split(" ", 1)[0] if not name.startswith("all-reduce") else "all-reduce 1 GB"
+            family = {"gpt-3": "GPT-3 175B (TP8 PP16, folded)", "gpt": "GPT 1.3B", "dlrm": "DLRM"}.get(family, family)
+            families.setdefault(family, []).append((gpus, float(history[name]["wall_s"])))
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for family, points in sorted(families.items()):
+        points.sort()
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=family)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("GPUs simulated")
+    ax.set_ylabel("wall time of one iteration (s, one core)")
+    ax.grid(True, which="both", linewidth=0.3, alpha=0.5)
+    ax.legend(fontsize=8)
+    ax.set_title("simgpu's own cost (make bench)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m simgpu.speed", description=__doc__.splitlines()[0])
     ap.add_argument("-k", default="", help="run only cases whose name contains this text")
     ap.add_argument("--no-record", action="store_true", help=f"do not append this run to {HISTORY.name}")
+    ap.add_argument("--profile", action="store_true",
+                    help="instead of timing, profile the (first) matching case and print the top functions")
+    ap.add_argument("--plot", metavar="PNG", help="draw wall time against GPUs from the last recorded run")
     args = ap.parse_args(argv)
+    if args.profile:
+        name = next((n for n in CASES if args.k in n), None)
+        if name is None:
+            print(f"no case matches {args.k!r}", file=sys.stderr)
+            return 2
+        print(f"profile of {name}\n{profile(name)}")
+        return 0
     ctx = mp.get_context("spawn")
     before = _previous()
-    print(f"{'case':34} {'wall s':>8} {'vs last':>8} {'simulated ms':>13} {'events':>9} {'events/s':>10} "
+    print(f"{'case':40} {'wall s':>8} {'vs last':>8} {'simulated ms':>13} {'events':>9} {'events/s':>10} "
           f"{'peak MiB':>9}")
     cases: dict[str, dict[str, float]] = {}
     for name in CASES:
@@ -88,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rate = f"{events / wall:,.0f}" if events else "-"
         last = before.get(name, {}).get("wall_s")
         ratio = f"{wall / last:7.2f}x" if last else "      -"
-        print(f"{name:34} {wall:8.2f} {ratio:>8} {simulated * 1e3:13.3f} {events:9,d} {rate:>10} {peak:9.0f}",
+        print(f"{name:40} {wall:8.2f} {ratio:>8} {simulated * 1e3:13.3f} {events:9,d} {rate:>10} {peak:9.0f}",
               flush=True)
         cases[name] = {"wall_s": round(wall, 3), "events": events, "peak_mib": round(peak, 1)}
     if not args.no_record and cases:
@@ -97,6 +187,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         with HISTORY.open("a") as f:
             f.write(json.dumps({"when": time.strftime("%Y-%m-%dT%H:%M:%S"), "cases": merged}) + "\n")
         print(f"recorded in {HISTORY.relative_to(ROOT)}")
+    if args.plot:
+        plot_scaling(Path(args.plot), {**before, **cases})
+        print(f"wrote {args.plot}")
     return 0
 
 

@@ -16,11 +16,7 @@ from simgpu.__main__ import main as cli_main
 from simgpu.report import summarize
 from simgpu.run import main
 
-#: Workloads of hundreds of GPUs take minutes to simulate today: the suite checks that they load and
-#: fit, and `make bench` simulates them.
-LARGE = {"gpt3_175b_1024x_a100", "llama2_70b_64x_h100"}
-ALL_WORKLOADS = sorted((ROOT / "workloads").glob("*.yaml"))
-WORKLOADS = [p for p in ALL_WORKLOADS if p.stem not in LARGE]
+WORKLOADS = sorted((ROOT / "workloads").glob("*.yaml"))
 GOLDEN = ROOT / "tests" / "golden" / "workloads.json"
 TOLERANCE = 0.02  # golden figures may drift this much (relative) before the test fails
 
@@ -47,13 +43,6 @@ def test_workload_runs_and_writes_outputs(path: Path, tmp_path: Path, capsys):
         assert got == pytest.approx(want, rel=TOLERANCE, abs=1e-3), (
             f"{path.stem} {key}: {got} vs golden {want}; if the change is intended, regenerate with "
             f"`python tests/test_run.py`")
-
-
-@pytest.mark.parametrize("path", [p for p in ALL_WORKLOADS if p.stem in LARGE],
-                         ids=[p.stem for p in ALL_WORKLOADS if p.stem in LARGE])
-def test_large_workloads_load_and_pass_their_rules(path: Path):
-    job = load_job(path)
-    assert job.workload.nodes * (job.workload.gpus_per_node or job.platform.node.gpus) >= 64
 
 
 def test_same_inputs_same_timeline(tmp_path: Path):

@@ -16,6 +16,11 @@ op: the CPU thread's issue times are computed as it walks the program (it only s
 ``host_wait``), and each op costs one event for its end, plus one for its start when it is issued
 after the stream and its dependencies are ready.
 
+A folded workload (programs for one data-parallel replica, see :mod:`simgpu.engine.fold`) runs
+the representative ranks only: a collective that spans replicas starts when its representative
+members have arrived (the others arrive at the same time, by symmetry) and moves the
+representative replica's share of its transfers.
+
 The engine knows no model family and calls no kernel model: kernel durations arrive as an array.
 """
 
@@ -35,6 +40,7 @@ from ..comm.planner import Planner
 from ..errors import SimulationError
 from ..platform.topology import Topology
 from ..workload.graph import CollectiveCall, Op, Workload
+from .fold import SLACK_FRACTION, FoldBroken, FoldMap
 from .result import LINK_RECORD_COLUMNS, LINK_STAT_COLUMNS, RECORD_COLUMNS, SimResult
 
 
@@ -51,6 +57,7 @@ class EngineOptions:
 @dataclass
 class _Rendezvous:
     call: CollectiveCall
+    needed: int  # members that arrive (the representatives among them, when folded)
     arrived: dict[int, tuple[CollectiveCall, int]] = field(default_factory=dict)  # rank -> (call, op index)
 
 
@@ -107,8 +114,12 @@ class Engine:
 
     def __init__(self, topo: Topology, workload: Workload, durations: np.ndarray, models: list[str],
                  planner: Planner, options: EngineOptions) -> None:
-        if len(workload.programs) != topo.world:
-            raise ValueError(f"workload has {len(workload.programs)} ranks, topology {topo.world} GPUs")
+        reps = workload.replicas
+        self.fold = FoldMap(topo, reps) if reps is not None else None
+        expected = topo.world if reps is None else len(reps.representatives())
+        if len(workload.programs) != expected:
+            raise ValueError(f"workload has {len(workload.programs)} programs, {expected} expected "
+                             f"({topo.world} GPUs{'' if reps is None else f', folded by {reps.factor}'})")
         if len(durations) != len(workload.kernels):
             raise ValueError("one duration per kernel spec is needed")
         self.topo, self.workload, self.planner, self.opt = topo, workload, planner, options
@@ -119,18 +130,24 @@ class Engine:
         self.records: list[tuple[Any, ...]] = []
         self._rv: dict[str, _Rendezvous] = {}
         self._comm_active = np.zeros(topo.world, dtype=np.int64)
-        self._ranks: list[_Rank] = []
+        self._ranks: dict[int, _Rank] = {}
         self.ops_run = 0
         self.events = 0
+        #: folded: the sum of latency differences between replicas met so far (see simgpu.engine.fold)
+        self.fold_slack_s = 0.0
 
     def run(self) -> SimResult:
         topo = self.topo
         share = max(1.0, topo.gpus_per_node / max(1, self.opt.cpu_threads_per_node))
-        self._ranks = [_Rank(p.rank, p.ops, share) for p in self.workload.programs]
-        for r in self._ranks:
+        self._ranks = {p.rank: _Rank(p.rank, p.ops, share) for p in self.workload.programs}
+        for r in self._ranks.values():
             self._walk(r)
         self.env.run()
         self._check_finished()
+        if self.fold is not None and self.fold_slack_s > SLACK_FRACTION * self.env.now:
+            raise FoldBroken(f"replicas sit differently on the leaf switches: their latencies differ by up to "
+                             f"{self.fold_slack_s * 1e6:.1f} us in all, more than {SLACK_FRACTION:.1%} of the "
+                             "iteration")
         self.net.finish()
         return self._result()
 
@@ -215,7 +232,10 @@ class Engine:
             self._at(self.env.now + dur, lambda: self._finish(r, i))
         elif op.kind == "memcpy":
             route = self.topo.host_route(r.rank, to_device=True)
-            self.net.transfer(route, op.nbytes, self.topo.route_latency(route)).callbacks.append(
+            latency = self.topo.route_latency(route)
+            if self.fold is not None:
+                route = self.fold.route(route)
+            self.net.transfer(route, op.nbytes, latency).callbacks.append(
                 lambda _e: self._finish(r, i))
         elif op.kind == "collective":
             self._arrive(r, i, op)
@@ -260,7 +280,9 @@ class Engine:
             raise SimulationError(f"rank {rank} issues collective {call.key!r} but is not in its group")
         rv = self._rv.get(call.key)
         if rv is None:
-            rv = self._rv[call.key] = _Rendezvous(call)
+            needed = len(call.group) if self.fold is None else sum(
+                1 for m in call.group if self.fold.replicas.is_rep(m))
+            rv = self._rv[call.key] = _Rendezvous(call, needed)
         elif (rv.call.op, rv.call.group) != (call.op, call.group) or (
                 call.send_bytes is None and rv.call.nbytes != call.nbytes):
             raise SimulationError(f"collective {call.key!r}: rank {rank} issues {call.op} of "
@@ -268,15 +290,21 @@ class Engine:
                                   f"{rv.call.op} of {rv.call.nbytes} B over {len(rv.call.group)}")
         rv.arrived[rank] = (call, i)
         self._comm_active[rank] += 1
-        if len(rv.arrived) < len(call.group):
+        if len(rv.arrived) < rv.needed:
             return
         if rv.call.duration_s is not None:
             self._at(self.env.now + rv.call.duration_s, lambda: self._complete(rv))
             return
-        plan = self.planner.plan(self._request(rv))
+        req = self._request(rv)
+        plan = self.planner.plan(req)
+        if self.fold is None:
+            items = [(t.links, t.nbytes) for t in plan.transfers]
+        else:
+            items = self.fold.transfers(plan, rv.call.group)
+            self.fold_slack_s += self.fold.latency_slack(self.planner, req, plan)
 
         def move() -> None:
-            events = self.net.transfer_all([(t.links, t.nbytes) for t in plan.transfers])
+            events = self.net.transfer_all(items)
             if not events:
                 self._complete(rv)
                 return
@@ -294,6 +322,8 @@ class Engine:
 
     def _complete(self, rv: _Rendezvous) -> None:
         for rank in rv.call.group:
+            if rank not in rv.arrived:
+                continue  # another replica's member (folded)
             _, i = rv.arrived[rank]
             self._comm_active[rank] -= 1
             self._finish(self._ranks[rank], i)
@@ -302,6 +332,8 @@ class Engine:
         c = rv.call
         matrix = None
         if c.op == "all_to_all" and any(a.send_bytes is not None for a, _ in rv.arrived.values()):
+            if self.fold is not None and self.fold.spans_replicas(c.group):
+                raise FoldBroken(f"{c.key}: an uneven all-to-all across replicas")
             rows = []
             for r in c.group:
                 a = rv.arrived[r][0]
@@ -313,7 +345,7 @@ class Engine:
     # -- results ----------------------------------------------------------------------------------
 
     def _check_finished(self) -> None:
-        for r in self._ranks:
+        for r in self._ranks.values():
             for op, done in zip(r.ops, r.done, strict=True):
                 if not done:
                     detail = ""
@@ -342,4 +374,5 @@ class Engine:
                                         columns=list(LINK_RECORD_COLUMNS))
         iteration = float(records["end_s"].max()) if len(records) else 0.0
         events = self.ops_run + self.events + self.net.transfers + self.net.reschedules
-        return SimResult(records, stats, iteration, events, {}, link_records)
+        meta = {} if self.fold is None else {"fold_slack_s": self.fold_slack_s}
+        return SimResult(records, stats, iteration, events, meta, link_records)

@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
+
+from ..workload.graph import Replicas
 
 #: Columns of :attr:`SimResult.records`, one row per interval on a rank's CPU thread or stream.
 RECORD_COLUMNS = (
@@ -39,7 +42,11 @@ class SimResult:
     ``meta`` holds the facts the report needs and that are not intervals: workload and platform
     names, ``nodes``, ``gpus``, ``samples``, ``tokens``, ``model_flops``, ``peak_flops_per_gpu``,
     ``memory_gib`` (a list of per-rank dicts), ``kernel_model_share`` (simulated kernel seconds per
-    model name) and ``seed``.
+    model name), ``seed``, ``fold`` (how many identical replicas each simulated rank stands for) and
+    ``fold_note`` (why the replicas were not folded, if they were not).
+
+    When ``replicas`` is set (a folded simulation), ``records`` and ``link_stats`` cover the
+    representative ranks and their nodes only; :meth:`expanded` gives every rank's records.
     """
 
     records: pd.DataFrame
@@ -48,3 +55,19 @@ class SimResult:
     events: int
     meta: dict[str, Any] = field(default_factory=dict)
     link_records: pd.DataFrame | None = None
+    replicas: Replicas | None = None
+
+    def expanded(self) -> pd.DataFrame:
+        """The records of every rank: a folded simulation's records copied onto each replica."""
+        rep = self.replicas
+        if rep is None:
+            return self.records
+        ranks = self.records["rank"].to_numpy(dtype=np.int64)
+        base, off = np.divmod(ranks, rep.block)
+        parts = []
+        for k in range(rep.factor):
+            part = self.records.copy()
+            part["rank"] = base * rep.block + (off + k * rep.unit) % rep.block
+            parts.append(part)
+        out = pd.concat(parts, ignore_index=True)
+        return out.sort_values(["rank", "stream", "start_s", "end_s"], kind="stable").reset_index(drop=True)

@@ -93,6 +93,8 @@ class Topology:
                     leaf = self.leaf_of(n, k)
                     self._add(f"n{n}.nic{k}->{leaf}", "nic", self.nic_bw, net.latency_us * 0.5e-6)
                     self._add(f"{leaf}->n{n}.nic{k}", "nic", self.nic_bw, net.latency_us * 0.5e-6)
+        #: links of each node, added node by node: node n's are ids [n * links_per_node, (n + 1) * ...)
+        self.links_per_node = len(self.links) // nodes
         self._leaves = sorted({self.leaf_of(n, k) for n in range(nodes) for k in range(K)}) if nodes > 1 else []
         if len(self._leaves) > 1:
             for leaf in self._leaves:
@@ -128,6 +130,10 @@ class Topology:
         return g * p.network.nics_per_node // p.node.gpus
 
     # -- queries --------------------------------------------------------------------------------
+
+    def spine_links(self) -> list[int]:
+        """Ids of the leaf-to-spine links (shared by nodes; every other link belongs to one node)."""
+        return list(range(self.nodes * self.links_per_node, len(self.links)))
 
     @property
     def world(self) -> int:

@@ -238,6 +238,8 @@ def build_timeline_figure(
     title = f"{where}: iteration {t_ms:.3f} ms"
     if len(drawn_ranks) < len(all_ranks):
         title += f"  (first {len(drawn_ranks)} of {len(all_ranks)} ranks shown)"
+    if result.replicas is not None:
+        title += f"\nrepresentative ranks of {result.replicas.factor} identical data-parallel replicas"
     ax.set_title(title)
     if legend:
         ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)

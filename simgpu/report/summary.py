@@ -152,11 +152,15 @@ def _ms(seconds: float) -> float | None:
     return round_sig(seconds * 1e3)
 
 
-def _rank_axis(records: pd.DataFrame, meta: Mapping[str, Any]) -> IntArray:
-    """Ranks the summary covers: every rank in the records and, when known, 0 .. gpus-1."""
+def _rank_axis(result: SimResult) -> IntArray:
+    """Ranks the summary computes: every rank in the records and, when known, 0 .. gpus-1 (the
+    representative ranks only, for a folded simulation)."""
+    records, meta = result.records, result.meta
     ranks = set(int(r) for r in pd.unique(records["rank"])) if len(records) else set()
     gpus = meta.get("gpus")
-    if isinstance(gpus, (int, np.integer)) and not isinstance(gpus, bool) and gpus > 0:
+    if result.replicas is not None:
+        ranks.update(result.replicas.representatives())
+    elif isinstance(gpus, (int, np.integer)) and not isinstance(gpus, bool) and gpus > 0:
         ranks.update(range(int(gpus)))
     return np.array(sorted(ranks), dtype=np.int64)
 
@@ -172,7 +176,7 @@ def rank_breakdown(result: SimResult) -> pd.DataFrame:
     """
     t = float(result.iteration_time_s)
     rec = result.records
-    ranks = _rank_axis(rec, result.meta)
+    ranks = _rank_axis(result)
     n = len(ranks)
     cols = ["compute_s", "communication_s", "exposed_communication_s", "idle_s", "cpu_busy_s"]
     if n == 0:
@@ -209,6 +213,11 @@ def rank_breakdown(result: SimResult) -> pd.DataFrame:
         },
         index=pd.Index(ranks, name="rank"),
     )
+    rep = result.replicas
+    if rep is not None:  # every rank has its representative's breakdown
+        every = np.arange(rep.world, dtype=np.int64)
+        base, off = np.divmod(every, rep.block)
+        out = out.loc[base * rep.block + off % rep.unit].set_axis(pd.Index(every, name="rank"))
     return out
 
 
@@ -220,7 +229,7 @@ def category_times(result: SimResult) -> pd.Series:
     """
     t = float(result.iteration_time_s)
     rec = result.records
-    ranks = _rank_axis(rec, result.meta)
+    ranks = _rank_axis(result)
     if len(rec) == 0 or len(ranks) == 0:
         return pd.Series(dtype=np.float64, name="seconds")
     on_gpu = (rec["stream"].astype(str) != "cpu").to_numpy()
@@ -385,4 +394,6 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "seed": _jsonable(seed),
         "events": int(result.events),
     })
+    if "fold" in meta:  # how many identical data-parallel replicas each simulated rank stood for
+        out["fold"] = {"replicas": int(meta["fold"]), "note": str(meta.get("fold_note", ""))}
     return out

@@ -140,13 +140,56 @@ class MemoryEstimate:
         return d
 
 
+@dataclass(frozen=True, slots=True)
+class Replicas:
+    """Identical data-parallel replicas, of which a folded workload holds only the first.
+
+    Ranks come in pipeline-stage blocks of ``block`` consecutive ranks; within a block, ranks
+    ``[0, unit)`` are the representatives and a shift by ``unit`` (modulo the block) maps every
+    rank's program onto the next replica's: the same ops, with every collective's group shifted
+    the same way. ``factor`` = ``block // unit`` replicas stand for one. ``unit`` is a whole
+    number of nodes, so the shift also maps nodes onto nodes (see :mod:`simgpu.engine.fold`).
+    """
+
+    world: int
+    block: int
+    unit: int
+
+    def __post_init__(self) -> None:
+        if self.unit < 1 or self.block % self.unit or self.world % self.block:
+            raise ValueError(f"replicas: unit {self.unit} must divide block {self.block}, "
+                             f"which must divide the world {self.world}")
+
+    @property
+    def factor(self) -> int:
+        return self.block // self.unit
+
+    def is_rep(self, rank: int) -> bool:
+        return rank % self.block < self.unit
+
+    def rep(self, rank: int) -> int:
+        """The representative that ``rank`` is an image of."""
+        base, off = divmod(rank, self.block)
+        return base * self.block + off % self.unit
+
+    def shift(self, rank: int, k: int = 1) -> int:
+        """``rank``'s image ``k`` replicas further on."""
+        base, off = divmod(rank, self.block)
+        return base * self.block + (off + k * self.unit) % self.block
+
+    def representatives(self) -> list[int]:
+        return [b + o for b in range(0, self.world, self.block) for o in range(self.unit)]
+
+
 @dataclass
 class Workload:
     """What a builder returns: per-rank programs and the facts the report needs.
 
     ``kernels`` is the table of distinct kernel shapes that ``Op.kernel`` indexes.
     ``samples`` and ``tokens`` are per iteration over the whole job; ``model_flops`` is the
-    useful (model) FLOPs of one iteration over the whole job, for MFU.
+    useful (model) FLOPs of one iteration over the whole job, for MFU. ``programs`` has one
+    program per rank in rank order, or, when ``replicas`` is set (a folded workload), one per
+    representative rank only; ``memory`` is always per rank of the whole world.
     """
 
     name: str
@@ -157,6 +200,7 @@ class Workload:
     tokens: int = 0
     model_flops: float = 0.0
     compute_dtype: str = "fp32"
+    replicas: Replicas | None = None
 
 
 class KernelTable:

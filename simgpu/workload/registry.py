@@ -17,11 +17,15 @@ from .graph import Workload
 class World:
     """Where the job runs: ``nodes`` x ``gpus_per_node`` ranks; rank r is GPU ``r % gpus_per_node``
     of node ``r // gpus_per_node``. ``gpu_memory_gib`` (None: unknown) lets a builder that makes
-    placement choices, such as the DLRM's sharding planner, keep them within memory."""
+    placement choices, such as the DLRM's sharding planner, keep them within memory. ``fold``: the
+    caller accepts a folded workload (programs for one data-parallel replica only, with
+    :class:`~simgpu.workload.graph.Replicas` saying which ranks they stand for) where the builder
+    can prove the replicas identical."""
 
     nodes: int
     gpus_per_node: int
     gpu_memory_gib: float | None = None
+    fold: bool = False
 
     @property
     def size(self) -> int:

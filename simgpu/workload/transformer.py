@@ -24,9 +24,9 @@ from ..config.workload import WorkloadSpec
 from .blocks import Blocks
 from .common import Param, assign_buckets, is_mixed, optimizer_step
 from .dataparallel import GradSink, NoSync, Reducer
-from .graph import CollectiveOp, KernelTable, Program, Workload
+from .graph import CollectiveOp, KernelTable, Program, Replicas, Workload
 from .memory import stage_memory, weight_bytes
-from .parallel import Coord
+from .parallel import Coord, Layout
 from .pipeline import Batch, Step, plan
 from .registry import World, register
 from .shapes import (
@@ -258,11 +258,28 @@ def _unit_name(u: Unit) -> str:
     return u.name if isinstance(u, Block) else str(u)
 
 
+def replicas(lay: Layout, gpus_per_node: int) -> Replicas | None:
+    """The data-parallel replicas of ``lay`` as identical units of whole nodes, or None.
+
+    Every rank of a stage runs the same program, so shifting the data-parallel coordinate by a
+    multiple of ``ep`` (expert groups stay whole) maps the job onto itself. The unit is the smallest
+    such shift whose ranks fill whole nodes and that divides ``dp``; None when no unit leaves at
+    least two replicas.
+    """
+    per_dp = lay.tp * lay.cp
+    for u in range(lay.ep, lay.dp // 2 + 1, lay.ep):
+        if lay.dp % u == 0 and (u * per_dp) % gpus_per_node == 0:
+            return Replicas(world=lay.world, block=per_dp * lay.dp, unit=per_dp * u)
+    return None
+
+
 @register("transformer")
 def build(spec: WorkloadSpec, world: World) -> Workload:
-    """One program per pipeline stage, retargeted to each of its ranks."""
+    """One program per pipeline stage, retargeted to each of its ranks (to each representative
+    rank only, when ``world.fold`` and the replicas fold)."""
     s = make_setup(spec, world)
     lay = s.layout
+    fold = replicas(lay, world.gpus_per_node) if world.fold else None
     kernels = KernelTable()
     programs: dict[int, Program] = {}
     memory = {}
@@ -270,11 +287,12 @@ def build(spec: WorkloadSpec, world: World) -> Workload:
         em = _Stage(s, stage, kernels).build()
         mem = stage_memory(s, stage)
         for r in lay.stage_ranks(stage):
-            programs[r] = retarget(em, r)
+            if fold is None or fold.is_rep(r):
+                programs[r] = retarget(em, r)
             memory[r] = mem
     samples = s.global_batch
-    return Workload(name=spec.name, programs=[programs[r] for r in range(lay.world)], kernels=kernels.specs,
+    return Workload(name=spec.name, programs=[programs[r] for r in sorted(programs)], kernels=kernels.specs,
                     memory=[memory[r] for r in range(lay.world)], samples=samples,
                     tokens=samples * s.model.seq_len, model_flops=model_flops(s.model, samples),
-                    compute_dtype=s.precision)
+                    compute_dtype=s.precision, replicas=fold)
 

@@ -1,0 +1,185 @@
+"""Folding identical data-parallel replicas: the same iteration as simulating every rank.
+
+Each case is simulated both ways; folded, the iteration time is within 0.5% (in practice equal) and
+every rank's breakdown and every record (copied onto the replicas) match the full simulation. The
+cases include contention (data-parallel reductions overlapping pipeline traffic on the same NICs)
+and the situations where the fold must turn itself off: an oversubscribed core, a plan that is not
+the same from every replica (a double binary tree), replicas that do not fill whole nodes, a DLRM.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from conftest import ROOT
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from simgpu import load_job, simulate
+from simgpu.config.checks import gpus_per_node
+from simgpu.config.loader import load_platform
+from simgpu.engine import core
+from simgpu.engine.fold import FoldMap
+from simgpu.platform.topology import Topology
+from simgpu.report.summary import rank_breakdown, summarize
+from simgpu.workload.graph import Replicas
+
+GPT3 = ROOT / "workloads" / "gpt3_175b_1024x_a100.yaml"
+GPT = ROOT / "workloads" / "gpt_2x_dgx_h100.yaml"
+#: GPT-3's layer shapes, cut to fit the suite: 8 nodes of 8 A100s unless a case says otherwise
+SMALL_GPT3 = ["model.layers=8", "training.global_batch=32", "nodes=8", "parallelism.tp=8",
+              "parallelism.pp=2", "parallelism.dp=4"]
+
+
+def both(path, overrides):
+    job = load_job(path, overrides)
+    return simulate(job, fold=False), simulate(job)
+
+
+def assert_same(full, folded, factor):
+    assert folded.meta["fold"] == factor, folded.meta["fold_note"]
+    assert full.meta["fold"] == 1
+    assert folded.iteration_time_s == pytest.approx(full.iteration_time_s, rel=5e-3)
+    a, b = rank_breakdown(full), rank_breakdown(folded)
+    assert list(a.index) == list(b.index) == list(range(full.meta["gpus"]))
+    np.testing.assert_allclose(b.to_numpy(), a.to_numpy(), rtol=1e-6, atol=1e-9)
+    ea, eb = full.records, folded.expanded()
+    assert len(ea) == len(eb)
+    assert (ea["name"].to_numpy() == eb["name"].to_numpy()).all()
+    np.testing.assert_allclose(eb[["start_s", "end_s"]].to_numpy(), ea[["start_s", "end_s"]].to_numpy(),
+                               rtol=1e-6, atol=1e-9)
+    sa, sb = summarize(full), summarize(folded)
+    assert sb["breakdown_ms"] == pytest.approx(sa["breakdown_ms"], rel=1e-5)
+    assert sb["categories_ms"] == pytest.approx(sa["categories_ms"], rel=1e-5)
+
+
+@pytest.mark.parametrize("extra, factor", [
+    ([], 4),                                                        # TP8 PP2 DP4, ZeRO-1, 1F1B
+    (["parallelism.zero=0", "comm.algorithm=ring"], 4),             # DDP all-reduce on rings
+    (["parallelism.pp_schedule=interleaved", "parallelism.virtual_stages=2"], 4),
+    (["parallelism.tp=4", "parallelism.dp=8"], 4),                  # two replicas in a node: unit of 2
+    (["parallelism.zero=3"], 4),                                    # FSDP gathers every block
+], ids=["zero1", "ddp-ring", "interleaved", "tp4", "zero3"])
+def test_folded_gpt_equals_full(extra, factor):
+    full, folded = both(GPT3, SMALL_GPT3 + extra)
+    assert_same(full, folded, factor)
+
+
+def test_folded_moe_equals_full():
+    """Mixtral-style experts: the all-to-alls stay inside an expert group of whole nodes."""
+    full, folded = both(ROOT / "workloads" / "mixtral_8x7b_64x_h100.yaml",
+                        ["model.layers=4", "nodes=4", "parallelism.pp=2", "training.global_batch=64"])
+    assert_same(full, folded, 2)
+    assert (full.records["category"] == "all_to_all").any()
+
+
+def test_folded_data_parallel_64_gpus_equals_full():
+    full, folded = both(GPT, ["nodes=8", "parallelism.dp=64", "comm.algorithm=ring", "model.layers=4"])
+    assert_same(full, folded, 8)
+
+
+def test_folded_128_gpus_with_contention_equals_full():
+    """16 nodes; the data-parallel reduce-scatters of the last micro-batch overlap the pipeline's
+    sends on the same NICs, and a slower NIC makes them contend harder."""
+    full, folded = both(GPT3, ["model.layers=8", "training.global_batch=32", "nodes=16", "parallelism.tp=8",
+                               "parallelism.pp=4", "parallelism.dp=4", "platform.network.nic_gbps=25"])
+    assert_same(full, folded, 4)
+    assert (full.records["kind"] == "collective").any()
+
+
+def test_replicas_placed_differently_on_leaves_stay_within_their_latency_budget():
+    """Leaves of 6 nodes cut the second 4-node stage: a pipeline hop crosses the spine in some
+    replicas and not in others. Only the spine's latency differs; the fold bounds it and stays on."""
+    full, folded = both(GPT3, SMALL_GPT3 + ["platform.network.nodes_per_leaf=6"])
+    assert folded.meta["fold"] == 4 and "leaf switches" in folded.meta["fold_note"]
+    assert folded.iteration_time_s == pytest.approx(full.iteration_time_s, rel=5e-3)
+    np.testing.assert_allclose(rank_breakdown(folded).to_numpy(), rank_breakdown(full).to_numpy(),
+                               rtol=5e-3, atol=5e-3 * full.iteration_time_s)
+
+
+@pytest.mark.parametrize("extra, reason", [
+    (["platform.network.nodes_per_leaf=6", "platform.network.spine_latency_us=100"], "planned differently"),
+    (["platform.network.oversubscription=4", "platform.network.nodes_per_leaf=2"], "oversubscribed"),
+    (["parallelism.zero=0", "comm.algorithm=tree"], "not the same seen from every replica"),
+], ids=["slow-spine-other-protocol", "oversubscribed-core", "tree"])
+def test_fold_turns_itself_off(extra, reason):
+    full, folded = both(GPT3, SMALL_GPT3 + extra)
+    assert folded.meta["fold"] == 1 and reason in folded.meta["fold_note"]
+    assert folded.iteration_time_s == full.iteration_time_s
+    assert summarize(folded)["fold"]["note"] == folded.meta["fold_note"]
+
+
+def test_fold_gives_up_when_latency_differences_add_up(monkeypatch):
+    """The same placement with a 10 us spine: 1.6 ms of latency differences in all, 0.22% of the
+    iteration; with a budget of 0.1% the fold gives up and every rank is simulated."""
+    extra = SMALL_GPT3 + ["platform.network.nodes_per_leaf=6", "platform.network.spine_latency_us=10"]
+    job = load_job(GPT3, extra)
+    within = simulate(job)
+    assert within.meta["fold"] == 4 and "0.219%" in within.meta["fold_note"]
+    monkeypatch.setattr(core, "SLACK_FRACTION", 0.001)
+    over = simulate(job)
+    assert over.meta["fold"] == 1 and "more than 0.1%" in over.meta["fold_note"]
+    assert within.iteration_time_s == pytest.approx(over.iteration_time_s, rel=5e-3)
+
+
+def test_replicas_that_straddle_nodes_are_not_folded():
+    """6 data-parallel ranks per stage on 4-GPU nodes: no shift of whole nodes maps the job onto itself."""
+    folded = simulate(load_job(GPT, ["platform=pcie_4gpu", "nodes=3", "parallelism.dp=6", "parallelism.pp=2",
+                                     "model.layers=4", "training.batch_per_gpu=1"]))
+    assert folded.meta["fold"] == 1 and "whole nodes" in folded.meta["fold_note"]
+
+
+def test_dlrm_is_not_folded():
+    r = simulate(load_job(ROOT / "workloads" / "dlrm_2x_dgx_a100.yaml"))
+    assert r.meta["fold"] == 1 and r.replicas is None
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tp=st.sampled_from([2, 4, 8]), pp=st.sampled_from([1, 2]), dp=st.sampled_from([2, 4, 8]),
+       mb=st.sampled_from([1, 2]), zero=st.sampled_from([0, 1]))
+def test_fold_is_exact_wherever_it_is_used(tp, pp, dp, mb, zero):
+    nodes = tp * pp * dp // 8
+    if nodes < 1:
+        return
+    extra = ["model.layers=4", f"nodes={nodes}", f"parallelism.tp={tp}", f"parallelism.pp={pp}",
+             f"parallelism.dp={dp}", f"parallelism.zero={zero}", "training.micro_batch=1",
+             f"training.global_batch={dp * mb * max(pp, 2)}"]
+    full, folded = both(GPT3, extra)
+    if folded.meta["fold"] > 1:
+        assert_same(full, folded, folded.meta["fold"])
+    else:
+        assert folded.iteration_time_s == full.iteration_time_s
+
+
+def test_fold_map_is_a_shift_of_whole_nodes():
+    p, _ = load_platform("dgx_a100")
+    topo = Topology(p, 8)
+    fm = FoldMap(topo, Replicas(world=64, block=32, unit=8))
+    names = [lk.name for lk in topo.links]
+    for lid, nxt in enumerate(fm.to_next):
+        if nxt < 0:
+            assert topo.links[lid].kind == "spine"
+            continue
+        a, b = names[lid], names[nxt]
+        na, nb = (int(re.search(r"(?:^|>)n(\d+)\.", x).group(1)) for x in (a, b))  # type: ignore[union-attr]
+        assert nb == (na // 4) * 4 + (na % 4 + 1) % 4  # a stage block of 4 nodes, one replica per node
+
+        def shape(x: str) -> str:  # the link without its node and leaf numbers
+            return re.sub(r"(leaf\d+)\.\d+", r"\1", re.sub(r"(^|>)n\d+\.", r"\1n.", x))
+        assert shape(a) == shape(b)
+        assert topo.links[lid].capacity == topo.links[nxt].capacity
+    assert sorted(fm.to_next[fm.to_next >= 0]) == list(range(topo.nodes * topo.links_per_node))
+    reps = {int(x) for x in fm.to_rep if x >= 0}
+    assert {int(re.search(r"(?:^|>)n(\d+)\.", names[x]).group(1)) for x in reps} == {0, 4}  # type: ignore[union-attr]
+
+
+def test_replicas_maps():
+    r = Replicas(world=24, block=12, unit=4)
+    assert r.factor == 3 and r.representatives() == [0, 1, 2, 3, 12, 13, 14, 15]
+    assert [r.shift(x) for x in (0, 5, 11, 13)] == [4, 9, 3, 17]
+    assert [r.rep(x) for x in (0, 5, 11, 23)] == [0, 1, 3, 15]
+    with pytest.raises(ValueError):
+        Replicas(world=24, block=12, unit=5)
+    assert gpus_per_node(load_job(GPT3)) == 8
