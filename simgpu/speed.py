@@ -21,12 +21,12 @@ ROOT = Path(__file__).resolve().parents[1]
 HISTORY = ROOT / "tests" / "benchmarks" / "history.jsonl"
 
 
-def _workload(path: str, *overrides: str) -> Callable[[], tuple[float, int]]:
+def _workload(path: str, *overrides: str, fold: bool = True) -> Callable[[], tuple[float, int]]:
     def run() -> tuple[float, int]:
         from .config.loader import load_job
         from .sim import simulate
 
-        r = simulate(load_job(ROOT / path, list(overrides)))
+        r = simulate(load_job(ROOT / path, list(overrides)), fold=fold)
         return r.iteration_time_s, r.events
     return run
 
@@ -76,6 +76,7 @@ CASES: dict[str, tuple[int, Callable[[], tuple[float, int]]]] = {
                                                 "parallelism.dp=8")),
     "gpt-3 175B 128 GPU (TP8 PP16 DP1)": (128, _gpt3(1)),
     "gpt-3 175B 1024 GPU (TP8 PP16 DP8)": (1024, _workload(GPT3)),
+    "gpt-3 175B 1024 GPU, every rank": (1024, _workload(GPT3, fold=False)),
     "gpt-3 175B 4096 GPU (TP8 PP16 DP32)": (4096, _gpt3(32)),
     "gpt-3 175B 16384 GPU (TP8 PP16 DP128)": (16384, _gpt3(128)),
     "study: 1000 variants of a 64-GPU GPT": (64, _study("workloads/studies/gpt_64gpu_1000.yaml")),
@@ -100,19 +101,44 @@ def _previous() -> dict[str, dict[str, float]]:
     return dict(json.loads(lines[-1])["cases"]) if lines else {}
 
 
-def profile(name: str, top: int = 20) -> str:
-    """cProfile of one case in this process: the functions with the most cumulative time."""
+def _where(filename: str) -> str:
+    """A profiled function's file, as ``simgpu/engine/core.py`` or ``simpy/core.py``."""
+    if filename == "~":
+        return "(built-in functions: len, list and dict methods, heapq, ...)"
+    path = Path(filename)
+    parts = path.parts
+    if "site-packages" in parts:
+        return "/".join(parts[parts.index("site-packages") + 1:])
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return path.name
+
+
+def profile(name: str, top: int = 15) -> str:
+    """cProfile of one case in this process: own time by file, then the functions with the most
+    cumulative time."""
     import cProfile
-    import io
     import pstats
 
     prof = cProfile.Profile()
     prof.enable()
     CASES[name][1]()
     prof.disable()
-    buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).strip_dirs().sort_stats("cumulative").print_stats(top)
-    return buf.getvalue()
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    total = sum(v[2] for v in stats.values())
+    by_file: dict[str, float] = {}
+    for (filename, _, _), (_, _, own, _, _) in stats.items():
+        where = _where(filename)
+        by_file[where] = by_file.get(where, 0.0) + own
+    lines = [f"{total:.1f} s profiled; own time by file:"]
+    for where, t in sorted(by_file.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"  {t:7.2f} s {t / total:6.1%}  {where}")
+    lines.append("functions by cumulative time:")
+    ranked = sorted(stats.items(), key=lambda kv: -kv[1][3])
+    for (filename, line, func), (_, calls, _, cum, _) in ranked[:top]:
+        lines.append(f"  {cum:7.2f} s {calls:>10,d} calls  {_where(filename)}:{line} {func}")
+    return "\n".join(lines)
 
 
 def plot_scaling(path: Path, history: dict[str, dict[str, float]]) -> None:
@@ -128,13 +154,20 @@ def plot_scaling(path: Path, history: dict[str, dict[str, float]]) -> None:
             if name.startswith("study"):
                 continue
             family = name.split(" ", 1)[0] if not name.startswith("all-reduce") else "all-reduce 1 GB"
-            family = {"gpt-3": "GPT-3 175B (TP8 PP16, folded)", "gpt": "GPT 1.3B", "dlrm": "DLRM"}.get(family, family)
+            family = {"gpt-3": "GPT-3 175B (TP8 PP16, replicas folded)", "gpt": "GPT 1.3B",
+                      "dlrm": "DLRM"}.get(family, family)
+            if name.endswith("every rank"):
+                family = "GPT-3 175B, every rank simulated"
             families.setdefault(family, []).append((gpus, float(history[name]["wall_s"])))
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for family, points in sorted(families.items()):
         points.sort()
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=family)
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="s" if len(points) == 1 else "o",
+                linestyle="-" if len(points) > 1 else "none", label=family)
     ax.set_xscale("log", base=2)
+    ticks = sorted({g for g, _ in CASES.values()})
+    ax.set_xticks(ticks, [f"{g:,}" for g in ticks], fontsize=7)
+    ax.minorticks_off()
     ax.set_yscale("log")
     ax.set_xlabel("GPUs simulated")
     ax.set_ylabel("wall time of one iteration (s, one core)")

@@ -7,6 +7,7 @@ meet the error threshold, and complete model x batch groups the rank-correlation
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -77,3 +78,15 @@ def test_metrics() -> None:
     assert vi.geomean_error(df) == pytest.approx(2 ** (5 / 6) - 1)
     rho = vi.spearman(df).set_index("global_batch")["rho"]
     assert rho[1] == pytest.approx(1.0) and rho[2] == pytest.approx(0.5)
+
+
+def test_hit_rates() -> None:
+    df = pd.DataFrame({"hidden": 1, "heads": 1, "layers": 1, "seq_len": 1, "gpus": 8,
+                       "global_batch": [1, 1, 1, 1, 2, 2, 2, 2, 3],
+                       "predicted_ms": [1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 3.0, 4.0, 1.0],
+                       "measured_ms": [5.0, 6.0, 7.0, 8.0, 9.0, 8.0, 7.0, 6.0, 1.0]})
+    h = vi.hit_rates(df)
+    # batch 1: predicted fastest is the measured fastest; batch 2: the measured fastest is predicted 4th;
+    # batch 3 has one configuration only and is no choice
+    assert h["choices"] == 2 and h["top1"] == 0.5 and h["top3"] == 0.5
+    assert h["regret"] == pytest.approx(np.sqrt(1.0 * 9.0 / 6.0) - 1)

@@ -15,7 +15,9 @@ on host-bound rows of the 12-layer models only (:func:`calibrate_host_overhead`)
 
 Scores: the geometric-mean absolute error of iteration time, ``exp(mean |ln(pred / meas)|) - 1``
 (the project's convention), and, within each model and global batch, the Spearman rank
-correlation of predicted and measured time over the parallel configurations. ``python -m
+correlation of predicted and measured time over the parallel configurations; and, as a search would
+use the predictions, how often the predicted fastest configuration of a model, batch and GPU count
+is the measured fastest (:func:`hit_rates`). ``python -m
 simgpu.validate.iterations`` runs every row (or ``--sample N``) and prints both.
 """
 
@@ -151,6 +153,36 @@ def spearman(df: pd.DataFrame, min_size: int = 3) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=[*GROUP_KEYS, "n", "rho"])
 
 
+#: A choice among parallel configurations: one model, global batch and number of GPUs.
+CHOICE_KEYS = (*GROUP_KEYS, "gpus")
+
+
+def hit_rates(df: pd.DataFrame, tops: Sequence[int] = (1, 3), min_size: int = 2) -> dict[str, float]:
+    """How often ranking a choice's configurations by predicted time finds the measured fastest.
+
+    A choice is a model, global batch and GPU count with at least ``min_size`` measured
+    configurations (tp, dp, pp, micro-batch); ``top{k}`` is the fraction of choices whose measured
+    fastest configuration is among the ``k`` predicted fastest. ``regret`` is the geometric mean
+    of measured time of the predicted fastest over the measured fastest, minus one (what picking by
+    prediction costs).
+    """
+    hits = dict.fromkeys(tops, 0)
+    n, regrets = 0, []
+    for _, g in df.groupby(list(CHOICE_KEYS)):
+        if len(g) < min_size:
+            continue
+        n += 1
+        order = g.sort_values(["predicted_ms", "measured_ms"], kind="stable")
+        best = g["measured_ms"].idxmin()
+        for k in tops:
+            hits[k] += int(best in order.index[:k])
+        regrets.append(float(order["measured_ms"].iloc[0] / g["measured_ms"].min()))
+    out = {f"top{k}": hits[k] / n if n else float("nan") for k in tops}
+    out["choices"] = float(n)
+    out["regret"] = float(np.expm1(np.mean(np.log(regrets)))) if regrets else float("nan")
+    return out
+
+
 def stratified_sample(cases: pd.DataFrame, per_stratum: int, seed: int = 0) -> pd.DataFrame:
     """Up to ``per_stratum`` rows of each (GPUs, tp, pp, micro-batch) stratum, drawn with ``seed``."""
     rng = np.random.default_rng(seed)
@@ -260,6 +292,10 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"max {s['max_abs_error']:.1%}")
     print(f"Spearman over {len(groups)} model x batch groups: min {s['spearman_min']:.3f}  "
           f"median {s['spearman_median']:.3f}")
+    h = hit_rates(df)
+    print(f"choosing the parallel configuration of {h['choices']:.0f} model x batch x GPUs choices by prediction: "
+          f"top-1 {h['top1']:.1%}  top-3 {h['top3']:.1%}  (geomean cost of the pick vs the measured best "
+          f"{h['regret']:.1%})")
     by = df.assign(abs_err=df["error"].abs()).groupby(["tp", "pp"])["abs_err"].median()
     print("median |error| by (tp, pp):", ", ".join(f"{k}: {v:.1%}" for k, v in by.items()))
     return 0
