@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -15,17 +16,19 @@ from .comm.planner import Planner
 from .config.checks import check_memory, gpus_per_node
 from .config.loader import Job, load_job
 from .engine import Engine, EngineOptions, SimResult
-from .engine.fold import FoldBroken, fold_blocker
+from .engine.fold import FoldBroken, fold_blocker, local_shift_unit
 from .kernels.base import make_predictor
 from .platform.topology import Topology
 from .workload.graph import Workload
 from .workload.registry import World, get_builder
 
 
-def build(job: Job, *, fold: bool = False) -> Workload:
+def build(job: Job, *, fold: bool = False, topo: Topology | None = None) -> Workload:
     """The per-rank op graph of ``job``, after checking that it fits in GPU memory; with ``fold``,
-    the builder may return one data-parallel replica's programs (see :mod:`simgpu.engine.fold`)."""
-    world = World(job.workload.nodes, gpus_per_node(job), job.platform.gpu.memory_gib, fold=fold)
+    the builder may return the representative ranks' programs only (see :mod:`simgpu.engine.fold`),
+    folding ranks inside a node too where ``topo`` shows the node symmetric."""
+    local = partial(local_shift_unit, topo) if fold and topo is not None else None
+    world = World(job.workload.nodes, gpus_per_node(job), job.platform.gpu.memory_gib, fold=fold, local_unit=local)
     workload = get_builder(job.workload.model.kind)(job.workload, world)
     check_memory(job, workload)
     return workload
@@ -40,8 +43,9 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
              record_links: bool = False, fold: bool = True) -> SimResult:
     """Simulate one training iteration of ``job``; ``kernel_model`` names a model or a chain of them.
 
-    With ``fold`` (the default), identical data-parallel replicas are simulated once where that is
-    exact (see :mod:`simgpu.engine.fold`): the records then cover the representative ranks only
+    With ``fold`` (the default), identical ranks (data-parallel replicas, tensor-parallel ranks inside
+    a node) are simulated once where that is exact (see :mod:`simgpu.engine.fold`): the records then
+    cover the representative ranks only
     (:meth:`SimResult.expanded` gives every rank's) and ``meta["fold"]`` says by how much; where
     it is not exact, every rank is simulated and ``meta["fold_note"]`` says why.
     """
@@ -50,26 +54,35 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
     note = "" if fold else "turned off"
     if fold and record_links:
         fold, note = False, "link intervals are recorded for every link"
-    workload = build(job, fold=fold)
+    workload = build(job, fold=fold, topo=topo)
     if workload.replicas is not None:
         blocker = fold_blocker(topo, workload.replicas)
         if blocker is not None:
             note = blocker
             workload = build(job)
     elif fold:
-        note = "no identical data-parallel replicas of whole nodes"
+        note = "no identical ranks that fill whole nodes or sit alike inside nodes"
     predictor = make_predictor(kernel_model, p)
     planner = Planner(topo, p.collectives, job.workload.comm.algorithm, job.workload.comm.protocol)
     options = EngineOptions(launch_s=p.host.launch_us * 1e-6, cpu_threads_per_node=p.host.cpu_threads,
                             overlap_slowdown=p.gpu.overlap_slowdown, record_links=record_links)
     durations, models = predictor.predict(workload.kernels)
-    try:
-        result = Engine(topo, workload, durations, models, planner, options).run()
-    except FoldBroken as e:
-        note = str(e)
-        workload = build(job)
-        durations, models = predictor.predict(workload.kernels)
-        result = Engine(topo, workload, durations, models, planner, options).run()
+    inside = True  # fold ranks inside nodes too
+    while True:
+        try:
+            result = Engine(topo, workload, durations, models, planner, options).run()
+            break
+        except FoldBroken as e:
+            note = str(e)
+            if e.inside_nodes and inside:  # try again with whole nodes folded only
+                inside = False
+                note = f"not folded inside nodes: {e}"
+                workload = build(job, fold=True)
+            else:
+                workload = build(job)
+            if workload.replicas is None or fold_blocker(topo, workload.replicas) is not None:
+                workload = build(job)
+            durations, models = predictor.predict(workload.kernels)
     slack = float(result.meta.pop("fold_slack_s", 0.0))
     if slack > 0:
         note = (f"replicas sit differently on the leaf switches; their latencies differ by at most "

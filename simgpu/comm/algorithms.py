@@ -129,13 +129,16 @@ def _ring_orders(group: tuple[int, ...], topo: Topology, spec: CollectiveSpec) -
 
 
 def _channel_start(members: list[int], c: int, topo: Topology) -> int:
-    """Where channel ``c`` enters a node: the first member on the channel's NIC, so that the
-    channels of a collective spread over all the node's NICs (else round robin over members)."""
-    nics = topo.platform.network.nics_per_node
+    """Where channel ``c`` enters a node: the channels take the NICs of the node's members in turn
+    (in NIC order), so that they spread over all of them; a NIC shared by several members gives the
+    next of them each time round. On a full node of one NIC per GPU, channel c enters at GPU c."""
+    by_nic: dict[int, list[int]] = {}
     for k, g in enumerate(members):
-        if topo.nic_of(g) == c % nics and c < nics:
-            return k
-    return c % len(members)
+        by_nic.setdefault(topo.nic_of(g), []).append(k)
+    nics = sorted(by_nic)
+    turn, i = divmod(c, len(nics))
+    ks = by_nic[nics[i]]
+    return ks[turn % len(ks)]
 
 
 def _step_cost(proto: ProtocolSpec, hardware: str) -> float:

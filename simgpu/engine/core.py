@@ -146,7 +146,7 @@ class Engine:
         self._check_finished()
         if self.fold is not None and self.fold_slack_s > SLACK_FRACTION * self.env.now:
             raise FoldBroken(f"replicas sit differently on the leaf switches: their latencies differ by up to "
-                             f"{self.fold_slack_s * 1e6:.1f} us in all, more than {SLACK_FRACTION:.1%} of the "
+                             f"{self.fold_slack_s * 1e6:.1f} us in all, more than {SLACK_FRACTION:.2%} of the "
                              "iteration")
         self.net.finish()
         return self._result()
@@ -300,7 +300,7 @@ class Engine:
         if self.fold is None:
             items = [(t.links, t.nbytes) for t in plan.transfers]
         else:
-            items = self.fold.transfers(plan, rv.call.group)
+            items = self.fold.transfers(self.planner, req, plan)
             self.fold_slack_s += self.fold.latency_slack(self.planner, req, plan)
 
         def move() -> None:

@@ -58,16 +58,19 @@ class SimResult:
     replicas: Replicas | None = None
 
     def expanded(self) -> pd.DataFrame:
-        """The records of every rank: a folded simulation's records copied onto each replica."""
+        """The records of every rank: a folded simulation's records copied onto each image."""
         rep = self.replicas
         if rep is None:
             return self.records
-        ranks = self.records["rank"].to_numpy(dtype=np.int64)
-        base, off = np.divmod(ranks, rep.block)
-        parts = []
-        for k in range(rep.factor):
-            part = self.records.copy()
-            part["rank"] = base * rep.block + (off + k * rep.unit) % rep.block
-            parts.append(part)
+        parts = [self.records]
+        for level, (block, unit) in enumerate(rep.levels):
+            grown = []
+            for part in parts:
+                ranks = part["rank"].to_numpy(dtype=np.int64)
+                for k in range(1, block // unit):
+                    image = part.copy()
+                    image["rank"] = rep.shift_all(ranks, k, level)
+                    grown.append(image)
+            parts += grown
         out = pd.concat(parts, ignore_index=True)
         return out.sort_values(["rank", "stream", "start_s", "end_s"], kind="stable").reset_index(drop=True)

@@ -239,7 +239,7 @@ def build_timeline_figure(
     if len(drawn_ranks) < len(all_ranks):
         title += f"  (first {len(drawn_ranks)} of {len(all_ranks)} ranks shown)"
     if result.replicas is not None:
-        title += f"\nrepresentative ranks of {result.replicas.factor} identical data-parallel replicas"
+        title += f"\nrepresentative ranks, each standing for {result.replicas.factor} identical ranks"
     ax.set_title(title)
     if legend:
         ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)

@@ -216,8 +216,7 @@ def rank_breakdown(result: SimResult) -> pd.DataFrame:
     rep = result.replicas
     if rep is not None:  # every rank has its representative's breakdown
         every = np.arange(rep.world, dtype=np.int64)
-        base, off = np.divmod(every, rep.block)
-        out = out.loc[base * rep.block + off % rep.unit].set_axis(pd.Index(every, name="rank"))
+        out = out.loc[rep.reps_of(every)].set_axis(pd.Index(every, name="rank"))
     return out
 
 
@@ -394,6 +393,6 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "seed": _jsonable(seed),
         "events": int(result.events),
     })
-    if "fold" in meta:  # how many identical data-parallel replicas each simulated rank stood for
+    if "fold" in meta:  # how many identical ranks each simulated rank stood for
         out["fold"] = {"replicas": int(meta["fold"]), "note": str(meta.get("fold_note", ""))}
     return out

@@ -36,8 +36,8 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         lines.append(f"traced step  {_f(measured)} ms   simulated / traced  {_pct(t, measured).strip()}")
     fold = summary.get("fold") or {}
     if fold.get("replicas", 1) > 1:
-        lines.append(f"folded  {fold['replicas']} identical data-parallel replicas simulated as one; the "
-                     f"timeline shows the representative ranks" + (f" ({fold['note']})" if fold.get("note") else ""))
+        lines.append(f"folded  each simulated rank stands for {fold['replicas']} identical ranks; the timeline "
+                     f"shows the representatives" + (f" ({fold['note']})" if fold.get("note") else ""))
 
     b = summary.get("breakdown_ms") or {}
     lines.append("")

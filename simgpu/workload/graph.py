@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
+
 OpKind = Literal["kernel", "collective", "memcpy", "host_wait", "host"]
 CollectiveOp = Literal[
     "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "send_recv"
@@ -142,43 +144,70 @@ class MemoryEstimate:
 
 @dataclass(frozen=True, slots=True)
 class Replicas:
-    """Identical data-parallel replicas, of which a folded workload holds only the first.
+    """Identical ranks, of which a folded workload holds one of each kind: the representatives.
 
-    Ranks come in pipeline-stage blocks of ``block`` consecutive ranks; within a block, ranks
-    ``[0, unit)`` are the representatives and a shift by ``unit`` (modulo the block) maps every
-    rank's program onto the next replica's: the same ops, with every collective's group shifted
-    the same way. ``factor`` = ``block // unit`` replicas stand for one. ``unit`` is a whole
-    number of nodes, so the shift also maps nodes onto nodes (see :mod:`simgpu.engine.fold`).
+    Each level ``(block, unit)`` of ``levels`` is a shift: ranks come in blocks of ``block``
+    consecutive ranks, and moving every rank ``unit`` further within its block (modulo the block)
+    maps every rank's program onto another's: the same ops, with every collective's group moved the
+    same way. Identical data-parallel replicas are one level (a block is a pipeline stage's ranks, a
+    unit one replica of whole nodes); identical tensor-parallel ranks inside a node can be another
+    (a block is a tensor-parallel group, a unit the GPUs of a PCIe switch). A level's block divides
+    the unit of every level before it, so the shifts commute. The representatives are the ranks in
+    the first ``unit`` of their block at every level; ``factor`` ranks stand for each.
     """
 
     world: int
-    block: int
-    unit: int
+    levels: tuple[tuple[int, int], ...]
 
     def __post_init__(self) -> None:
-        if self.unit < 1 or self.block % self.unit or self.world % self.block:
-            raise ValueError(f"replicas: unit {self.unit} must divide block {self.block}, "
-                             f"which must divide the world {self.world}")
+        if not self.levels:
+            raise ValueError("replicas need at least one level")
+        for i, (block, unit) in enumerate(self.levels):
+            if unit < 1 or block % unit or self.world % block:
+                raise ValueError(f"replicas: unit {unit} must divide block {block}, which must divide the "
+                                 f"world {self.world}")
+            if any(u % block for _, u in self.levels[:i]):
+                raise ValueError(f"replicas: block {block} must divide the units of the levels before it")
 
     @property
     def factor(self) -> int:
-        return self.block // self.unit
+        out = 1
+        for block, unit in self.levels:
+            out *= block // unit
+        return out
 
     def is_rep(self, rank: int) -> bool:
-        return rank % self.block < self.unit
+        return all(rank % block < unit for block, unit in self.levels)
 
     def rep(self, rank: int) -> int:
         """The representative that ``rank`` is an image of."""
-        base, off = divmod(rank, self.block)
-        return base * self.block + off % self.unit
+        for block, unit in self.levels:
+            base, off = divmod(rank, block)
+            rank = base * block + off % unit
+        return rank
 
-    def shift(self, rank: int, k: int = 1) -> int:
-        """``rank``'s image ``k`` replicas further on."""
-        base, off = divmod(rank, self.block)
-        return base * self.block + (off + k * self.unit) % self.block
+    def reps_of(self, ranks: np.ndarray) -> np.ndarray:
+        """:meth:`rep` of every rank in an integer array."""
+        out = np.asarray(ranks, dtype=np.int64)
+        for block, unit in self.levels:
+            base, off = np.divmod(out, block)
+            out = base * block + off % unit
+        return out
+
+    def shift(self, rank: int, k: int = 1, level: int = 0) -> int:
+        """``rank``'s image ``k`` units further on at ``level``."""
+        block, unit = self.levels[level]
+        base, off = divmod(rank, block)
+        return base * block + (off // unit + k) % (block // unit) * unit + off % unit
+
+    def shift_all(self, ranks: np.ndarray, k: int, level: int) -> np.ndarray:
+        """:meth:`shift` of every rank in an integer array."""
+        block, unit = self.levels[level]
+        base, off = np.divmod(np.asarray(ranks, dtype=np.int64), block)
+        return base * block + (off // unit + k) % (block // unit) * unit + off % unit
 
     def representatives(self) -> list[int]:
-        return [b + o for b in range(0, self.world, self.block) for o in range(self.unit)]
+        return [r for r in range(self.world) if self.is_rep(r)]
 
 
 @dataclass

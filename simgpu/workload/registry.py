@@ -26,6 +26,10 @@ class World:
     gpus_per_node: int
     gpu_memory_gib: float | None = None
     fold: bool = False
+    #: given a block of consecutive GPUs inside a node, the smallest shift of the GPUs within every
+    #: such block that maps the topology onto itself (the block's size where none does); None: no
+    #: shift inside nodes is known to be a symmetry
+    local_unit: Callable[[int], int] | None = None
 
     @property
     def size(self) -> int:

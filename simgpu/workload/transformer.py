@@ -258,19 +258,28 @@ def _unit_name(u: Unit) -> str:
     return u.name if isinstance(u, Block) else str(u)
 
 
-def replicas(lay: Layout, gpus_per_node: int) -> Replicas | None:
-    """The data-parallel replicas of ``lay`` as identical units of whole nodes, or None.
+def replicas(lay: Layout, world: World) -> Replicas | None:
+    """The identical ranks of ``lay`` as levels of :class:`Replicas`, or None.
 
     Every rank of a stage runs the same program, so shifting the data-parallel coordinate by a
-    multiple of ``ep`` (expert groups stay whole) maps the job onto itself. The unit is the smallest
-    such shift whose ranks fill whole nodes and that divides ``dp``; None when no unit leaves at
-    least two replicas.
+    multiple of ``ep`` (expert groups stay whole) maps the job onto itself: the data-parallel level's
+    unit is the smallest such shift whose ranks fill whole nodes and that divides ``dp``. Shifting
+    the tensor-parallel coordinate does too; where a tensor-parallel group lies inside a node, its
+    level's unit is the smallest shift of GPUs that the node's topology allows
+    (``world.local_unit``). Levels that leave one copy are dropped.
     """
+    gpn = world.gpus_per_node
     per_dp = lay.tp * lay.cp
+    levels: list[tuple[int, int]] = []
     for u in range(lay.ep, lay.dp // 2 + 1, lay.ep):
-        if lay.dp % u == 0 and (u * per_dp) % gpus_per_node == 0:
-            return Replicas(world=lay.world, block=per_dp * lay.dp, unit=per_dp * u)
-    return None
+        if lay.dp % u == 0 and (u * per_dp) % gpn == 0:
+            levels.append((per_dp * lay.dp, per_dp * u))
+            break
+    if world.local_unit is not None and 1 < lay.tp <= gpn and gpn % lay.tp == 0:
+        unit = world.local_unit(lay.tp)
+        if unit < lay.tp:
+            levels.append((lay.tp, unit))
+    return Replicas(world=lay.world, levels=tuple(levels)) if levels else None
 
 
 @register("transformer")
@@ -279,7 +288,7 @@ def build(spec: WorkloadSpec, world: World) -> Workload:
     rank only, when ``world.fold`` and the replicas fold)."""
     s = make_setup(spec, world)
     lay = s.layout
-    fold = replicas(lay, world.gpus_per_node) if world.fold else None
+    fold = replicas(lay, world) if world.fold else None
     kernels = KernelTable()
     programs: dict[int, Program] = {}
     memory = {}
