@@ -53,9 +53,9 @@ Scores (:func:`summary`): the geometric-mean absolute error of seconds per itera
 rank correlation of predicted and measured times, and whether the predicted fastest row is the
 measured fastest, over the topology sweep and over all rows (where the models differ in size).
 No threshold: ``python -m simgpu.validate.bloom`` reports. A row's simulation time and memory grow
-with its micro-batches x layers (the data-parallel replicas are folded into one): about 25 s and
-1.6 GB for 32 micro-batches of 78 layers, 2 min and 5.6 GB for 128 of 72; the micro-batch 1 rows
-have 170-512 micro-batches (``--rows N`` takes the N cheapest rows, :func:`cost`).
+with its micro-batches x layers (identical ranks are folded: two of each stage's eight
+tensor-parallel ranks, one data-parallel replica); the 32 rows take about 14 minutes on two cores
+(``--rows N`` takes the N cheapest rows, :func:`cost`).
 """
 
 from __future__ import annotations
