@@ -23,7 +23,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--format", choices=("csv", "parquet"), default="csv", help="records file format")
     ap.add_argument("--quiet", action="store_true", help="print only the iteration time")
     ap.add_argument("--no-fold", action="store_true",
-                    help="simulate every rank, even where identical data-parallel replicas could be simulated once")
+                    help="simulate every rank, even where identical ranks could be simulated once")
     return ap
 
 

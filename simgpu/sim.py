@@ -74,14 +74,13 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
             break
         except FoldBroken as e:
             note = str(e)
-            if e.inside_nodes and inside:  # try again with whole nodes folded only
-                inside = False
-                note = f"not folded inside nodes: {e}"
-                workload = build(job, fold=True)
-            else:
-                workload = build(job)
-            if workload.replicas is None or fold_blocker(topo, workload.replicas) is not None:
-                workload = build(job)
+            workload = build(job, fold=e.inside_nodes and inside)  # whole nodes folded only, if that may hold
+            inside = False
+            if workload.replicas is not None:
+                if fold_blocker(topo, workload.replicas) is None:
+                    note = f"not folded inside nodes: {e}"
+                else:
+                    workload = build(job)
             durations, models = predictor.predict(workload.kernels)
     slack = float(result.meta.pop("fold_slack_s", 0.0))
     if slack > 0:

@@ -16,10 +16,10 @@ op: the CPU thread's issue times are computed as it walks the program (it only s
 ``host_wait``), and each op costs one event for its end, plus one for its start when it is issued
 after the stream and its dependencies are ready.
 
-A folded workload (programs for one data-parallel replica, see :mod:`simgpu.engine.fold`) runs
-the representative ranks only: a collective that spans replicas starts when its representative
+A folded workload (programs for the representatives of identical ranks, see
+:mod:`simgpu.engine.fold`) runs those ranks only: a collective starts when its representative
 members have arrived (the others arrive at the same time, by symmetry) and moves the
-representative replica's share of its transfers.
+representatives' share of its transfers.
 
 The engine knows no model family and calls no kernel model: kernel durations arrive as an array.
 """

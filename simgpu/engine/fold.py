@@ -64,6 +64,13 @@ class FoldBroken(SimulationError):
 
 
 def _local_link_perm(topo: Topology, block: int, unit: int) -> np.ndarray | None:
+    key = ("local_link_perm", block, unit)
+    if key not in topo.memo:
+        topo.memo[key] = _induced_link_perm(topo, block, unit)
+    return topo.memo[key]  # type: ignore[return-value]
+
+
+def _induced_link_perm(topo: Topology, block: int, unit: int) -> np.ndarray | None:
     """The permutation of one node's links (indices within the node) that shifting its GPUs by
     ``unit`` within every block of ``block`` consecutive GPUs induces; None where it induces none
     (a PCIe switch or NIC whose GPUs' images are not on one switch or NIC, a missing NVLink wire)
@@ -72,9 +79,8 @@ def _local_link_perm(topo: Topology, block: int, unit: int) -> np.ndarray | None
     if gpn % block or block % unit or unit == block:
         return None
     gpu = {g: (g // block) * block + (g % block + unit) % block for g in range(gpn)}
-    sw_of = topo._gpu_switch
+    sw_of = [topo.switch_of(g) for g in range(gpn)]
     nic_of = [topo.nic_of(g) for g in range(gpn)]
-    nic_sw = topo._nic_switch
 
     def induced(pairs: list[tuple[int, int]]) -> dict[int, int] | None:
         out: dict[int, int] = {}
@@ -87,7 +93,7 @@ def _local_link_perm(topo: Topology, block: int, unit: int) -> np.ndarray | None
     if nic is None:
         return None
     sw = induced([(sw_of[g], sw_of[gpu[g]]) for g in range(gpn)]
-                 + [(nic_sw[k], nic_sw[nic[k]]) for k in nic])
+                 + [(topo.nic_switch(k), topo.nic_switch(nic[k])) for k in nic])
     if sw is None:
         return None
     tables = {"gpu": gpu, "pcisw": sw, "nic": nic}
@@ -107,7 +113,7 @@ def _local_link_perm(topo: Topology, block: int, unit: int) -> np.ndarray | None
     perm = np.empty(per, dtype=np.int64)
     for i, name in enumerate(names):
         target = image(name)
-        if target is None or target not in topo._ids:
+        if target is None or not topo.has_link(target):
             return None
         perm[i] = topo.link_id(target)
     order = block // unit
@@ -160,7 +166,6 @@ class FoldMap:
         if reason is not None:
             raise ValueError(f"cannot fold: {reason}")
         self.topo, self.replicas = topo, replicas
-        self.factor = replicas.factor
         gpn, per = topo.gpus_per_node, topo.links_per_node
         n_links = len(topo.links)
         node_links = topo.nodes * per

@@ -131,6 +131,17 @@ class Topology:
 
     # -- queries --------------------------------------------------------------------------------
 
+    def switch_of(self, local_gpu: int) -> int:
+        """The PCIe switch (index within its node) of local GPU ``local_gpu``."""
+        return self._gpu_switch[local_gpu]
+
+    def nic_switch(self, nic: int) -> int:
+        """The PCIe switch (index within its node) of NIC ``nic``."""
+        return self._nic_switch[nic]
+
+    def has_link(self, name: str) -> bool:
+        return name in self._ids
+
     def spine_links(self) -> list[int]:
         """Ids of the leaf-to-spine links (shared by nodes; every other link belongs to one node)."""
         return list(range(self.nodes * self.links_per_node, len(self.links)))

@@ -61,11 +61,9 @@ tensor-parallel ranks, one data-parallel replica); the 32 rows take about 14 min
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +72,7 @@ import pandas as pd
 
 from ..config.loader import Job, load_platform
 from ..config.workload import WorkloadSpec
-from .iterations import HOST_OVERHEAD_US
+from .iterations import HOST_OVERHEAD_US, simulate_all
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "iterations" / "bigscience"
 CHRONICLE = Path("train") / "tr11-176B-ml" / "chronicles-prequel.md"
@@ -274,13 +272,7 @@ def _simulate(data: dict[str, Any]) -> float:
 
 def predict(rows: pd.DataFrame, workers: int | None = None, heads: int = HEADS) -> pd.DataFrame:
     """``rows`` with ``predicted_s``, ``measured_s`` and ``error`` (predicted / measured - 1)."""
-    jobs = [workload(r, heads) for r in rows.itertuples()]
-    n = workers or min(len(jobs), os.cpu_count() or 1)
-    if n > 1:
-        with ProcessPoolExecutor(n) as pool:
-            times = list(pool.map(_simulate, jobs, chunksize=1))
-    else:
-        times = [_simulate(j) for j in jobs]
+    times = simulate_all(_simulate, [workload(r, heads) for r in rows.itertuples()], workers)
     out = rows.copy()
     out["predicted_s"] = times
     out["measured_s"] = out["sec_per_it"]

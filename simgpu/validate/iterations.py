@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -120,16 +120,20 @@ def _simulate(args: tuple[dict[str, Any], str]) -> float:
     return simulate(job).iteration_time_s * 1e3
 
 
+def simulate_all(fn: Callable[[Any], float], jobs: Sequence[Any], workers: int | None = None) -> list[float]:
+    """``fn`` of every job, in order, on a process pool of ``workers`` (default: one per core)."""
+    n = workers or min(len(jobs), os.cpu_count() or 1)
+    if n <= 1:
+        return [fn(j) for j in jobs]
+    with ProcessPoolExecutor(n) as pool:
+        return list(pool.map(fn, jobs, chunksize=1))
+
+
 def predict(cases: pd.DataFrame, *, host_overhead_us: float | None = HOST_OVERHEAD_US, platform: str = PLATFORM,
             layer_sync: bool = True, workers: int | None = None) -> pd.DataFrame:
     """``cases`` with ``predicted_ms`` and ``error`` (predicted / measured - 1), simulated in parallel."""
     jobs = [(workload(r, host_overhead_us, layer_sync), platform) for r in cases.itertuples()]
-    n = workers or min(len(jobs), os.cpu_count() or 1)
-    if n > 1:
-        with ProcessPoolExecutor(n) as pool:
-            times = list(pool.map(_simulate, jobs, chunksize=1))
-    else:
-        times = [_simulate(j) for j in jobs]
+    times = simulate_all(_simulate, jobs, workers)
     out = cases.copy()
     out["predicted_ms"] = times
     out["error"] = out["predicted_ms"] / out["measured_ms"] - 1
@@ -247,10 +251,7 @@ def published_workload(row: Any) -> dict[str, Any]:
 
 def predict_published(rows: pd.DataFrame, workers: int | None = None) -> pd.DataFrame:
     """``rows`` with ``predicted_s`` and ``error`` against the published iteration time."""
-    jobs = [(published_workload(r), "dgx_h100") for r in rows.itertuples()]
-    n = workers or min(len(jobs), os.cpu_count() or 1)
-    with ProcessPoolExecutor(max(n, 1)) as pool:
-        times = list(pool.map(_simulate, jobs, chunksize=1))
+    times = simulate_all(_simulate, [(published_workload(r), "dgx_h100") for r in rows.itertuples()], workers)
     out = rows[["model", "num_gpus", "gbs", "mbs", "seq_len", "tp", "pp", "cp", "vp", "dp",
                 "derived_iteration_time_s"]].copy()
     out["predicted_s"] = np.asarray(times) / 1e3
