@@ -189,3 +189,48 @@ def test_protocol_and_algorithm_in_workload(tmp_path):
     a = simulate(load_job(path, ["model.layers=2", "comm.algorithm=ring", "comm.protocol=ll"])).iteration_time_s
     b = simulate(load_job(path, ["model.layers=2", "comm.algorithm=ring", "comm.protocol=simple"])).iteration_time_s
     assert a != b
+
+
+def test_enabled_protocols_restrict_the_tuner(dgx_h100, tmp_path):
+    """Where the network plugin forces NCCL_PROTO=simple (EFA on p4de), small messages take Simple."""
+    assert plan_for(dgx_h100, 2, "all_reduce", 8).protocol == "ll"
+    simple_only, _ = load_platform("dgx_h100", [("collectives.enabled_protocols", ["simple"])])
+    assert plan_for(simple_only, 2, "all_reduce", 8).protocol == "simple"
+    p4de, _ = load_platform("aws_p4de")
+    assert {plan_for(p4de, 2, "all_reduce", s).protocol for s in (8, 1 << 20, GB)} == {"simple"}
+    with pytest.raises(ConfigError, match="enabled_protocols"):
+        load_platform("dgx_h100", [("collectives.enabled_protocols", ["ll256"])])
+
+
+def test_window_holds_mid_size_messages_on_slow_fabrics(dgx_h100):
+    """Eight chunk-sized slots per channel come back a round trip after they left: on a fabric
+    with 20 us of latency a 16 MB all-reduce over two nodes moves below the NICs' bandwidth,
+    a 4 GB one (whole chunks) at it; on the low-latency fabric neither is held back."""
+    slow, _ = load_platform("dgx_h100", [("network.latency_us", 20.0)])
+
+    def capped(platform, nbytes: int) -> bool:
+        plan = plan_for(platform, 2, "all_reduce", nbytes, algorithm="ring", protocol="simple")
+        topo = Topology(platform, 2)
+        nic = topo.edge(0, 8).capacity
+        return min(t.max_rate for t in plan.transfers) < nic
+
+    assert capped(slow, 16 << 20) and not capped(slow, 4 * GB)
+    assert not capped(dgx_h100, 4 * GB)
+    # the cap is what the engine runs at: the window-held mid-size all-reduce is slower per byte
+    t16 = simulate_collective(slow, "all_reduce", 16 << 20, nodes=2, algorithm="ring")
+    t4g = simulate_collective(slow, "all_reduce", 4 * GB, nodes=2, algorithm="ring")
+    assert t16 / (16 << 20) > 1.5 * t4g / (4 * GB)
+
+
+def test_tree_chunks_shrink_with_the_message():
+    """NCCL halves the tree's chunk until a channel's share is several chunks per level."""
+    from simgpu.comm.algorithms import _tree_chunk
+    from simgpu.config.platform import _default_protocols
+
+    simple = _default_protocols()["simple"]
+    assert _tree_chunk(1 << 30, 8, simple) == 512 << 10          # plenty of chunks: the whole slot
+    assert _tree_chunk(8 << 20, 8, simple) == 128 << 10          # 8 MB over 8 levels: 64 chunks of 128 KiB
+    assert _tree_chunk(2 << 20, 8, simple) == 64 << 10
+    assert _tree_chunk(16 << 10, 8, simple) == 16 << 10          # never more than the share
+    ll = _default_protocols()["ll"]
+    assert _tree_chunk(8 << 20, 8, ll) == ll.chunk_kib * 1024     # LL keeps its own slot size

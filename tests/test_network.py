@@ -12,8 +12,9 @@ from simgpu.comm.network import FlowNetwork, _max_min
 
 
 class F:
-    def __init__(self, links: list[int]) -> None:
+    def __init__(self, links: list[int], cap: float = float("inf")) -> None:
         self.links = np.asarray(links, dtype=np.int64)
+        self.cap = cap
 
 
 def finish_times(cap: list[float], transfers: list[tuple[list[int], float, float]]) -> list[float]:
@@ -55,6 +56,21 @@ def test_coflow_multiplicity_counts_each_edge():
     rates, ids, load = _max_min([F([0, 0, 1])], np.array([10.0, 10.0]))
     assert rates == pytest.approx([5.0])
     assert dict(zip(ids.tolist(), load.tolist())) == pytest.approx({0: 10.0, 1: 5.0})
+
+
+def test_a_capped_flow_leaves_its_share_to_the_others():
+    # a is held at 2 by its own cap (a protocol window), so c takes 8 of link 0 and b 8 of link 1
+    rates, _, _ = _max_min([F([0, 1], cap=2.0), F([1]), F([0])], np.array([10.0, 10.0]))
+    assert rates == pytest.approx([2, 8, 8])
+    # a cap above the fair share changes nothing
+    rates, _, _ = _max_min([F([0, 1], cap=50.0), F([1]), F([0])], np.array([10.0, 10.0]))
+    assert rates == pytest.approx([5, 5, 5])
+    # alone, a capped transfer takes bytes over its cap
+    env = simpy.Environment()
+    net = FlowNetwork(env, np.array([10.0]))
+    ev = net.transfer([0], 100.0, max_rate=4.0)
+    env.run()
+    assert ev.processed and env.now == pytest.approx(25.0)
 
 
 def test_latency_delays_the_start():
@@ -107,12 +123,14 @@ def test_work_conservation_bounds(trs, cap):
 
 def test_transfer_all_equals_one_by_one():
     """Starting a collective's transfers together gives the same times as starting them one by one."""
-    items = [([0, 1], 100.0), ([1], 50.0), ([0], 30.0), ([], 10.0), ([1, 1], 0.0)]
+    items = [([0, 1], 100.0, float("inf")), ([1], 50.0, 3.0), ([0], 30.0, float("inf")), ([], 10.0, 1.0),
+             ([1, 1], 0.0, float("inf"))]
 
     def run(together: bool) -> list[float]:
         env = simpy.Environment()
         net = FlowNetwork(env, np.array([10.0, 20.0]))
-        events = net.transfer_all(items) if together else [net.transfer(links, b) for links, b in items]
+        events = (net.transfer_all(items) if together
+                  else [net.transfer(links, b, max_rate=c) for links, b, c in items])
         ends = [0.0] * len(events)
         for k, ev in enumerate(events):
             ev.callbacks.append(lambda _e, k=k: ends.__setitem__(k, env.now))

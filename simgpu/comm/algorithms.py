@@ -4,9 +4,13 @@ Each turns a :class:`CollectiveRequest` into a :class:`CollectivePlan` for one p
 Simple): transfers over the topology's routes, whose bytes are inflated by the protocol's payload
 fraction, plus a latency of the protocol's fixed cost and one per-step cost per algorithm step,
 by the class of hardware the step crosses (NVLink, PCIe, network) and the route's propagation.
-Rings and trees use several channels when the group spans nodes, each channel entering and
-leaving every node on a different GPU (so a different NIC), as NCCL's channels do; on NVLink
-meshes the rings are Hamiltonian cycles over the wired pairs.
+A ring's steps advance together, each at the pace of its slowest hop; a tree's chunk crosses
+every level up and down. Rings and trees use several channels when the group spans nodes, each
+channel entering and leaving every node on a different GPU (so a different NIC), as NCCL's
+channels do; on NVLink meshes the rings are Hamiltonian cycles over the wired pairs. Over the
+network a channel has SLOTS buffer slots of one chunk each in flight: its transfer never runs
+faster than those slots come back (a round trip and the proxy's step), which holds mid-size
+messages, whose chunks are small, below the links' bandwidth on high-latency fabrics.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ RING_SEARCH_TRIES = 64
 NVLS_STEPS = 8
 #: slices a chunk is written in over NVLink and PCIe (NCCL's SLICESTEPS / CHUNKSTEPS)
 SLICES_PER_CHUNK = 4
+#: buffer slots a channel has per peer (NCCL_STEPS): at most this many chunks are in flight on a hop
+SLOTS = 8
 
 
 def _by_node(group: tuple[int, ...], topo: Topology) -> list[list[int]]:
@@ -179,6 +185,7 @@ def ring(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: Pr
         return CollectivePlan("ring", (), 0.0)
     share, steps = _RING[req.op]
     orders = ring_orders(req.group, topo, spec)
+    per_step = share(n) * req.nbytes / len(orders) / steps(n)
     transfers = []
     worst = 0.0
     slowest = float("inf")
@@ -195,15 +202,38 @@ def ring(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: Pr
         links, step = _edges(edges, topo, proto)
         worst = max(worst, step)
         slowest = min(slowest, _slowest_edge(edges, topo))
-        chunked = chunked or _chunked(edges, topo)
-        transfers.append(Transfer(links, share(n) * req.nbytes / len(orders) / proto.bandwidth))
-    per_step = share(n) * req.nbytes / len(orders) / steps(n)
+        chunked = chunked or any(topo.edge(a, b).forwards_chunks for a, b in edges)
+        window = _window(edges, topo, proto, min(proto.chunk_kib * 1024, per_step))
+        transfers.append(Transfer(links, share(n) * req.nbytes / len(orders) / proto.bandwidth, window))
+    # the ring's steps advance together, each at the pace of its slowest hop
     fill = steps(n) * _fill(per_step, proto, slowest, chunked)
     return CollectivePlan("ring", tuple(transfers), _base(spec, proto) + steps(n) * worst + fill)
 
 
-def _chunked(edges: list[tuple[int, int]], topo: Topology) -> bool:
-    return any(topo.edge(a, b).forwards_chunks for a, b in edges)
+def _window(edges: list[tuple[int, int]], topo: Topology, proto: ProtocolSpec, chunk: float) -> float:
+    """The most wire bytes/s one channel moves over its network hops: SLOTS chunks in flight,
+    each slot free again a round trip (and the proxy's step) after its chunk left. Chunks
+    shrink with the message, so mid-size messages can be held to this pace on high-latency
+    fabrics while large ones reach the links' bandwidth."""
+    rate = float("inf")
+    for a, b in edges:
+        e = topo.edge(a, b)
+        if e.hardware == "net":
+            rtt = 2 * e.latency + _step_cost(proto, "net")
+            rate = min(rate, SLOTS * chunk / proto.bandwidth / rtt)
+    return rate
+
+
+def _tree_chunk(per_channel: float, depth: int, proto: ProtocolSpec) -> float:
+    """The chunk a tree pipelines a channel's share in. With the Simple protocol NCCL halves it
+    until the share is several chunks per level of the tree, so the pipeline fills (8 per level
+    down to 128 KiB, 4 per level down to 64 KiB, one per level down to 32 KiB)."""
+    chunk = proto.chunk_kib * 1024
+    if proto.bandwidth >= 1:
+        for per_level, floor in ((8, 128 << 10), (4, 64 << 10), (1, 32 << 10)):
+            while per_channel < per_level * depth * chunk and chunk > floor:
+                chunk /= 2
+    return min(chunk, per_channel)
 
 
 def _slowest_edge(edges: list[tuple[int, int]], topo: Topology) -> float:
@@ -239,7 +269,9 @@ def tree(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: Pr
     nv = topo.platform.node.nvlink
     nvls_nodes = nv is not None and nv.nvls and proto.bandwidth >= 1 and min(len(m) for m in per_node) > 1
     transfers = []
-    intra_step = inter_step = 0.0
+    per_chunk = req.nbytes / C
+    depth = max(1, (len(per_node)).bit_length() - 1)
+    intra = inter = 0.0  # one step on the slowest edge inside the nodes, between them
     for c in range(C):
         heads = []
         chain_edges: list[tuple[int, int]] = []
@@ -253,20 +285,22 @@ def tree(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: Pr
         both = tree_edges if nvls_nodes else chain_edges + tree_edges
         links, _ = _edges(both + [(p, ch) for ch, p in both], topo, proto)
         if chain_edges:
-            intra_step = max(intra_step, _edges(chain_edges, topo, proto)[1])
-        inter_step = max(inter_step, _edges(tree_edges, topo, proto)[1])
-        transfers.append(Transfer(links, req.nbytes / C / proto.bandwidth))
+            intra = max(intra, _edges(chain_edges, topo, proto)[1])
+        inter = max(inter, _edges(tree_edges, topo, proto)[1])
+        chunk = _tree_chunk(per_chunk, max(len(m) for m in per_node) - 1 + depth, proto)
+        transfers.append(Transfer(links, req.nbytes / C / proto.bandwidth, _window(tree_edges, topo, proto, chunk)))
     if nvls_nodes:
         # NVLS tree: each node reduces (and later multicasts) in its switch, then the heads run
         # the trees between nodes
         for members in per_node:
             transfers.append(_nvls_transfer(members, req.nbytes, topo, proto))
-        intra_step = NVLS_STEPS / 2 * _edges([(per_node[0][0], per_node[0][-1])], topo, proto)[1]
+        intra = NVLS_STEPS / 2 * _edges([(per_node[0][0], per_node[0][-1])], topo, proto)[1]
     chain_len = 1 if nvls_nodes else max(len(m) for m in per_node) - 1
-    depth = max(1, (len(per_node)).bit_length() - 1)
     slowest = min(_slowest_edge(chain_edges or tree_edges, topo), _slowest_edge(tree_edges, topo))
-    fill = 2 * (chain_len + depth) * _fill(req.nbytes / C, proto, slowest, True)
-    latency = _base(spec, proto) + 2 * (chain_len * intra_step + depth * inter_step) + fill
+    # reduce up and broadcast down: a chunk crosses every level twice, each step at the pace of
+    # the slowest hop
+    fill = 2 * (chain_len + depth) * _fill(chunk, proto, slowest, True)
+    latency = _base(spec, proto) + 2 * (chain_len * intra + depth * inter) + fill
     return CollectivePlan("tree", tuple(transfers), latency)
 
 

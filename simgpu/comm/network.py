@@ -22,11 +22,11 @@ _EPS_S = 1e-12  # flows within this many seconds of completion are complete
 
 
 class _Flow:
-    __slots__ = ("done", "links", "rate", "remaining")
+    __slots__ = ("cap", "done", "links", "rate", "remaining")
 
-    def __init__(self, links: np.ndarray, nbytes: float, done: simpy.Event) -> None:
+    def __init__(self, links: np.ndarray, nbytes: float, done: simpy.Event, cap: float = float("inf")) -> None:
         # a link appears once per edge of the flow that crosses it
-        self.links, self.remaining, self.rate, self.done = links, nbytes, 0.0, done
+        self.links, self.remaining, self.rate, self.done, self.cap = links, nbytes, 0.0, done, cap
 
 
 class FlowNetwork:
@@ -53,8 +53,10 @@ class FlowNetwork:
 
     # -- public ---------------------------------------------------------------------------------
 
-    def transfer(self, links: Sequence[int], nbytes: float, latency: float = 0.0) -> simpy.Event:
-        """An event that fires when ``nbytes`` have crossed ``links`` after ``latency`` seconds."""
+    def transfer(self, links: Sequence[int], nbytes: float, latency: float = 0.0,
+                 max_rate: float = float("inf")) -> simpy.Event:
+        """An event that fires when ``nbytes`` have crossed ``links`` after ``latency`` seconds, at
+        no more than ``max_rate`` bytes/s."""
         done = self.env.event()
         self.transfers += 1
         if nbytes <= 0 or len(links) == 0:
@@ -63,29 +65,30 @@ class FlowNetwork:
             else:
                 done.succeed()
             return done
-        flow = _Flow(np.asarray(links, dtype=np.int64), float(nbytes), done)
+        flow = _Flow(np.asarray(links, dtype=np.int64), float(nbytes), done, float(max_rate))
         if latency > 0:
             self.env.timeout(latency).callbacks.append(lambda _e: self._start([flow]))
         else:
             self._start([flow])
         return done
 
-    def transfer_all(self, items: Sequence[tuple[Sequence[int], float]]) -> list[simpy.Event]:
-        """Start several ``(links, nbytes)`` transfers at once, with one reallocation of the rates.
+    def transfer_all(self, items: Sequence[tuple[Sequence[int], float, float]]) -> list[simpy.Event]:
+        """Start several ``(links, nbytes, max_rate)`` transfers at once, with one reallocation of
+        the rates (``max_rate``: bytes/s the transfer never exceeds, ``inf`` for none).
 
         The same as calling :meth:`transfer` for each, but a collective of thousands of pairs (an
         all-to-all over many GPUs) costs one max-min computation instead of one per pair.
         """
         events: list[simpy.Event] = []
         flows: list[_Flow] = []
-        for links, nbytes in items:
+        for links, nbytes, cap in items:
             done = self.env.event()
             self.transfers += 1
             events.append(done)
             if nbytes <= 0 or len(links) == 0:
                 done.succeed()
                 continue
-            flows.append(_Flow(np.asarray(links, dtype=np.int64), float(nbytes), done))
+            flows.append(_Flow(np.asarray(links, dtype=np.int64), float(nbytes), done, float(cap)))
         if flows:
             self._start(flows)
         return events
@@ -160,10 +163,12 @@ def _succeed(event: simpy.Event) -> None:
 def _max_min(flows: Sequence[Any], capacity: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Max-min fair rates (bytes/s per edge) by progressive filling.
 
-    ``flows`` have ``links`` (a link once per edge that crosses it). Returns the rate of each flow,
-    the ids of the links in use, and the total rate on each.
+    ``flows`` have ``links`` (a link once per edge that crosses it) and ``cap`` (a rate they never
+    exceed). Returns the rate of each flow, the ids of the links in use, and the total rate on each.
     """
     n = len(flows)
+    caps = np.fromiter((f.cap for f in flows), dtype=float, count=n)
+    capped = bool(np.isfinite(caps).any())
     counts = np.fromiter((len(f.links) for f in flows), dtype=np.int64, count=n)
     raw_flow = np.repeat(np.arange(n), counts)
     raw_link = np.concatenate([f.links for f in flows])
@@ -183,11 +188,15 @@ def _max_min(flows: Sequence[Any], capacity: np.ndarray) -> tuple[np.ndarray, np
         if not used.any():
             break
         inc = float(np.min(cap_left[used] / load[used]))
+        if capped:
+            inc = min(inc, float(np.min(caps[active] - rates[active])))
         rates[active] += inc
         cap_left -= inc * load
         saturated = used & (cap_left <= tol)
         frozen = np.unique(pair_flow[saturated[pair_link] & act_pairs])
         active[frozen] = False
+        if capped:
+            active &= rates < caps * (1 - 1e-9)
         if not active.any():
             break
     link_rate = np.bincount(pair_link, weights=pair_mult * rates[pair_flow], minlength=len(ids))

@@ -18,10 +18,13 @@ from ..platform.topology import Topology
 
 @dataclass(frozen=True, slots=True)
 class Transfer:
-    """Edges moving ``nbytes`` each at one common rate; ``links`` lists every edge's route links."""
+    """Edges moving ``nbytes`` each at one common rate; ``links`` lists every edge's route links.
+    ``max_rate`` (bytes/s per edge) bounds that rate whatever the links could give: a protocol
+    whose buffer slots are all in flight waits for their credits to come back."""
 
     links: tuple[int, ...]
     nbytes: float
+    max_rate: float = float("inf")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +42,7 @@ class CollectivePlan:
             return self.latency_s
         from .network import _max_min
 
-        flows = [_FlowView(np.asarray(t.links, dtype=np.int64)) for t in self.transfers]
+        flows = [_FlowView(np.asarray(t.links, dtype=np.int64), t.max_rate) for t in self.transfers]
         rates, _, _ = _max_min(flows, topo.capacity)
         return self.latency_s + max(t.nbytes / r for t, r in zip(self.transfers, rates, strict=True))
 
@@ -47,6 +50,7 @@ class CollectivePlan:
 @dataclass(frozen=True, slots=True)
 class _FlowView:
     links: np.ndarray
+    cap: float
 
 
 @dataclass(frozen=True)

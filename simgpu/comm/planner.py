@@ -56,7 +56,7 @@ class Planner:
         return self._plans(req, names)
 
     def _plans(self, req: CollectiveRequest, names: list[str]) -> list[CollectivePlan]:
-        protos = [self.protocol] if self.protocol != "auto" else list(self.spec.protocols)
+        protos = [self.protocol] if self.protocol != "auto" else self.spec.usable_protocols()
         plans = []
         for name in names:
             for p in protos:

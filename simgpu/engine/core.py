@@ -298,7 +298,7 @@ class Engine:
         req = self._request(rv)
         plan = self.planner.plan(req)
         if self.fold is None:
-            items = [(t.links, t.nbytes) for t in plan.transfers]
+            items = [(t.links, t.nbytes, t.max_rate) for t in plan.transfers]
         else:
             items = self.fold.transfers(self.planner, req, plan)
             self.fold_slack_s += self.fold.latency_slack(self.planner, req, plan)

@@ -197,7 +197,7 @@ class FoldMap:
             lam = best
         self.to_rep = lam
         self._powers: dict[tuple[int, int], np.ndarray] = {}
-        self._cache: dict[tuple[int, tuple[int, ...]], list[tuple[tuple[int, ...], float]]] = {}
+        self._cache: dict[tuple[int, tuple[int, ...]], list[tuple[tuple[int, ...], float, float]]] = {}
         self._slack: dict[CollectiveRequest, float] = {}
         self._checked: set[tuple[object, ...]] = set()
         #: each node's leaf pod: where images of a group sit differently, latencies may differ
@@ -239,7 +239,7 @@ class FoldMap:
         return gens
 
     def transfers(self, planner: Planner, req: CollectiveRequest,
-                  plan: CollectivePlan) -> list[tuple[tuple[int, ...], float]]:
+                  plan: CollectivePlan) -> list[tuple[tuple[int, ...], float, float]]:
         """``plan``'s transfers (for ``req``) as the representative ranks' network carries them.
 
         Raises :class:`FoldBroken` where a member is not the image of a representative member
@@ -288,9 +288,9 @@ class FoldMap:
                 moved = self._power(level, k)
                 same = ((image.algorithm, image.protocol) == (plan.algorithm, plan.protocol)
                         and abs(image.latency_s - plan.latency_s) <= 1e-9 * max(plan.latency_s, 1e-6)
-                        and sorted((self._canon(moved[np.asarray(t.links, dtype=np.int64)]), t.nbytes)
-                                   for t in plan.transfers)
-                        == sorted((self._canon(np.asarray(t.links, dtype=np.int64)), t.nbytes)
+                        and sorted((self._canon(moved[np.asarray(t.links, dtype=np.int64)]), t.nbytes,
+                                    t.max_rate) for t in plan.transfers)
+                        == sorted((self._canon(np.asarray(t.links, dtype=np.int64)), t.nbytes, t.max_rate)
                                   for t in image.transfers))
                 if not same:
                     raise FoldBroken(f"{req.op} over ranks {req.group[:4]}: its image on other GPUs of the same "
@@ -342,21 +342,22 @@ class FoldMap:
         return tuple(labels.setdefault(int(self._pod[r // self.topo.gpus_per_node]), len(labels)) for r in group)
 
     def _quotient(self, plan: CollectivePlan, group: Sequence[int],
-                  gens: list[tuple[int, int]]) -> list[tuple[tuple[int, ...], float]]:
+                  gens: list[tuple[int, int]]) -> list[tuple[tuple[int, ...], float, float]]:
         to_rep = self.to_rep
         size = 1
         for level, k in gens:
             size *= self.orders[level] // k
         if size == 1:
-            return [(self.route(t.links), t.nbytes) for t in plan.transfers]
+            return [(self.route(t.links), t.nbytes, t.max_rate) for t in plan.transfers]
         maps = [self._power(level, k) for level, k in gens]
 
         def canon(links: np.ndarray) -> tuple[int, ...]:  # the links as a sorted multiset, spine left out
             return tuple(sorted(int(x) for x in links if x >= 0 and to_rep[x] >= 0))
 
-        items = Counter((canon(np.asarray(t.links, dtype=np.int64)), float(t.nbytes)) for t in plan.transfers)
-        out: list[tuple[tuple[int, ...], float]] = []
-        seen: set[tuple[tuple[int, ...], float]] = set()
+        items = Counter((canon(np.asarray(t.links, dtype=np.int64)), float(t.nbytes), float(t.max_rate))
+                        for t in plan.transfers)
+        out: list[tuple[tuple[int, ...], float, float]] = []
+        seen: set[tuple[tuple[int, ...], float, float]] = set()
         for item, count in items.items():
             if item in seen:
                 continue
@@ -366,7 +367,7 @@ class FoldMap:
                 nxt = []
                 for x in frontier:
                     for m in maps:
-                        image = (canon(m[np.asarray(x[0], dtype=np.int64)]), x[1])
+                        image = (canon(m[np.asarray(x[0], dtype=np.int64)]), x[1], x[2])
                         if image not in orbit:
                             if items.get(image) != count or len(orbit) >= size:
                                 raise FoldBroken(f"{plan.algorithm} ({plan.protocol}) over {len(group)} ranks is "
@@ -381,5 +382,5 @@ class FoldMap:
                 raise FoldBroken(f"{plan.algorithm} ({plan.protocol}): a transfer does not divide evenly "
                                  "among the replicas")
             quotient = tuple(sorted(lk for lk, c in mapped.items() for _ in range(c // times)))
-            out += [(quotient, item[1])] * count
+            out += [(quotient, item[1], item[2])] * count
         return out

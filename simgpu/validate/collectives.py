@@ -39,14 +39,14 @@ KNOWN_GAPS: dict[tuple[str, str], float] = {
     ("eugenesiow:A40_NODE_PCIe_2gpu:all_reduce", "ge"): 2.333,
     ("eugenesiow:A40_SYS_PCIe_4gpu:all_reduce", "ge"): 3.566,
     ("eugenesiow:DGXA100_P2Pdisabled_4gpu:all_reduce", "ge"): 0.231,
-    # cloud fabrics: mid-size messages (1-128 MB) ramp up more slowly than modelled, and the
-    # small-message latency of EFA and TCPXO depends on the plugin version
-    ("aws:aws_p4de_2x8xA100-80GB_all_reduce_perf:all_reduce", "ge"): 0.22,
-    ("aws:aws_p4de_2x8xA100-80GB_all_reduce_perf:all_reduce", "lt"): 1.204,
-    ("aws:aws_p5_2x8xH100_all_reduce_perf:all_reduce", "ge"): 0.237,
-    ("aws:aws_p5_2x8xH100_eks_all_reduce_perf_excerpt:all_reduce", "ge"): 0.983,
-    ("gcp:gcp_a3mega_2x8xH100_all_reduce_perf:all_reduce", "ge"): 0.556,
-    ("gcp:gcp_a3mega_2x8xH100_all_reduce_perf:all_reduce", "lt"): 0.459,
+    # cloud fabrics: on EFA (p4de) the trees run at about half their bandwidth from 1 MB to
+    # 64 MB; the EKS excerpt is the same p5 pair as the full p5 sweep (which is within 20%) under
+    # older NCCL and plugin versions, up to 2x slower; TCPXO (A3 Mega) goes through Google's
+    # tuner plugin, whose choices are not public, and its latency is not published
+    ("aws:aws_p4de_2x8xA100-80GB_all_reduce_perf:all_reduce", "ge"): 0.285,
+    ("aws:aws_p5_2x8xH100_eks_all_reduce_perf_excerpt:all_reduce", "ge"): 0.939,
+    ("gcp:gcp_a3mega_2x8xH100_all_reduce_perf:all_reduce", "ge"): 0.274,
+    ("gcp:gcp_a3mega_2x8xH100_all_reduce_perf:all_reduce", "lt"): 0.486,
     # point-to-point: nccl-tests' sendrecv is slower than the links between 32 MB and 256 MB
     ("lipplus:lipplus_8xA100_NVLink_sendrecv_perf:sendrecv", "ge"): 0.379,
     ("h100-cluster:1x4:sendrecv", "ge"): 0.278,
