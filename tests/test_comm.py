@@ -234,3 +234,32 @@ def test_tree_chunks_shrink_with_the_message():
     assert _tree_chunk(16 << 10, 8, simple) == 16 << 10          # never more than the share
     ll = _default_protocols()["ll"]
     assert _tree_chunk(8 << 20, 8, ll) == ll.chunk_kib * 1024     # LL keeps its own slot size
+
+
+def test_point_to_point_channels_grow_with_the_transfer():
+    """NCCL cuts a send into pieces of at most 32 steps on as few channels as the communicator's
+    share per peer allows (32 channels over the ranks), doubling them up to four times that share."""
+    from simgpu.comm.algorithms import p2p_channels
+
+    nvl = 512 << 10
+    assert [p2p_channels(mb << 20, 8, nvl, False) for mb in (32, 64, 128, 256, 1024)] == [4, 4, 8, 16, 16]
+    assert [p2p_channels(mb << 20, 4, nvl, False) for mb in (32, 128, 256, 512)] == [8, 8, 16, 32]
+    assert p2p_channels(64 << 20, 2, nvl, False) == 16       # PyTorch's pair communicator
+    assert p2p_channels(100 << 10, 8, nvl, False) == 2       # small: 64 KiB pieces fill two channels
+    assert p2p_channels(64 << 20, 2, 128 << 10, True) == 32  # across nodes a piece is one step
+
+
+def test_sendrecv_on_a_world_communicator_is_channel_bound(dgx_h100):
+    """nccl-tests' sendrecv on 8 H100s: 64 MB and 128 MB take about as long (the channels double),
+    and a pair communicator (as PyTorch makes for send/recv) moves 64 MB faster than the world one."""
+    def t(nbytes: int, comm: int) -> float:
+        req = CollectiveRequest("send_recv", (0, 1), nbytes, comm_size=comm)
+        return Planner(Topology(dgx_h100, 1), dgx_h100.collectives).plan(req).isolated_time(Topology(dgx_h100, 1))
+
+    assert t(128 << 20, 8) == pytest.approx(t(64 << 20, 8), rel=0.05)
+    assert t(64 << 20, 2) < 0.5 * t(64 << 20, 8)
+    # without a per-channel bound the links alone set the pace
+    free, _ = load_platform("dgx_h100", [("collectives.channel_gbytes_per_s", None)])
+    req = CollectiveRequest("send_recv", (0, 1), 64 << 20, comm_size=8)
+    topo = Topology(free, 1)
+    assert Planner(topo, free.collectives).plan(req).isolated_time(topo) < 0.3 * t(64 << 20, 8)

@@ -31,6 +31,11 @@ NVLS_STEPS = 8
 SLICES_PER_CHUNK = 4
 #: buffer slots a channel has per peer (NCCL_STEPS): at most this many chunks are in flight on a hop
 SLOTS = 8
+#: channels of a communicator that point-to-point transfers use (NCCL's MAXCHANNELS)
+P2P_CHANNELS = 32
+#: the piece a point-to-point transfer moves per step, by the hardware between the peers
+#: (NCCL_P2P_NVL_CHUNKSIZE, NCCL_P2P_PCI_CHUNKSIZE, NCCL_P2P_NET_CHUNKSIZE defaults)
+P2P_CHUNK = {"nvlink": 512 << 10, "pcie": 128 << 10, "local": 128 << 10, "net": 128 << 10}
 
 
 def _by_node(group: tuple[int, ...], topo: Topology) -> list[list[int]]:
@@ -330,16 +335,54 @@ def _nvls_transfer(members: list[int], nbytes: float, topo: Topology, proto: Pro
     return Transfer(links, (n + 1) / n * nbytes * scale / proto.bandwidth)
 
 
+def p2p_channels(nbytes: float, ranks: int, piece: float, across_nodes: bool) -> int:
+    """Channels NCCL spreads one point-to-point transfer of ``nbytes`` over, on a communicator of
+    ``ranks``: the transfer is cut into pieces of at most 32 steps (one step across nodes) on as few
+    channels as the communicator's share per peer allows, doubling them (up to four times that
+    share) while pieces are too big; small transfers fill fewer channels."""
+    lo = hi = P2P_CHANNELS
+    while lo * ranks > P2P_CHANNELS and lo > 1:
+        lo //= 2
+    while hi * ranks > 4 * P2P_CHANNELS and hi > 1:
+        hi //= 2
+    biggest = piece if across_nodes else 32 * piece
+    channels, size = lo, max(piece / 8, nbytes / lo)
+    while size > biggest and channels <= hi // 2:
+        channels *= 2
+        size = nbytes / channels
+    return max(1, min(channels, int(np.ceil(nbytes / size))))
+
+
+def _p2p_rate(a: int, b: int, nbytes: float, ranks: int, topo: Topology, spec: CollectiveSpec,
+              proto: ProtocolSpec) -> float:
+    """The most wire bytes/s a point-to-point transfer a -> b of ``nbytes`` moves: its channels,
+    each half a thread block's rate (a channel's warps are split between its send and its receive)
+    and, across nodes, its window of slots."""
+    e = topo.edge(a, b)
+    piece = P2P_CHUNK[e.hardware]
+    channels = p2p_channels(nbytes, ranks, piece, e.hardware == "net")
+    per_channel = float("inf")
+    if spec.channel_gbytes_per_s is not None:
+        per_channel = spec.channel_gbytes_per_s * 1e9 / 2 / proto.bandwidth
+    if e.hardware == "net":
+        per_channel = min(per_channel, _window([(a, b)], topo, proto, min(piece, nbytes / channels)))
+    return channels * per_channel
+
+
 @register("direct", {"all_to_all", "send_recv", "all_gather", "reduce_scatter"})
 def direct(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: ProtocolSpec) -> CollectivePlan:
-    """Every pair exchanges its share at once (NCCL's all-to-all as grouped send/recv)."""
+    """Every pair exchanges its share at once (NCCL's all-to-all as grouped send/recv), each pair's
+    transfer on the channels NCCL gives a point-to-point transfer of its size."""
     g = req.group
     n = len(g)
+    ranks = req.comm_ranks
     if req.op == "send_recv":
         if n != 2:
             raise ValueError(f"send_recv needs a group of 2, got {n}")
         links, step = _edges([(g[0], g[1])], topo, proto)
-        return CollectivePlan("direct", (Transfer(links, req.nbytes / proto.bandwidth),), _base(spec, proto) + step)
+        rate = _p2p_rate(g[0], g[1], req.nbytes, ranks, topo, spec, proto)
+        return CollectivePlan("direct", (Transfer(links, req.nbytes / proto.bandwidth, rate),),
+                              _base(spec, proto) + step)
     if n == 1:
         return CollectivePlan("direct", (), 0.0)
     transfers = []
@@ -353,5 +396,6 @@ def direct(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: 
                 continue
             links, step = _edges([(g[i], g[j])], topo, proto)
             worst = max(worst, step)
-            transfers.append(Transfer(links, nbytes / proto.bandwidth))
+            rate = _p2p_rate(g[i], g[j], nbytes, ranks, topo, spec, proto)
+            transfers.append(Transfer(links, nbytes / proto.bandwidth, rate))
     return CollectivePlan("direct", tuple(transfers), _base(spec, proto) + worst)

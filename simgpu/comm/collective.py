@@ -36,9 +36,10 @@ def bus_bandwidth(op: str, n: int, nbytes: float, seconds: float) -> tuple[float
 
 def request(op: str, nbytes: int, topo: Topology) -> CollectiveRequest:
     """The request nccl-tests makes for ``op`` of ``nbytes`` over every GPU of ``topo`` (send_recv: the
-    first pair, which is what bounds the ring of pairs when links are uniform)."""
+    first pair, on the world communicator, which is what bounds the ring of pairs when links are
+    uniform)."""
     if op == "send_recv":
-        return CollectiveRequest(op, (0, 1 % topo.world), nbytes)
+        return CollectiveRequest(op, (0, 1 % topo.world), nbytes, comm_size=topo.world)
     return CollectiveRequest(op, tuple(range(topo.world)), nbytes)
 
 
@@ -63,8 +64,8 @@ def collective_result(platform: PlatformSpec, op: CollectiveOp, nbytes: int, *, 
             raise ValueError("send_recv needs at least 2 GPUs")
         for r in range(n):
             nxt, prv = (r + 1) % n, (r - 1) % n
-            send = CollectiveCall(f"p2p{r}", "send_recv", (r, nxt), int(nbytes))
-            recv = CollectiveCall(f"p2p{prv}", "send_recv", (prv, r), int(nbytes))
+            send = CollectiveCall(f"p2p{r}", "send_recv", (r, nxt), int(nbytes), comm_size=n)
+            recv = CollectiveCall(f"p2p{prv}", "send_recv", (prv, r), int(nbytes), comm_size=n)
             programs[r].add(Op("send", "collective", op, stream="comm", coll=send, nbytes=int(nbytes)))
             if recv.key != send.key:
                 programs[r].add(Op("recv", "collective", op, stream="comm_recv", coll=recv, nbytes=int(nbytes)))

@@ -58,7 +58,7 @@ class CollectiveRequest:
     """A collective as the engine sees it once every member has arrived.
 
     ``send_matrix[i][j]`` (all-to-all-v) is bytes from member i to member j; ``root`` is a member
-    index (broadcast, reduce).
+    index (broadcast, reduce); ``comm_size`` the ranks of the communicator it runs on (0: the group).
     """
 
     op: str
@@ -66,6 +66,12 @@ class CollectiveRequest:
     nbytes: int
     send_matrix: tuple[tuple[int, ...], ...] | None = None
     root: int = 0
+    comm_size: int = 0
+
+    @property
+    def comm_ranks(self) -> int:
+        """Ranks of the communicator the collective runs on."""
+        return max(self.comm_size, len(self.group))
 
 
 Algorithm = Callable[[CollectiveRequest, Topology, CollectiveSpec, ProtocolSpec], CollectivePlan]

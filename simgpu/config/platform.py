@@ -139,6 +139,10 @@ class CollectiveSpec(Spec):
     """Software costs of the collective library (NCCL) on this platform."""
 
     launch_us: NonNegFloat = Field(8.0, description="fixed cost of one collective on top of its protocol's, us")
+    channel_gbytes_per_s: PositiveFloat | None = Field(
+        None, description="the most one channel (one thread block of NCCL's kernel) moves, sends and "
+                          "receives together, GB/s: it bounds point-to-point transfers, which NCCL spreads "
+                          "over a few channels by size; null: no bound")
     channels: PositiveInt | None = Field(
         None, description="parallel rings/trees across nodes; default one per NIC")
     protocols: dict[Literal["ll", "ll128", "simple"], ProtocolSpec] = Field(

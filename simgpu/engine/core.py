@@ -340,7 +340,7 @@ class Engine:
                 rows.append(tuple(a.send_bytes) if a.send_bytes is not None
                             else tuple([a.nbytes // len(c.group)] * len(c.group)))
             matrix = tuple(rows)
-        return CollectiveRequest(c.op, c.group, c.nbytes if matrix is None else 0, matrix, c.root)
+        return CollectiveRequest(c.op, c.group, c.nbytes if matrix is None else 0, matrix, c.root, c.comm_size)
 
     # -- results ----------------------------------------------------------------------------------
 

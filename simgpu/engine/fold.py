@@ -41,6 +41,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -271,7 +272,7 @@ class FoldMap:
         # stage's) is planned alike, the planner being blind to which nodes it is given
         gpn = self.topo.gpus_per_node
         first = req.group[0] // gpn
-        shape = (req.op, req.nbytes, req.root, req.send_matrix,
+        shape = (req.op, req.nbytes, req.root, req.send_matrix, req.comm_size,
                  tuple((r // gpn - first, r % gpn) for r in req.group))
         if shape in self._checked:
             return
@@ -284,7 +285,7 @@ class FoldMap:
                 group = tuple(self.replicas.shift(r, k, level) for r in req.group)
                 if set(group) == members:
                     continue
-                image = planner.plan(CollectiveRequest(req.op, group, req.nbytes, req.send_matrix, req.root))
+                image = planner.plan(replace(req, group=group))
                 moved = self._power(level, k)
                 same = ((image.algorithm, image.protocol) == (plan.algorithm, plan.protocol)
                         and abs(image.latency_s - plan.latency_s) <= 1e-9 * max(plan.latency_s, 1e-6)
@@ -326,7 +327,7 @@ class FoldMap:
                 if pattern in seen:
                     continue
                 seen.add(pattern)
-                image = planner.plan(CollectiveRequest(req.op, group, req.nbytes, req.send_matrix, req.root))
+                image = planner.plan(replace(req, group=group))
                 same = (image.algorithm, image.protocol) == (plan.algorithm, plan.protocol) and sorted(
                     self.route(t.links) for t in image.transfers) == sorted(self.route(t.links) for t in plan.transfers)
                 if not same:

@@ -47,10 +47,6 @@ KNOWN_GAPS: dict[tuple[str, str], float] = {
     ("aws:aws_p5_2x8xH100_eks_all_reduce_perf_excerpt:all_reduce", "ge"): 0.939,
     ("gcp:gcp_a3mega_2x8xH100_all_reduce_perf:all_reduce", "ge"): 0.274,
     ("gcp:gcp_a3mega_2x8xH100_all_reduce_perf:all_reduce", "lt"): 0.486,
-    # point-to-point: nccl-tests' sendrecv is slower than the links between 32 MB and 256 MB
-    ("lipplus:lipplus_8xA100_NVLink_sendrecv_perf:sendrecv", "ge"): 0.379,
-    ("h100-cluster:1x4:sendrecv", "ge"): 0.278,
-    ("h100-cluster:1x8:sendrecv", "ge"): 0.452,
     # two GPUs on an NVSwitch reach 80% of the port bandwidth that eight reach
     ("vtrain:A100x2:all_reduce", "ge"): 0.231,
 }

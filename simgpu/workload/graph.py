@@ -59,7 +59,10 @@ class CollectiveCall:
     all-to-all. ``send_bytes`` (all-to-all-v only) is this rank's bytes to each member, in group
     order; ``root`` is a group index for broadcast / reduce, the peer for send_recv.
     ``duration_s``, when set (a replayed trace), is how long the collective takes once every member
-    has arrived, instead of its planned transfers over the network.
+    has arrived, instead of its planned transfers over the network. ``comm_size`` is the number of
+    ranks of the NCCL communicator the call runs on when that is more than ``group`` (a send/recv
+    on a world communicator, as nccl-tests does; 0: the group itself, as PyTorch's pair
+    communicators for send/recv), which sets how many channels NCCL gives a point-to-point transfer.
     """
 
     key: str
@@ -69,6 +72,7 @@ class CollectiveCall:
     send_bytes: tuple[int, ...] | None = None
     root: int = 0
     duration_s: float | None = None
+    comm_size: int = 0
 
 
 @dataclass(slots=True)
