@@ -28,7 +28,7 @@ FAMILY_PARAMS = {
     "attention_bwd": {"batch", "heads", "seq_q", "seq_kv", "head_dim", "causal"},
     "embedding_fwd": {"batch", "tables", "pooling", "dim", "rows"},
     "embedding_bwd": {"batch", "tables", "pooling", "dim", "rows"},
-    "elementwise": {"numel", "reads", "writes"},
+    "elementwise": {"numel", "reads", "writes", "flops_per_element"},
     "norm": {"rows", "cols", "bwd"},
     "softmax": {"rows", "cols", "bwd"},
     "optimizer": {"numel", "states"},

@@ -3,11 +3,11 @@
 A small GPT and a small DLRM are described as workloads on ``cpu_host`` (the CPU as the device,
 with kernel models fitted on its microbenchmarks), simulated, and also built as real torch models
 that run what the builders emit (forward, backward, optimizer step) on this machine's CPU with the
-thread count the platform was measured with, timed with the harness's clock. The simulated step
-must be within 15% of the median measured step. On a machine other than the one cpu_host was
-measured on (another CPU, core count or torch build), the comparison skips: the models describe
-that machine only. Also: the shipped models of ``cpu_host`` are the
-ones fitted on its shipped data.
+thread count the platform was measured with, timed with the harness's clock. The simulated step is
+compared with the median measured step (the target is 15%, see TARGET). On a machine other than
+the one cpu_host was measured on (another CPU, core count or torch build), the comparison skips:
+the models describe that machine only. Also: the shipped models of ``cpu_host`` are the ones
+fitted on its shipped data.
 """
 
 from __future__ import annotations
@@ -32,10 +32,14 @@ from simgpu.bench.timing import cpu_clock
 from simgpu.kernels import store
 from simgpu.kernels.learned import load_models
 
-# The issue's target is 15%. The simulated step runs 10-13% short of the measured one on a quiet
-# machine and up to 17% short when other processes share the 2 cores (elementwise kernels carry no
-# op identity, so gelu and the DLRM gather are timed as copies): until that is fixed the test
-# guards against regressions at 20% and prints the error for the README.
+# The issue's target is 15%. Elementwise kernels carry their op's arithmetic (flops_per_element), so
+# GELU and its backward are no longer timed as copies: that adds 1.4 ms to the GPT step (99.5 -> 100.8
+# ms simulated) and next to nothing to the DLRM's (its gather is 18k elements). Over 14 runs the
+# simulated step was 3-7% (GPT) and 2-9% (DLRM) short of the measured one, but the measured step drifts
+# with the machine's other tenants (GPT once measured 125 ms: -19%). What is still short are
+# memory-bound kernels that run slower inside a step than in the warm-cache microbenchmarks (the cross
+# entropy's log-softmax, ReLU backward, zero fills, the DLRM's sparse SGD update), so the test guards
+# against regressions at 20% and prints the error for the README.
 TARGET = 0.15
 TOLERANCE = 0.20
 PLATFORM = ROOT / "platforms" / "cpu_host"

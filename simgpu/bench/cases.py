@@ -21,7 +21,9 @@ from ..errors import ConfigError
 #: The op groups ``--ops`` accepts, in the order they are measured.
 GROUPS: Final = ("gemm", "bmm", "attention", "embedding", "elementwise", "norm", "softmax", "memcpy",
                  "optimizer")
-#: Elementwise ops: (tensor reads, tensor writes) per output element.
+#: Elementwise ops: (tensor reads, tensor writes) per output element. Each op's arithmetic per element
+#: is not a column of the measurements: the fit takes it from the op's name
+#: (:data:`simgpu.workload.elementwise.FLOPS_PER_ELEMENT`, which must know every op here).
 ELEMENTWISE: Final = {"add": (2, 1), "mul": (2, 1), "relu": (1, 1), "gelu": (1, 1), "copy": (1, 1),
                       "transpose": (1, 1), "cat": (1, 1), "relu_bwd": (2, 1), "gelu_bwd": (2, 1),
                       "sum_rows": (1, 0), "zero": (0, 1)}

@@ -4,6 +4,10 @@ A kernel takes ``max(flops / achievable FLOP/s, bytes / achievable HBM bandwidth
 than the platform's shortest kernel. GEMMs are tiled: the work is rounded up to whole waves of
 output tiles over the SMs, so a GEMM one tile larger than a wave costs nearly two waves, as on the
 real GPU. Embedding lookups read whole 32-byte sectors per row, so narrow rows cost more per byte.
+Elementwise kernels do their op's arithmetic (``flops_per_element``, see
+:mod:`simgpu.workload.elementwise`) on the vector units at the fp32 peak, whatever the storage dtype
+(PyTorch computes bf16 and fp16 elementwise ops in fp32, tensor cores do not run them): a GELU is
+memory-bound on a GPU, but can be compute-bound on a CPU core.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ ATTN_EFFICIENCY = 0.6  # flash attention reaches a lower share of the matmul pea
 MISALIGNED_EFFICIENCY = 0.5
 ALIGN_BYTES = 16
 TENSOR_CORE_DTYPES = ("tf32", "bf16", "fp16", "fp8")
+#: The dtype whose peak elementwise arithmetic runs at (the vector units' fp32 rate).
+VECTOR_DTYPE = "fp32"
 
 
 class Analytical:
@@ -60,6 +66,11 @@ class Analytical:
         if peak is None:
             raise ValueError(f"{self.gpu.name} has no {dtype} peak in its platform file")
         return float(peak) * 1e12 * self.gpu.matmul_efficiency
+
+    def vector_rate(self, dtype: str) -> float:
+        """Achievable FLOP/s of elementwise arithmetic on ``dtype`` data: the fp32 peak (``dtype``'s
+        where the platform gives no fp32 peak) at the matmul efficiency."""
+        return self.flops_rate(VECTOR_DTYPE if VECTOR_DTYPE in self.gpu.peak_tflops else dtype)
 
     def supports(self, kernel: KernelSpec) -> bool:
         return kernel.family in self._families
@@ -114,7 +125,9 @@ class Analytical:
 
     def _elementwise(self, k: KernelSpec) -> tuple[float, float]:
         e = DTYPE_BYTES[k.dtype]
-        return 0.0, k.get("numel") * (k.get("reads", 1.0) + k.get("writes", 1.0)) * e / self.bw
+        numel = k.get("numel")
+        flops = numel * k.get("flops_per_element", 1.0)
+        return flops / self.vector_rate(k.dtype), numel * (k.get("reads", 1.0) + k.get("writes", 1.0)) * e / self.bw
 
     def _rowwise(self, k: KernelSpec) -> tuple[float, float]:
         e = DTYPE_BYTES[k.dtype]

@@ -12,15 +12,17 @@ Times are in seconds, bytes in bytes, FLOPs in floating-point operations.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 import numpy as np
 import pandas as pd
 
 from ..config.platform import GPUSpec
+from ..errors import ConfigError
+from ..workload.elementwise import DEFAULT_FLOPS_PER_ELEMENT, flops_per_element
 from ..workload.graph import KernelSpec
-from .analytical import DTYPE_BYTES, Analytical
+from .analytical import DTYPE_BYTES, VECTOR_DTYPE, Analytical
 
 #: The names of the reuse statistics of embedding lookups (fractions in [0, 1]), see :func:`reuse_stats`.
 REUSE: Final = ("reuse_top0p1", "reuse_top1", "reuse_top10", "reuse_unique")
@@ -28,6 +30,8 @@ _TOP_SHARES: Final = (0.001, 0.01, 0.1)
 
 #: Each family's shape parameters and their defaults (None: required). Optional ones are features
 #: that measurements may carry and simulated kernels may omit; :func:`kernel_params` fills them in.
+#: An elementwise kernel's ``flops_per_element`` is the arithmetic of its op per output element
+#: (:mod:`simgpu.workload.elementwise`): what tells a GELU from a copy of the same shape.
 FAMILY_PARAMS: Final[Mapping[str, Mapping[str, float | None]]] = {
     "gemm": {"m": None, "n": None, "k": None},
     "bmm": {"b": None, "m": None, "n": None, "k": None},
@@ -39,7 +43,7 @@ FAMILY_PARAMS: Final[Mapping[str, Mapping[str, float | None]]] = {
                       **{r: np.nan for r in REUSE}},
     "embedding_bwd": {"batch": None, "tables": None, "pooling": None, "dim": None, "rows": None,
                       **{r: np.nan for r in REUSE}},
-    "elementwise": {"numel": None, "reads": 1.0, "writes": 1.0},
+    "elementwise": {"numel": None, "reads": 1.0, "writes": 1.0, "flops_per_element": DEFAULT_FLOPS_PER_ELEMENT},
     "norm": {"rows": None, "cols": None, "bwd": 0.0, "rms": 0.0},
     "softmax": {"rows": None, "cols": None, "bwd": 0.0},
     "optimizer": {"numel": None, "states": 0.0},
@@ -47,6 +51,12 @@ FAMILY_PARAMS: Final[Mapping[str, Mapping[str, float | None]]] = {
 }
 #: Families the analytical model has no formula for: their models learn the time itself.
 NO_BASELINE: Final = frozenset({"memcpy"})
+#: Parameters that follow from a measurement's torch op (its ``op`` column) rather than being
+#: measured: a measurement table need not carry them (:func:`kernels_from_table` derives them, and
+#: the harness does not write them), a simulated kernel gets them from the builder that emits it.
+FROM_OP: Final[Mapping[str, Mapping[str, Callable[[str], float]]]] = {
+    "elementwise": {"flops_per_element": flops_per_element},
+}
 _TILE = 128  # output tile edge used for the waves feature
 
 
@@ -119,8 +129,30 @@ def kernel_params(kernel: KernelSpec) -> dict[str, float]:
     return out
 
 
+def measured_params(family: str) -> list[str]:
+    """The parameters of ``family`` that a measurement table carries (all but :data:`FROM_OP` ones)."""
+    derived = FROM_OP.get(family, {})
+    return [p for p in FAMILY_PARAMS[family] if p not in derived]
+
+
 def kernels_from_table(family: str, table: pd.DataFrame) -> list[KernelSpec]:
-    """One KernelSpec per row of a measurement table (columns: ``dtype`` and the family's params)."""
+    """One KernelSpec per row of a measurement table (columns: ``dtype`` and the family's params).
+
+    A parameter of :data:`FROM_OP` that the table has no column for is derived from its ``op``
+    column (a platform's microbenchmarks: ``gelu`` rows get the GELU's per-element cost); an
+    imported table that gives the column (NeuSight's, the default cost) keeps its values.
+    """
+    table = table.copy()
+    for name, of_op in FROM_OP.get(family, {}).items():
+        if name not in table.columns:
+            if "op" not in table.columns:
+                raise ConfigError(f"a {family} table needs a {name!r} or an 'op' column", key="op")
+            ops = table["op"].astype(str)
+            try:
+                costs = {op: of_op(op) for op in ops.unique()}
+            except KeyError as e:
+                raise ConfigError(str(e.args[0]), key="op") from None
+            table[name] = ops.map(costs).astype(float)
     names = [p for p in FAMILY_PARAMS[family] if p in table.columns]
     cols = [table[p].to_numpy(dtype=float) for p in names]
     dtypes = table["dtype"].astype(str).to_numpy()
@@ -145,7 +177,7 @@ def _flops_bytes(family: str, p: Mapping[str, np.ndarray], e: np.ndarray) -> tup
         lookups = p["batch"] * p["tables"] * p["pooling"]
         return lookups * p["dim"], lookups * p["dim"] * e + p["batch"] * p["tables"] * p["dim"] * e
     if family == "elementwise":
-        return p["numel"], p["numel"] * (p["reads"] + p["writes"]) * e
+        return p["numel"] * p["flops_per_element"], p["numel"] * (p["reads"] + p["writes"]) * e
     if family in ("norm", "softmax"):
         n = p["rows"] * p["cols"]
         return 5 * n, n * (2 + p["bwd"]) * e
@@ -172,7 +204,8 @@ def feature_frame(family: str, kernels: Sequence[KernelSpec], gpu: GPUSpec,
         for n in REUSE:
             f[n] = p[n]
     flops, nbytes = _flops_bytes(family, p, e)
-    peak = np.array([_peak(gpu, k.dtype) for k in kernels])
+    # elementwise arithmetic runs on the vector units, in fp32 whatever the storage dtype
+    peak = np.array([_peak(gpu, k.dtype, vector=family == "elementwise") for k in kernels])
     bw = gpu.hbm_gbytes_per_s * 1e9
     f["log_flops"] = np.log2(1.0 + flops)
     f["log_bytes"] = np.log2(1.0 + nbytes)
@@ -209,9 +242,11 @@ def analytical_for(gpu: GPUSpec) -> Analytical:
     return Analytical.for_gpu(gpu)
 
 
-def _peak(gpu: GPUSpec, dtype: str) -> float:
+def _peak(gpu: GPUSpec, dtype: str, vector: bool = False) -> float:
+    """FLOP/s peak of ``dtype`` (the fp32 one where the GPU lists none); with ``vector``, the fp32 peak
+    first (elementwise arithmetic, as :meth:`Analytical.vector_rate`)."""
     peaks = {str(k): float(v) for k, v in gpu.peak_tflops.items()}
-    peak = peaks.get(dtype) or peaks.get("fp32")
+    peak = (peaks.get(VECTOR_DTYPE) if vector else None) or peaks.get(dtype) or peaks.get("fp32")
     if peak is None:
         raise ValueError(f"{gpu.name} has no {dtype} (or fp32) peak in its platform file")
     return float(peak) * 1e12

@@ -18,6 +18,7 @@ import pandas as pd
 
 from ..config.platform import GPUSpec
 from ..errors import ConfigError
+from ..workload.elementwise import DEFAULT_FLOPS_PER_ELEMENT
 
 #: NeuSight's file of each op -> simgpu's kernel family.
 NEUSIGHT_FILES: Final = {"linear": "gemm", "bmm": "bmm", "elem": "elementwise", "ln": "norm",
@@ -40,6 +41,9 @@ def read_neusight(root: str | Path, families: tuple[str, ...] | None = None) -> 
     ``linear`` rows become ``gemm`` kernels (``m=M``, ``n=N``, ``k=K``: ``x[M,K] @ W[N,K]^T``),
     ``bmm`` rows ``bmm`` (``b=B``), ``elem`` rows ``elementwise`` over ``numel=B*H`` elements,
     ``ln`` rows ``norm`` and ``softmax`` rows ``softmax`` over ``rows=B``, ``cols=H``; all fp32.
+    Elementwise rows get the default ``flops_per_element`` whatever their op: NeuSight's ops (``div``,
+    ``pow``, ``tanh``, scalar forms ``addu``...) are mostly not in simgpu's table of op costs, and
+    on these GPUs every one of them is memory-bound (a GELU takes a ReLU's time).
     """
     test = _test_dir(Path(root))
     out: dict[str, pd.DataFrame] = {}
@@ -57,6 +61,7 @@ def read_neusight(root: str | Path, families: tuple[str, ...] | None = None) -> 
             t["numel"] = raw["B"].astype(float) * raw["H"].astype(float)
             t["reads"] = np.where(t["op"].isin(_BINARY), 2.0, 1.0)
             t["writes"] = 1.0
+            t["flops_per_element"] = DEFAULT_FLOPS_PER_ELEMENT
         else:
             t["rows"], t["cols"] = raw["B"].astype(float), raw["H"].astype(float)
             t["bwd"] = 0.0

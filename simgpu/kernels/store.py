@@ -20,17 +20,18 @@ from typing import Any, Final
 import pandas as pd
 
 from ..errors import ConfigError
-from .features import FAMILY_PARAMS
+from .features import FAMILY_PARAMS, measured_params
 
 TIME_COLUMNS: Final = ("median_s", "p10_s", "p90_s", "repeats")
 MANIFEST: Final = "manifest.json"
 
 
 def columns(family: str) -> list[str]:
-    """The columns of ``family``'s measurement table, in file order."""
+    """The columns of ``family``'s measurement table, in file order: its parameters but those that
+    follow from the op (:data:`~simgpu.kernels.features.FROM_OP`)."""
     if family not in FAMILY_PARAMS:
         raise ConfigError(f"unknown kernel family {family!r}; known: {', '.join(FAMILY_PARAMS)}")
-    return ["key", "family", "op", "dtype", "dist", *FAMILY_PARAMS[family], *TIME_COLUMNS]
+    return ["key", "family", "op", "dtype", "dist", *measured_params(family), *TIME_COLUMNS]
 
 
 def platform_dir(ref: str) -> Path | None:

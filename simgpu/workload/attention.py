@@ -55,9 +55,9 @@ def core_fwd(bl: Blocks, n: str, phase: str, tag: str) -> int:
         em.kernel(f"{n}.attention.scores{tag}", "bmm", bl.attn_dtype, phase=phase, b=bh, m=S, n=S, k=bl.d)
         em.kernel(f"{n}.attention.softmax{tag}", "softmax", bl.aux, phase=phase, rows=bh * S, cols=S, bwd=0)
         if bl.p:
-            bl.ew(f"{n}.attention.dropout{tag}", bh * S * S, 1, 2, phase)
+            bl.ew(f"{n}.attention.dropout{tag}", bh * S * S, 1, 2, phase, op="dropout")
         em.kernel(f"{n}.attention.context{tag}", "bmm", bl.attn_dtype, phase=phase, b=bh, m=S, n=bl.d, k=S)
-        return bl.ew(f"{n}.attention.permute{tag}", s.tokens * heads * bl.d, 1, 1, phase)
+        return bl.ew(f"{n}.attention.permute{tag}", s.tokens * heads * bl.d, 1, 1, phase, op="transpose")
     suffix = f"{n}.kv{tag}.mb{bl.mb}"
     if s.cp_comm == "all_gather":
         full = s.model.seq_len
@@ -86,7 +86,7 @@ def _ring(bl: Blocks, n: str, phase: str, tag: str, bwd: bool) -> int:
         last = _flash(bl, f"{n}.attention.{what}.step{k}{tag}", bwd, phase, s.seq, skv, causal, deps=deps)
         if k:
             # merge the partial result with the running one (output and log-sum-exp, or dQ)
-            last = bl.ew(f"{n}.attention.merge{k}{tag}", s.tokens * bl.heads * bl.d, 2, 1, phase)
+            last = bl.ew(f"{n}.attention.merge{k}{tag}", s.tokens * bl.heads * bl.d, 2, 1, phase, op="attention_merge")
         if k < cp - 1:
             held = recv
     if bwd:
@@ -95,7 +95,7 @@ def _ring(bl: Blocks, n: str, phase: str, tag: str, bwd: bool) -> int:
         em.p2p(_SEND, f"{n}.attention.dkv_send{tag}", sfx, _kv_bytes(bl), phase=phase, deps=(last,),
                stream=CP_STREAMS[0])
         recv = em.p2p(_RECV, f"{n}.attention.dkv_recv{tag}", sfx, _kv_bytes(bl), phase=phase, stream=CP_STREAMS[1])
-        last = bl.ew(f"{n}.attention.dkv_add{tag}", _kv_bytes(bl) // bl.w, 2, 1, phase, deps=(recv,))
+        last = bl.ew(f"{n}.attention.dkv_add{tag}", _kv_bytes(bl) // bl.w, 2, 1, phase, deps=(recv,), op="add")
     return last
 
 
@@ -109,11 +109,11 @@ def core_bwd(bl: Blocks, n: str, phase: str) -> int:
         if s.recompute == "selective":
             core_fwd(bl, n, phase, ".recompute")
         bh = b * heads
-        bl.ew(f"{n}.attention.permute_bwd", s.tokens * heads * bl.d, 1, 1, phase)
+        bl.ew(f"{n}.attention.permute_bwd", s.tokens * heads * bl.d, 1, 1, phase, op="transpose")
         em.kernel(f"{n}.attention.context_dgrad_v", "bmm", bl.attn_dtype, phase=phase, b=bh, m=S, n=bl.d, k=S)
         em.kernel(f"{n}.attention.context_dgrad_p", "bmm", bl.attn_dtype, phase=phase, b=bh, m=S, n=S, k=bl.d)
         if bl.p:
-            bl.ew(f"{n}.attention.dropout_bwd", bh * S * S, 2, 1, phase)
+            bl.ew(f"{n}.attention.dropout_bwd", bh * S * S, 2, 1, phase, op="dropout_bwd")
         em.kernel(f"{n}.attention.softmax_bwd", "softmax", bl.aux, phase=phase, rows=bh * S, cols=S, bwd=1)
         em.kernel(f"{n}.attention.scores_dgrad_q", "bmm", bl.attn_dtype, phase=phase, b=bh, m=S, n=bl.d, k=S)
         return em.kernel(f"{n}.attention.scores_dgrad_k", "bmm", bl.attn_dtype, phase=phase, b=bh, m=S, n=bl.d,
@@ -127,5 +127,5 @@ def core_bwd(bl: Blocks, n: str, phase: str) -> int:
         rs = em.group_op("cp", f"{n}.attention.dkv_reduce_scatter", suffix + ".rs", "reduce_scatter",
                          s.layout.cp * _kv_bytes(bl), phase=phase, deps=(last,), stream="comm.cp")
         return last if rs is None else bl.ew(f"{n}.attention.dkv_copy", _kv_bytes(bl) // bl.w, 1, 1, phase,
-                                              deps=(rs,))
+                                              deps=(rs,), op="copy")
     return _ring(bl, n, phase, "", bwd=True)

@@ -59,8 +59,10 @@ class Blocks:
     # ---- primitives
 
     def ew(self, name: str, numel: int, reads: int, writes: int, phase: str, deps: Iterable[int] = (),
-           dtype: str | None = None) -> int:
-        return self.em.elementwise(name, numel, reads, writes, dtype or self.aux, phase=phase, deps=deps)
+           dtype: str | None = None, *, op: str) -> int:
+        """An elementwise kernel of op ``op`` (see :mod:`simgpu.workload.elementwise`), in the auxiliary
+        dtype unless ``dtype`` says otherwise."""
+        return self.em.elementwise(name, numel, reads, writes, dtype or self.aux, op=op, phase=phase, deps=deps)
 
     def norm(self, name: str, bwd: bool, phase: str, tag: str = "", deps: Iterable[int] = ()) -> int:
         return self.em.kernel(f"{name}.{'bwd' if bwd else 'fwd'}{tag}", "norm", self.aux, phase=phase, deps=deps,
@@ -86,13 +88,14 @@ class Blocks:
         already produced in FP8 (bf16 read, fp8 written)."""
         t = self.s.tokens if rows is None else rows
         if self.s.cast:
-            self.ew(f"{lin.name}.cast{tag}", lin.numel, 1, 1, phase)
+            self.ew(f"{lin.name}.cast{tag}", lin.numel, 1, 1, phase, op="cast")
         fp8 = self.fp8(lin)
         if fp8 and self.mb == 0 and not tag:
-            self.ew(f"{lin.name}.weight_fp8", lin.numel, 1, 1, phase)
+            self.ew(f"{lin.name}.weight_fp8", lin.numel, 1, 1, phase, op="quantize")
         if fp8 and quantize_input:
             # counted in fp8 bytes: a 2-byte read and a 1-byte write per element
-            self.em.elementwise(f"{lin.name}.quantize{tag}", t * lin.inputs, 2, 1, "fp8", phase=phase, deps=deps)
+            self.em.elementwise(f"{lin.name}.quantize{tag}", t * lin.inputs, 2, 1, "fp8", op="quantize", phase=phase,
+                                deps=deps)
             deps = ()
         return self.em.kernel(f"{lin.name}.fwd{tag}", "gemm", self.prec if fp8 else self.aux_gemm, phase=phase,
                               deps=deps, m=t, n=lin.outputs, k=lin.inputs)
@@ -102,8 +105,8 @@ class Blocks:
         t = self.s.tokens if rows is None else rows
         fp8 = self.fp8(lin)
         if fp8:
-            self.em.elementwise(f"{lin.name}.grad_cast_transpose", t * lin.outputs, 1, 1, self.aux, phase=phase,
-                                deps=deps)
+            self.em.elementwise(f"{lin.name}.grad_cast_transpose", t * lin.outputs, 1, 1, self.aux, op="quantize",
+                                phase=phase, deps=deps)
             deps = ()
         return self.em.kernel(f"{lin.name}.dgrad", "gemm", self.prec if fp8 else self.aux_gemm, phase=phase,
                               deps=deps, m=t, n=lin.inputs, k=lin.outputs)
@@ -116,9 +119,9 @@ class Blocks:
         last = self.em.kernel(f"{lin.name}.wgrad", "gemm", self.prec if self.fp8(lin) else self.aux_gemm,
                               phase=phase, deps=deps, m=lin.outputs, n=lin.inputs, k=t)
         if lin.bias:
-            last = self.ew(f"{lin.name}.bias_grad", t * lin.outputs, 1, 0, phase)
+            last = self.ew(f"{lin.name}.bias_grad", t * lin.outputs, 1, 0, phase, op="sum_rows")
         if self.s.cast:
-            last = self.ew(f"{lin.name}.grad_cast", lin.numel, 1, 1, phase)
+            last = self.ew(f"{lin.name}.grad_cast", lin.numel, 1, 1, phase, op="cast")
         if sink is not None:
             sink.ready(lin.params, last)
         return last
@@ -138,15 +141,16 @@ class Blocks:
         """Dropout and the residual add: Megatron's fused bias-dropout-add, or separate kernels."""
         rows = self.s.rows * self.h
         if self.s.megatron:
-            return self.ew(name, rows, 2, 2 if self.p else 1, phase, deps=deps)
+            return self.ew(name, rows, 2, 2 if self.p else 1, phase, deps=deps,
+                           op="bias_dropout_add" if self.p else "bias_residual_add")
         if self.p:
-            self.ew(f"{name}.dropout", rows, 1, 2, phase, deps=deps)
+            self.ew(f"{name}.dropout", rows, 1, 2, phase, deps=deps, op="dropout")
             deps = ()
-        return self.ew(name, rows, 2, 1, phase, deps=deps)
+        return self.ew(name, rows, 2, 1, phase, deps=deps, op="add")
 
     def residual_bwd(self, name: str, phase: str) -> None:
         if self.p:
-            self.ew(f"{name}.dropout_bwd", self.s.rows * self.h, 2, 1, phase)
+            self.ew(f"{name}.dropout_bwd", self.s.rows * self.h, 2, 1, phase, op="dropout_bwd")
 
     # ---- a block
 
@@ -165,7 +169,7 @@ class Blocks:
         ag = self.tp_comm("ag", f"{n}.ln1{tag}", phase, deps=(ln1,)) if s.sp else None
         self.lin_fwd(blk.qkv, phase, tag, deps=_d(ag))
         if s.model.rope:
-            self.ew(f"{n}.rope{tag}", s.tokens * (self.heads + self.kv) * self.d, 1, 1, phase)
+            self.ew(f"{n}.rope{tag}", s.tokens * (self.heads + self.kv) * self.d, 1, 1, phase, op="rope")
         core_fwd(self, n, phase, tag)
         out = self.lin_fwd(blk.proj, phase, tag, quantize_input=True)
         red = self.tp_comm("rs" if s.sp else "ar", f"{blk.proj.name}{tag}", phase, deps=(out,))
@@ -194,8 +198,9 @@ class Blocks:
         swiglu = self.s.model.act == "swiglu"
         kind = "swiglu" if swiglu else "gelu"
         if bwd:
-            return self.ew(f"{name}.{kind}_bwd", numel, 3 if swiglu else 2, 2 if swiglu else 1, phase, deps=deps)
-        return self.ew(f"{name}.{kind}{tag}", numel, 2 if swiglu else 1, 1, phase, deps=deps)
+            return self.ew(f"{name}.{kind}_bwd", numel, 3 if swiglu else 2, 2 if swiglu else 1, phase, deps=deps,
+                           op=f"{kind}_bwd")
+        return self.ew(f"{name}.{kind}{tag}", numel, 2 if swiglu else 1, 1, phase, deps=deps, op=kind)
 
     def block_bwd(self, blk: Block, sink: GradSink | None, esink: GradSink | None, phase: str = "bwd") -> int:
         """One block's backward (recomputation first); ``esink`` takes the expert gradients."""
@@ -219,19 +224,19 @@ class Blocks:
         if sink is not None:
             sink.ready(blk.ln2, ln2)
         # The residual stream forks at each block input: its two gradients are summed.
-        self.ew(f"{n}.ln2.residual_grad", s.rows * self.h, 2, 1, phase)
+        self.ew(f"{n}.ln2.residual_grad", s.rows * self.h, 2, 1, phase, op="add")
         self.residual_bwd(f"{blk.proj.name}.residual", phase)
         ag = self.tp_comm("ag", f"{blk.proj.name}.grad", phase, deps=(self.em.last,)) if s.sp else None
         self.lin_dgrad(blk.proj, phase, deps=_d(ag))
         self.lin_wgrad(blk.proj, phase, sink)
         core_bwd(self, n, phase)
         if s.model.rope:
-            self.ew(f"{n}.rope_bwd", s.tokens * (self.heads + self.kv) * self.d, 1, 1, phase)
+            self.ew(f"{n}.rope_bwd", s.tokens * (self.heads + self.kv) * self.d, 1, 1, phase, op="rope")
         red = self.column_bwd(blk.qkv, blk.qkv.name, phase, sink)
         ln1 = self.norm(f"{n}.ln1", True, phase, deps=_d(red))
         if sink is not None:
             sink.ready(blk.ln1, ln1)
-        last = self.ew(f"{n}.ln1.residual_grad", s.rows * self.h, 2, 1, phase)
+        last = self.ew(f"{n}.ln1.residual_grad", s.rows * self.h, 2, 1, phase, op="add")
         self.sync(f"{n}.sync", phase)
         return last
 
@@ -241,19 +246,19 @@ class Blocks:
         """Token (vocabulary-parallel) and position / token-type embeddings of the micro-batch; returns
         the op the first block must wait for."""
         s, h = self.s, self.h
-        self.ew("embed.tok_gather", s.tokens * h, 1, 1, "fwd", deps=(copy,))
+        self.ew("embed.tok_gather", s.tokens * h, 1, 1, "fwd", deps=(copy,), op="gather")
         if not s.model.rope:
-            self.ew("embed.pos_gather", s.seq * h, 1, 1, "fwd")
-            self.ew("embed.add", s.tokens * h, 2, 1, "fwd")
+            self.ew("embed.pos_gather", s.seq * h, 1, 1, "fwd", op="gather")
+            self.ew("embed.add", s.tokens * h, 2, 1, "fwd", op="add")
         if s.model.arch == "bert":
-            self.ew("embed.type_gather", s.tokens * h, 1, 1, "fwd")
-            self.ew("embed.type_add", s.tokens * h, 2, 1, "fwd")
+            self.ew("embed.type_gather", s.tokens * h, 1, 1, "fwd", op="gather")
+            self.ew("embed.type_add", s.tokens * h, 2, 1, "fwd", op="add")
         last = self.em.last
         red = self.tp_comm("rs" if s.sp else "ar", "embed", "fwd", deps=(last,))
         if s.model.arch == "bert":
             last = self.norm("embed.ln", False, "fwd", deps=_d(red))
         elif self.p:
-            last = self.ew("embed.dropout", s.rows * h, 1, 2, "fwd", deps=_d(red))
+            last = self.ew("embed.dropout", s.rows * h, 1, 2, "fwd", deps=_d(red), op="dropout")
         elif red is not None:
             last = red
         return last
@@ -267,23 +272,23 @@ class Blocks:
             if sink is not None:
                 sink.ready(norm_params("embed.ln", h, self.norm_kind), self.em.last)
         elif self.p:
-            self.ew("embed.dropout_bwd", s.rows * h, 2, 1, "bwd")
+            self.ew("embed.dropout_bwd", s.rows * h, 2, 1, "bwd", op="dropout_bwd")
         ag = self.tp_comm("ag", "embed.grad", "bwd", deps=(self.em.last,)) if s.sp else None
         params = {p.name: p for p in embedding_params(s)}
         if "wpe" in params:
-            pos = self.ew("embed.pos_grad", s.tokens * h, 1, 1, "bwd", deps=_d(ag))
+            pos = self.ew("embed.pos_grad", s.tokens * h, 1, 1, "bwd", deps=_d(ag), op="sum_rows")
             ag = None
             if sink is not None:
                 sink.ready((params["wpe"],), pos)
         if "wtt" in params:
-            tt = self.ew("embed.type_grad", s.tokens * h, 1, 1, "bwd", deps=_d(ag))
+            tt = self.ew("embed.type_grad", s.tokens * h, 1, 1, "bwd", deps=_d(ag), op="scatter_add")
             ag = None
             if sink is not None:
                 sink.ready((params["wtt"],), tt)
         v = s.vocab // s.tp
-        self.ew("embed.tok_grad_zero", v * h, 0, 1, "bwd", dtype="fp32", deps=_d(ag))
-        self.ew("embed.tok_grad_scatter", s.tokens * h, 1, 1, "bwd", dtype="fp32")
-        last = self.ew("embed.tok_grad_accumulate", v * h, 2, 1, "bwd", dtype="fp32")
+        self.ew("embed.tok_grad_zero", v * h, 0, 1, "bwd", dtype="fp32", deps=_d(ag), op="zero")
+        self.ew("embed.tok_grad_scatter", s.tokens * h, 1, 1, "bwd", dtype="fp32", op="scatter_add")
+        last = self.ew("embed.tok_grad_accumulate", v * h, 2, 1, "bwd", dtype="fp32", op="add")
         if sink is not None:
             sink.ready((params["wte"],), last)
         return last
@@ -297,7 +302,7 @@ class Blocks:
         if "mlm" in lins:
             self.lin_fwd(lins["mlm"], "fwd", deps=_d(ag))
             ag = None
-            self.ew("mlm.gelu", s.tokens * h, 1, 1, "fwd")
+            self.ew("mlm.gelu", s.tokens * h, 1, 1, "fwd", op="gelu")
             self.norm("mlm.ln", False, "fwd")
         logits = self.lin_fwd(lins["lm_head"], "fwd", deps=_d(ag))
         v = lins["lm_head"].outputs
@@ -308,7 +313,7 @@ class Blocks:
             last = last if red is None else red
         if "nsp" in lins:
             self.lin_fwd(lins["pooler"], "fwd", rows=s.micro)
-            self.ew("pooler.tanh", s.micro * h, 1, 1, "fwd")
+            self.ew("pooler.tanh", s.micro * h, 1, 1, "fwd", op="tanh")
             last = self.lin_fwd(lins["nsp"], "fwd", rows=s.micro)
         return last
 
@@ -332,7 +337,7 @@ class Blocks:
             self.norm("mlm.ln", True, "bwd")
             if sink is not None:
                 sink.ready(norm_params("mlm.ln", h, self.norm_kind), self.em.last)
-            self.ew("mlm.gelu_bwd", s.tokens * h, 2, 1, "bwd")
+            self.ew("mlm.gelu_bwd", s.tokens * h, 2, 1, "bwd", op="gelu_bwd")
             self.lin_dgrad(lins["mlm"], "bwd")
             self.lin_wgrad(lins["mlm"], "bwd", sink)
         red = self.tp_comm("rs" if s.sp else "ar", "ln_f.grad", "bwd", deps=(self.em.last,))

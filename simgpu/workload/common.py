@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
+from .elementwise import flops_per_element
 from .graph import CollectiveCall, KernelTable, Op, Program
 
 #: Bytes per element of each dtype string.
@@ -91,10 +92,13 @@ class Emitter:
         return self.program.add(Op(name, "kernel", _category(family), stream="compute", phase=phase,
                                    kernel=idx, deps=_deps(deps)))
 
-    def elementwise(self, name: str, numel: int, reads: int, writes: int, dtype: str, *, phase: str,
+    def elementwise(self, name: str, numel: int, reads: int, writes: int, dtype: str, *, op: str, phase: str,
                     deps: Iterable[int] = ()) -> int:
+        """An elementwise kernel over ``numel`` outputs that reads ``reads`` and writes ``writes`` tensor
+        elements per output; ``op`` names what it computes (a key of
+        :data:`~simgpu.workload.elementwise.FLOPS_PER_ELEMENT`), which sets its ``flops_per_element``."""
         return self.kernel(name, "elementwise", dtype, phase=phase, deps=deps, numel=numel, reads=reads,
-                           writes=writes)
+                           writes=writes, flops_per_element=flops_per_element(op))
 
     def collective(self, name: str, call: CollectiveCall, *, phase: str, deps: Iterable[int] = ()) -> int:
         """A collective on the comm stream; ``Op.nbytes`` mirrors the call's nccl-tests size."""
@@ -157,7 +161,7 @@ def linear_fwd(em: Emitter, lin: Linear, tokens: int, precision: str, *, phase: 
     epilogue).
     """
     if is_mixed(precision):
-        em.elementwise(f"{lin.name}.cast", lin.numel, 1, 1, aux_dtype(precision), phase=phase)
+        em.elementwise(f"{lin.name}.cast", lin.numel, 1, 1, aux_dtype(precision), op="cast", phase=phase)
     return em.kernel(f"{lin.name}.fwd", "gemm", precision, phase=phase, deps=deps,
                      m=tokens, n=lin.outputs, k=lin.inputs)
 
@@ -182,9 +186,9 @@ def linear_bwd(em: Emitter, lin: Linear, tokens: int, precision: str, *, dgrad: 
     aux = aux_dtype(precision)
     if lin.bias:
         # A reduction over the rows: reads the output gradient once, writes a vector.
-        last = em.elementwise(f"{lin.name}.bias_grad", tokens * lin.outputs, 1, 0, aux, phase=phase)
+        last = em.elementwise(f"{lin.name}.bias_grad", tokens * lin.outputs, 1, 0, aux, op="sum_rows", phase=phase)
     if is_mixed(precision):
-        last = em.elementwise(f"{lin.name}.grad_cast", lin.numel, 1, 1, aux, phase=phase)
+        last = em.elementwise(f"{lin.name}.grad_cast", lin.numel, 1, 1, aux, op="cast", phase=phase)
     if grads is not None:
         grads.ready(lin.params, last)
     return last
@@ -201,7 +205,7 @@ def mlp_fwd(em: Emitter, layers: Sequence[Linear], tokens: int, precision: str, 
         last = linear_fwd(em, lin, tokens, precision, phase=phase, deps=deps if i == 0 else ())
         if relu_last or i < len(layers) - 1:
             last = em.elementwise(f"{lin.name}.relu", tokens * lin.outputs, 1, 1, aux_dtype(precision),
-                                  phase=phase)
+                                  op="relu", phase=phase)
     return last
 
 
@@ -218,7 +222,7 @@ def mlp_bwd(em: Emitter, layers: Sequence[Linear], tokens: int, precision: str, 
         if relu_last or i < len(layers) - 1:
             # threshold_backward reads the gradient and the saved output.
             em.elementwise(f"{lin.name}.relu_bwd", tokens * lin.outputs, 2, 1, aux_dtype(precision),
-                           phase=phase)
+                           op="relu_bwd", phase=phase)
         last = linear_bwd(em, lin, tokens, precision, dgrad=input_grad or i > 0, grads=grads, phase=phase)
     return last
 

@@ -230,19 +230,19 @@ def _rank_program(rank: int, spec: WorkloadSpec, model: DLRMModel, arch: Arch, l
     mlp_fwd(em, arch.top, b, prec, relu_last=False)
     out = b * arch.top[-1].outputs
     aux = aux_dtype(prec)
-    em.elementwise("loss.fwd", out, 2, 1, aux, phase="fwd")  # sigmoid + BCE, fused
+    em.elementwise("loss.fwd", out, 2, 1, aux, op="bce_logits", phase="fwd")  # sigmoid + BCE, fused
 
     # ---- backward
-    em.elementwise("loss.bwd", out, 2, 1, aux, phase="bwd")
+    em.elementwise("loss.bwd", out, 2, 1, aux, op="bce_logits_bwd", phase="bwd")
     mlp_bwd(em, arch.top, b, prec, relu_last=False, input_grad=True, grads=grads)
     interaction_bwd(em, arch, b, prec, grads)
-    pack = em.elementwise("interaction.emb_grad_pack", b * arch.emb_dims, 1, 1, aux, phase="bwd")
+    pack = em.elementwise("interaction.emb_grad_pack", b * arch.emb_dims, 1, 1, aux, op="copy", phase="bwd")
     # TorchRec's autograd order: the embedding backward (and its fused optimizer) comes before the
     # bottom MLP's, so the compute stream waits for the gradients' distribution.
     for t in reversed(layout.types):
         if t == "data_parallel":
-            zero = em.elementwise("emb.dp.grad_zero", sum(p.numel for p in replicated), 0, 1, "fp32", phase="bwd",
-                                  deps=(pack,))
+            zero = em.elementwise("emb.dp.grad_zero", sum(p.numel for p in replicated), 0, 1, "fp32", op="zero",
+                                  phase="bwd", deps=(pack,))
             grads.ready(replicated, _lookups(em, layout, replicas, t, bwd=True, dep=zero))
         else:
             _lookups(em, layout, layout.of(t, rank), t, bwd=True, dep=_grad_dist(em, layout, t, pack))

@@ -86,17 +86,17 @@ def interaction_fwd(em: Emitter, arch: Arch, b: int, precision: str, *, deps: Se
     aux = aux_dtype(precision)
     f, d = arch.features, arch.dim
     if arch.interaction == "dot":
-        em.elementwise("interaction.cat", b * (f + 1) * d, 1, 1, aux, phase="fwd", deps=deps)
+        em.elementwise("interaction.cat", b * (f + 1) * d, 1, 1, aux, op="cat", phase="fwd", deps=deps)
         em.kernel("interaction.bmm", "bmm", precision, phase="fwd", b=b, m=f + 1, n=f + 1, k=d)
-        em.elementwise("interaction.triu_gather", b * f * (f + 1) // 2, 1, 1, aux, phase="fwd")
-        return em.elementwise("interaction.cat_dense", b * arch.width, 1, 1, aux, phase="fwd")
-    last = em.elementwise("interaction.cat", b * arch.width, 1, 1, aux, phase="fwd", deps=deps)
+        em.elementwise("interaction.triu_gather", b * f * (f + 1) // 2, 1, 1, aux, op="gather", phase="fwd")
+        return em.elementwise("interaction.cat_dense", b * arch.width, 1, 1, aux, op="cat", phase="fwd")
+    last = em.elementwise("interaction.cat", b * arch.width, 1, 1, aux, op="cat", phase="fwd", deps=deps)
     n = arch.cross_width
     for layer in _cross_layers(arch):
         for lin in layer:
             linear_fwd(em, lin, b, precision)
         # x0 * (W x_l + b) + x_l, fused
-        last = em.elementwise(f"{layer[-1].name.rsplit('.', 1)[0]}.mul_add", b * n, 3, 1, aux, phase="fwd")
+        last = em.elementwise(f"{layer[-1].name.rsplit('.', 1)[0]}.mul_add", b * n, 3, 1, aux, op="fma", phase="fwd")
     return last
 
 
@@ -106,21 +106,21 @@ def interaction_bwd(em: Emitter, arch: Arch, b: int, precision: str, grads: Grad
     f, d = arch.features, arch.dim
     last = -1
     if arch.interaction == "dot":
-        em.elementwise("interaction.triu_scatter", b * (f + 1) ** 2, 1, 1, aux, phase="bwd")
+        em.elementwise("interaction.triu_scatter", b * (f + 1) ** 2, 1, 1, aux, op="scatter_add", phase="bwd")
         # Z = T @ T^T: dT = dZ @ T + dZ^T @ T
         for i in range(2):
             em.kernel(f"interaction.bmm_bwd{i}", "bmm", precision, phase="bwd", b=b, m=f + 1, n=d, k=f + 1)
-        return em.elementwise("interaction.dense_grad_add", b * d, 2, 1, aux, phase="bwd")
+        return em.elementwise("interaction.dense_grad_add", b * d, 2, 1, aux, op="add", phase="bwd")
     n = arch.cross_width
     for layer in reversed(_cross_layers(arch)):
         name = layer[-1].name.rsplit(".", 1)[0]
         # g: grad of x_{l+1}. d(W x_l + b) = g * x0; dx0 += g * (W x_l + b)
-        em.elementwise(f"{name}.mul_bwd", b * n, 3, 2, aux, phase="bwd")
+        em.elementwise(f"{name}.mul_bwd", b * n, 3, 2, aux, op="fma_bwd", phase="bwd")
         for lin in reversed(layer):
             linear_bwd(em, lin, b, precision, grads=grads)
-        last = em.elementwise(f"{name}.residual_bwd", b * n, 2, 1, aux, phase="bwd")  # dx_l += g
+        last = em.elementwise(f"{name}.residual_bwd", b * n, 2, 1, aux, op="add", phase="bwd")  # dx_l += g
     if arch.cross:
-        last = em.elementwise("interaction.x0_grad_add", b * n, 2, 1, aux, phase="bwd")
+        last = em.elementwise("interaction.x0_grad_add", b * n, 2, 1, aux, op="add", phase="bwd")
     return last
 
 

@@ -47,17 +47,18 @@ def moe_fwd(bl: Blocks, ex: Experts, phase: str, tag: str, deps: Iterable[int] =
     te = tokens_per_expert(s)
     bl.lin_fwd(ex.router, phase, tag, deps=deps)
     em.kernel(f"{ex.name}.route{tag}", "softmax", bl.aux, phase=phase, rows=t, cols=moe.experts, bwd=0)
-    perm = bl.ew(f"{ex.name}.permute{tag}", t * k * h, 1, 1, phase)
+    perm = bl.ew(f"{ex.name}.permute{tag}", t * k * h, 1, 1, phase, op="gather")
     dispatch = _a2a(bl, ex, "dispatch", phase, tag, perm)
     if s.cast:
-        bl.ew(f"{ex.name}.experts.cast{tag}", (ex.fc1.numel + ex.fc2.numel) * ex.local, 1, 1, phase)
+        bl.ew(f"{ex.name}.experts.cast{tag}", (ex.fc1.numel + ex.fc2.numel) * ex.local, 1, 1, phase, op="cast")
     em.kernel(f"{ex.name}.fc1.fwd{tag}", "bmm", bl.prec, phase=phase, deps=() if dispatch is None else (dispatch,),
               b=ex.local, m=te, n=ex.fc1.outputs, k=h)
     bl.activation(ex.fc2.inputs, f"{ex.name}.fc1", phase, tag, rows=te * ex.local)
     out = em.kernel(f"{ex.name}.fc2.fwd{tag}", "bmm", bl.prec, phase=phase, b=ex.local, m=te, n=h,
                     k=ex.fc2.inputs)
     combine = _a2a(bl, ex, "combine", phase, tag, out)
-    return bl.ew(f"{ex.name}.unpermute{tag}", t * k * h, 2, 1, phase, deps=() if combine is None else (combine,))
+    return bl.ew(f"{ex.name}.unpermute{tag}", t * k * h, 2, 1, phase, deps=() if combine is None else (combine,),
+                 op="moe_combine")
 
 
 def moe_bwd(bl: Blocks, ex: Experts, phase: str, sink: GradSink | None, esink: GradSink | None,
@@ -68,7 +69,7 @@ def moe_bwd(bl: Blocks, ex: Experts, phase: str, sink: GradSink | None, esink: G
     assert moe is not None
     t, k, h = s.tokens, moe.top_k, bl.h
     te = tokens_per_expert(s)
-    unperm = bl.ew(f"{ex.name}.unpermute_bwd", t * k * h, 2, 1, phase, deps=deps)
+    unperm = bl.ew(f"{ex.name}.unpermute_bwd", t * k * h, 2, 1, phase, deps=deps, op="moe_combine_bwd")
     combine = _a2a(bl, ex, "combine_bwd", phase, "", unperm)
     em.kernel(f"{ex.name}.fc2.dgrad", "bmm", bl.prec, phase=phase, deps=() if combine is None else (combine,),
               b=ex.local, m=te, n=ex.fc2.inputs, k=h)
@@ -79,12 +80,14 @@ def moe_bwd(bl: Blocks, ex: Experts, phase: str, sink: GradSink | None, esink: G
     dispatch = _a2a(bl, ex, "dispatch_bwd", phase, "", dgrad)
     last = em.kernel(f"{ex.name}.fc1.wgrad", "bmm", bl.prec, phase=phase, b=ex.local, m=ex.fc1.outputs, n=h, k=te)
     if ex.fc1.bias:
-        last = bl.ew(f"{ex.name}.bias_grad", te * ex.local * (ex.fc1.outputs + h), 1, 0, phase)
+        last = bl.ew(f"{ex.name}.bias_grad", te * ex.local * (ex.fc1.outputs + h), 1, 0, phase, op="sum_rows")
     if s.cast:
-        last = bl.ew(f"{ex.name}.experts.grad_cast", (ex.fc1.numel + ex.fc2.numel) * ex.local, 1, 1, phase)
+        last = bl.ew(f"{ex.name}.experts.grad_cast", (ex.fc1.numel + ex.fc2.numel) * ex.local, 1, 1, phase,
+                     op="cast")
     if esink is not None:
         esink.ready(ex.params, last)
-    bl.ew(f"{ex.name}.permute_bwd", t * k * h, 1, 1, phase, deps=() if dispatch is None else (dispatch,))
+    bl.ew(f"{ex.name}.permute_bwd", t * k * h, 1, 1, phase, deps=() if dispatch is None else (dispatch,),
+          op="scatter_add")
     em.kernel(f"{ex.name}.route_bwd", "softmax", bl.aux, phase=phase, rows=t, cols=moe.experts, bwd=1)
     dgrad = bl.lin_dgrad(ex.router, phase)
     red = bl.tp_comm("rs" if s.sp else "ar", f"{ex.name}.dgrad", phase, deps=(dgrad,))

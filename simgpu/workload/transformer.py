@@ -206,7 +206,7 @@ class _Stage:
             if ag is not None:
                 dense, expert = self._unit_params(units[i])
                 n = sum(p.numel for p in dense + expert)
-                self.bl.ew(f"{_unit_name(units[i])}.copy_out", n, 1, 1, phase, deps=(ag,))
+                self.bl.ew(f"{_unit_name(units[i])}.copy_out", n, 1, 1, phase, deps=(ag,), op="copy")
         return gate
 
     def _unit_reducers(self, units: list[Unit], g: int) -> tuple[Reducer, Reducer]:
@@ -245,7 +245,7 @@ class _Stage:
             local = -(-dense // (lay.dp * lay.cp)) + -(-expert // (lay.dp // lay.ep * lay.cp))
         optimizer_step(em, local, s.optimizer, deps=deps)
         if s.megatron and is_mixed(s.precision):
-            em.elementwise("optimizer.copy_to_model", local, 1, 1, s.aux, phase="opt")
+            em.elementwise("optimizer.copy_to_model", local, 1, 1, s.aux, op="cast", phase="opt")
         if s.zero in (1, 2):
             wb = weight_bytes(s.precision)
             for kind, order in (("dp_cp", self.dense_order), ("edp_cp", self.expert_order)):
