@@ -148,7 +148,7 @@ class CollectiveSpec(Spec):
     protocols: dict[Literal["ll", "ll128", "simple"], ProtocolSpec] = Field(
         default_factory=_default_protocols, description="protocols the tuner may choose from")
     enabled_protocols: list[Literal["ll", "ll128", "simple"]] | None = Field(
-        None, description="the protocols this machine's NCCL may use (NCCL_PROTO; e.g. [simple] where the "
+        None, min_length=1, description="the protocols this machine's NCCL may use (NCCL_PROTO; e.g. [simple] where the "
                           "network plugin forces it); default: every protocol listed")
 
     @model_validator(mode="after")
@@ -157,8 +157,6 @@ class CollectiveSpec(Spec):
         if unknown:
             raise ValueError(f"enabled_protocols names {', '.join(unknown)}, not among protocols "
                              f"({', '.join(self.protocols)})")
-        if self.enabled_protocols is not None and not self.enabled_protocols:
-            raise ValueError("enabled_protocols is empty: name at least one protocol")
         return self
 
     def usable_protocols(self) -> list[str]:
