@@ -148,8 +148,9 @@ class CollectiveSpec(Spec):
     protocols: dict[Literal["ll", "ll128", "simple"], ProtocolSpec] = Field(
         default_factory=_default_protocols, description="protocols the tuner may choose from")
     enabled_protocols: list[Literal["ll", "ll128", "simple"]] | None = Field(
-        None, min_length=1, description="the protocols this machine's NCCL may use (NCCL_PROTO; e.g. [simple] where the "
-                          "network plugin forces it); default: every protocol listed")
+        None, min_length=1,
+        description="the protocols this machine's NCCL may use (NCCL_PROTO; e.g. [simple] where the network "
+                    "plugin forces it); default: every protocol listed")
 
     @model_validator(mode="after")
     def _enabled_known(self) -> CollectiveSpec:
