@@ -73,6 +73,29 @@ def test_a_capped_flow_leaves_its_share_to_the_others():
     assert ev.processed and env.now == pytest.approx(25.0)
 
 
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=4),
+                          st.one_of(st.just(float("inf")), st.floats(0.5, 50.0))), min_size=1, max_size=10),
+       st.lists(st.floats(1.0, 40.0), min_size=4, max_size=4))
+def test_capped_max_min_is_feasible_and_fair(flows, cap):
+    """With per-flow caps: no flow above its cap, no link above its capacity, and every flow is
+    either at its cap or crosses a saturated link on which no flow gets more than it (max-min)."""
+    fs = [F(links, c) for links, c in flows]
+    capacity = np.array(cap)
+    rates, ids, load = _max_min(fs, capacity)
+    per_link = {int(i): float(x) for i, x in zip(ids, load)}
+    for lid, x in per_link.items():
+        assert x <= capacity[lid] * (1 + 1e-6)
+    for f, r in zip(fs, rates):
+        assert r <= f.cap * (1 + 1e-9)
+        if r >= f.cap * (1 - 1e-6):
+            continue
+        bottlenecks = [lid for lid in set(f.links.tolist()) if per_link[lid] >= capacity[lid] * (1 - 1e-6)]
+        assert bottlenecks, (f.links, r)
+        assert any(all(r2 <= r * (1 + 1e-6) for g, r2 in zip(fs, rates) if lid in g.links.tolist())
+                   for lid in bottlenecks)
+
+
 def test_latency_delays_the_start():
     env = simpy.Environment()
     net = FlowNetwork(env, np.array([1.0]))
