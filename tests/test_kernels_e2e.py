@@ -4,7 +4,7 @@ A small GPT and a small DLRM are described as workloads on ``cpu_host`` (the CPU
 with kernel models fitted on its microbenchmarks), simulated, and also built as real torch models
 that run what the builders emit (forward, backward, optimizer step) on this machine's CPU with the
 thread count the platform was measured with, timed with the harness's clock. The simulated step is
-compared with the median measured step (the target is 15%, see TARGET). On a machine other than
+compared with the median measured step: within 15% (TARGET). On a machine other than
 the one cpu_host was measured on (another CPU, core count or torch build), the comparison skips:
 the models describe that machine only. Also: the shipped models of ``cpu_host`` are the ones
 fitted on its shipped data.
@@ -32,16 +32,15 @@ from simgpu.bench.timing import cpu_clock
 from simgpu.kernels import store
 from simgpu.kernels.learned import load_models
 
-# The target is 15%. Elementwise kernels carry their op's arithmetic (flops_per_element), so
-# GELU and its backward are no longer timed as copies: that adds 1.4 ms to the GPT step (99.5 -> 100.8
-# ms simulated) and next to nothing to the DLRM's (its gather is 18k elements). Over 14 runs the
-# simulated step was 3-7% (GPT) and 2-9% (DLRM) short of the measured one, but the measured step drifts
-# with the machine's other tenants (GPT once measured 125 ms: -19%). What is still short are
-# memory-bound kernels that run slower inside a step than in the warm-cache microbenchmarks (the cross
-# entropy's log-softmax, ReLU backward, zero fills, the DLRM's sparse SGD update), so the test guards
-# against regressions at 20% and prints the error for the README.
+# The target: within 15%. Elementwise kernels carry their op's arithmetic (flops_per_element),
+# so GELU and its backward are not timed as copies. Over 20 runs the simulated step was 3-10% (GPT) and
+# 2-11% (DLRM) short of the measured one, also with another process keeping the second core busy (the
+# clock is the thread's CPU time). What is still short are memory-bound kernels that run slower inside a
+# step than in the warm-cache microbenchmarks (the cross entropy's log-softmax, ReLU backward, zero
+# fills, the DLRM's sparse SGD update). Other tenants of the machine can only slow the measured step
+# down: a step outside the target is measured again (ATTEMPTS in all) and the fastest is kept.
 TARGET = 0.15
-TOLERANCE = 0.20
+ATTEMPTS = 3
 PLATFORM = ROOT / "platforms" / "cpu_host"
 STEPS, WARMUP = 9, 2
 
@@ -219,11 +218,17 @@ def test_simulated_step_matches_measured_step(name: str, tmp_path: Path):
                     f"measure this one with python -m simgpu.bench --device cpu --threads 1")
     if name == "gpt":
         sim = simulated_s(tmp_path, name, GPT_MODEL, GPT_TRAINING)
-        real, wall = measured_s(gpt_step(GPT_MODEL, GPT_TRAINING["batch_per_gpu"]))
+        step = gpt_step(GPT_MODEL, GPT_TRAINING["batch_per_gpu"])
     else:
         sim = simulated_s(tmp_path, name, DLRM_MODEL, DLRM_TRAINING)
-        real, wall = measured_s(dlrm_step(DLRM_MODEL, DLRM_TRAINING["batch_per_gpu"]))
-    err = sim / real - 1
-    print(f"\n{name}: simulated {sim * 1e3:.1f} ms, measured {real * 1e3:.1f} ms (wall {wall * 1e3:.1f} ms), "
-          f"error {err:+.1%} (target {TARGET:.0%}, guarded at {TOLERANCE:.0%})")
-    assert abs(err) <= TOLERANCE
+        step = dlrm_step(DLRM_MODEL, DLRM_TRAINING["batch_per_gpu"])
+    tries = []
+    for _ in range(ATTEMPTS):
+        tries.append(measured_s(step))
+        real = min(t for t, _ in tries)
+        err = sim / real - 1
+        print(f"\n{name}: simulated {sim * 1e3:.1f} ms, measured {tries[-1][0] * 1e3:.1f} ms "
+              f"(wall {tries[-1][1] * 1e3:.1f} ms), error {sim / tries[-1][0] - 1:+.1%} (target {TARGET:.0%})")
+        if abs(err) <= TARGET:
+            break
+    assert abs(err) <= TARGET, f"{name}: fastest of {len(tries)} measured steps {real * 1e3:.1f} ms, error {err:+.1%}"
