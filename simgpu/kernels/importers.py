@@ -71,12 +71,18 @@ def read_neusight(root: str | Path, families: tuple[str, ...] | None = None) -> 
     return out
 
 
+#: SM counts where NeuSight's spec files disagree with the GPU: the L4 has 58 SMs (7,424 CUDA cores of
+#: 128 per SM, NVIDIA L4 datasheet; NeuSight's own profiler rows of the L4 give grid / blocks-per-SM =
+#: 58), the P4 20 (2,560 cores of 128 per Pascal GP104 SM; the file has 40 SMs of 64 cores).
+SMS_CORRECTED: Final = {"NVIDIA L4": 58, "Tesla P4": 20}
+
+
 def neusight_gpus(root: str | Path) -> dict[str, GPUSpec]:
     """The GPU spec of every device NeuSight measured, keyed by its ``Device`` string.
 
-    NeuSight's spec files give memory (GB), bandwidth (GB/s), SMs and the fp32 peak (GFLOP/s). The
-    efficiencies are left at simgpu's defaults: they are what the analytical model assumes of a
-    GPU it has no measurements of.
+    NeuSight's spec files give memory (GB), bandwidth (GB/s), SMs (corrected where they are wrong,
+    :data:`SMS_CORRECTED`) and the fp32 peak (GFLOP/s). The efficiencies are left at simgpu's
+    defaults: they are what the analytical model assumes of a GPU it has no measurements of.
     """
     test = _test_dir(Path(root))
     folder = test / "device_configs"
@@ -87,6 +93,6 @@ def neusight_gpus(root: str | Path) -> dict[str, GPUSpec]:
         d = json.loads(path.read_text())
         name = str(d["Device"])
         out[name] = GPUSpec(name=name, memory_gib=float(d["Dev_Mem"]), hbm_gbytes_per_s=float(d["Mem_Bw"]),
-                            sms=int(d["Num_Sm"]), peak_tflops={"fp32": float(d["SingleFLOPs"]) / 1e3},
-                            kernel_min_us=2.0)
+                            sms=SMS_CORRECTED.get(name, int(d["Num_Sm"])),
+                            peak_tflops={"fp32": float(d["SingleFLOPs"]) / 1e3}, kernel_min_us=2.0)
     return out
