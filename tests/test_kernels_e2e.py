@@ -33,7 +33,7 @@ from simgpu.kernels import store
 from simgpu.kernels.learned import load_models
 
 # The target: within 15%. Elementwise kernels carry their op's arithmetic (flops_per_element),
-# so GELU and its backward are not timed as copies. Over 20 runs the simulated step was 3-10% (GPT) and
+# so GELU and its backward are not timed as copies. Over 19 runs the simulated step was 3-10% (GPT) and
 # 2-11% (DLRM) short of the measured one, also with another process keeping the second core busy (the
 # clock is the thread's CPU time). What is still short are memory-bound kernels that run slower inside a
 # step than in the warm-cache microbenchmarks (the cross entropy's log-softmax, ReLU backward, zero
