@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from ..config.workload import WorkloadSpec
 from .common import GRAD_BYTES, dense_memory, optimizer_states
 from .dlrm_arch import Arch, activation_bytes
-from .embedding import EMB_BYTES, Footprint, Shard, footprint
+from .embedding import EMB_BYTES, Shard, footprint
 from .graph import MemoryEstimate
 
 
@@ -22,7 +22,7 @@ def dense_states(spec: WorkloadSpec) -> int:
     return optimizer_states(spec.training.optimizer)
 
 
-def shard_footprint(spec: WorkloadSpec, shard: Shard, world: int) -> Footprint:
+def shard_footprint(spec: WorkloadSpec, shard: Shard, world: int) -> MemoryEstimate:
     return footprint(shard, spec.training.batch_per_gpu, world, spec.training.embedding_optimizer,
                      dense_states(spec))
 
@@ -44,16 +44,7 @@ def base_memory(spec: WorkloadSpec, arch: Arch, shards: Sequence[Shard]) -> Memo
 
 def memory_per_rank(spec: WorkloadSpec, arch: Arch, shards: Sequence[Shard], world: int) -> list[MemoryEstimate]:
     """Bytes on each of ``world`` ranks: :func:`base_memory` plus the footprints of its shards."""
-    base = base_memory(spec, arch, shards)
-    parts = [[base.embeddings, base.gradients, base.optimizer_states, base.activations, base.buffers]
-             for _ in range(world)]
+    per_rank = [base_memory(spec, arch, shards)] * world
     for s in shards:
-        f = shard_footprint(spec, s, world)
-        row = parts[s.rank]
-        row[0] += f.embeddings
-        row[1] += f.gradients
-        row[2] += f.optimizer_states
-        row[3] += f.activations
-        row[4] += f.buffers
-    return [MemoryEstimate(parameters=base.parameters, embeddings=e, gradients=g, optimizer_states=o,
-                           activations=a, buffers=u) for e, g, o, a, u in parts]
+        per_rank[s.rank] = per_rank[s.rank] + shard_footprint(spec, s, world)
+    return per_rank

@@ -19,6 +19,7 @@ from typing import Final
 import numpy as np
 
 from ..config.workload import DLRMModel, IndexDistribution, ShardingType
+from .graph import MemoryEstimate
 
 EMB_BYTES: Final = 4     # fp32 table rows, pooled embeddings and their gradients
 ID_BYTES: Final = 8      # int64 sparse ids
@@ -189,23 +190,8 @@ def table_shards(table: Table, type_: ShardingType, ranks: tuple[int, ...]) -> l
     return [Shard(table, type_, r, table.rows, table.dim) for r in ranks]
 
 
-@dataclass(frozen=True)
-class Footprint:
-    """Bytes one shard adds to its GPU, by purpose (the parts of :class:`~simgpu.workload.graph.MemoryEstimate`)."""
-
-    embeddings: float = 0.0
-    gradients: float = 0.0
-    optimizer_states: float = 0.0
-    activations: float = 0.0
-    buffers: float = 0.0
-
-    @property
-    def total(self) -> float:
-        return self.embeddings + self.gradients + self.optimizer_states + self.activations + self.buffers
-
-
-def footprint(shard: Shard, batch: int, world: int, embedding_optimizer: str, dense_states: int) -> Footprint:
-    """What ``shard`` costs its GPU with ``batch`` samples per rank over ``world`` ranks.
+def footprint(shard: Shard, batch: int, world: int, embedding_optimizer: str, dense_states: int) -> MemoryEstimate:
+    """The bytes ``shard`` adds to its GPU with ``batch`` samples per rank over ``world`` ranks.
 
     Sharded tables: the rows with their fused optimizer's state (row-wise adagrad: one fp32 per
     row), the lookup output over the global batch (partial sums for row-split shards), and the
@@ -216,10 +202,10 @@ def footprint(shard: Shard, batch: int, world: int, embedding_optimizer: str, de
     """
     gb = batch * world
     if shard.type == "data_parallel":
-        return Footprint(embeddings=shard.nbytes, gradients=shard.nbytes,
-                         optimizer_states=shard.nbytes * dense_states,
-                         activations=batch * shard.dim * EMB_BYTES, buffers=shard.nbytes)
+        return MemoryEstimate(embeddings=shard.nbytes, gradients=shard.nbytes,
+                              optimizer_states=shard.nbytes * dense_states,
+                              activations=batch * shard.dim * EMB_BYTES, buffers=shard.nbytes)
     state = shard.rows * ROW_STATE_BYTES if embedding_optimizer == "adagrad" else 0
     out = gb * shard.dim * EMB_BYTES
     ids = world * shard.input_bytes_from_each_rank(batch)
-    return Footprint(embeddings=shard.nbytes + state, activations=out, buffers=ids + out)
+    return MemoryEstimate(embeddings=shard.nbytes + state, activations=out, buffers=ids + out)

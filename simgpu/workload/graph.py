@@ -139,6 +139,12 @@ class MemoryEstimate:
         return (self.parameters + self.gradients + self.optimizer_states + self.activations
                 + self.embeddings + self.buffers)
 
+    def __add__(self, other: MemoryEstimate) -> MemoryEstimate:
+        return MemoryEstimate(self.parameters + other.parameters, self.gradients + other.gradients,
+                              self.optimizer_states + other.optimizer_states,
+                              self.activations + other.activations, self.embeddings + other.embeddings,
+                              self.buffers + other.buffers)
+
     def as_gib(self) -> dict[str, float]:
         d = {k: getattr(self, k) / 2**30 for k in
              ("parameters", "gradients", "optimizer_states", "activations", "embeddings", "buffers")}
