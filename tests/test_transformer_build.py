@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from simgpu.config.loader import Job, load_platform
 from simgpu.config.workload import WorkloadSpec
 from simgpu.sim import simulate
+from simgpu.workload.attention import fused_softmax_available
 from simgpu.workload.graph import Workload
 from simgpu.workload.registry import World, get_builder
 from simgpu.workload.shapes import active_matmul_params, parameter_count
@@ -116,6 +117,37 @@ def test_recompute_full_reruns_each_block_forward() -> None:
     assert all(o.phase == "bwd" for o in full.programs[0].ops if o.name.endswith(".recompute"))
     sel = build(spec(model={"attention": "unfused"}, training={"recompute": "selective"}), 1)
     assert sum(o.name.endswith(".recompute") for o in sel.programs[0].ops) == LAYERS * 4  # bmm, softmax, bmm, permute
+
+
+@pytest.mark.parametrize("batches, sq, sk, causal, half, want", [
+    (4, 1024, 1024, True, True, True),      # one 128-thread block takes 4 rows of 1,024
+    (2, 1024, 1024, True, True, False),     # micro-batch 1 x 2 heads: not a multiple of 4
+    (4, 1024, 1024, True, False, False),    # fp32 scores: no fused kernel
+    (8, 8192, 8192, True, True, False),     # keys beyond 4,096
+    (4, 128, 128, True, True, False),       # two rows per warp up to 128 keys: 8 per block
+    (4, 128, 128, False, True, True),       # a padding mask needs the query rows in blocks of 8
+    (4, 18, 18, True, True, False),         # keys not a multiple of 4
+])
+def test_megatron_fused_softmax_rule(batches: int, sq: int, sk: int, causal: bool, half: bool, want: bool) -> None:
+    assert fused_softmax_available(batches, sq, sk, causal, half) is want
+
+
+def test_unfused_softmax_falls_back_to_pytorch_where_the_kernel_does_not_fit() -> None:
+    """One head per rank and micro-batch 2 give 2 score matrices: Megatron's fused kernel needs a
+    multiple of 4, so the softmax runs as five PyTorch ops in fp32 each way."""
+    model = {"attention": "unfused", "dropout": 0.1}
+    fused, fallback = build(spec(model, tp=2), 2), build(spec(model, tp=8), 8)
+    names = [o.name for o in fallback.programs[0].ops if o.name.startswith("h0.attention.softmax")]
+    assert names == [f"h0.attention.softmax.{p}" if p else "h0.attention.softmax"
+                     for p in ("cast_in", "scale", "mask", "", "cast_out")] + \
+        [f"h0.attention.softmax_bwd.{p}" if p else "h0.attention.softmax_bwd"
+         for p in ("cast_grad", "", "mask", "scale", "cast_in")]
+    softmax = next(o for o in fallback.programs[0].ops if o.name == "h0.attention.softmax")
+    assert fallback.kernels[softmax.kernel].dtype == "fp32"
+    assert [o.name for o in fused.programs[0].ops if o.name.startswith("h0.attention.softmax")] == \
+        ["h0.attention.softmax", "h0.attention.softmax_bwd"]
+    extra = len(fallback.programs[0].ops) - len(fused.programs[0].ops)
+    assert extra == LAYERS * 8
 
 
 def test_ddp_buckets_only_in_the_last_micro_batch() -> None:

@@ -40,6 +40,18 @@ def test_block_activations_match_korthikanti(tp: int, sp: bool, recompute: str, 
     assert block_activation_bytes(s, block(s, 0)) == pytest.approx(want)
 
 
+def test_pytorch_softmax_keeps_fp32_scores() -> None:
+    """One head and micro-batch 2: Megatron's fused softmax does not take 2 score matrices, and its
+    fallback keeps the softmax output in fp32 (2 more bytes per score than the fused kernel)."""
+    s = setup(model={"heads": 1})
+    want = S * B * H * (34 + 5 * 1 * S / H) + 2 * B * 1 * S * S
+    assert block_activation_bytes(s, block(s, 0)) == pytest.approx(want)
+    no_dropout = setup(model={"heads": 1, "dropout": 0.0})
+    # without dropout the fused kernel's fp16 output fed the next matmul; now fp32 plus its fp16 cast
+    assert block_activation_bytes(no_dropout, block(no_dropout, 0)) == pytest.approx(
+        S * B * H * 32 + 2 * B * S * S + 4 * B * S * S)
+
+
 def test_flash_attention_keeps_no_scores() -> None:
     s = setup(model={"attention": "flash", "dropout": 0.0})
     # 34 s b h without the two dropout masks, plus the fp32 log-sum-exp per head and query

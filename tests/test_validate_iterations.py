@@ -17,8 +17,10 @@ pytestmark = pytest.mark.validation
 needs_data = pytest.mark.skipif(not (vi.DATA / vi.CSV).is_file(),
                                 reason=f"measurements not found at {vi.DATA} (../shared/data beside the checkout)")
 #: Complete (hidden, layers, global batch) groups whose every parallel configuration is simulated:
-#: for each hidden size, the cheapest group of at least 20 configurations (12 layers, global batch 4).
-GROUPS = [(1024, 12, 4), (2048, 12, 4)]
+#: for each hidden size, the cheapest group of at least 20 configurations (12 layers, global batch 4),
+#: and the group of 8 whose order turns on tensor parallelism 8 at micro-batch 1 (two score matrices
+#: per rank, which Megatron's fused softmax does not take).
+GROUPS = [(1024, 12, 4), (2048, 12, 4), (2048, 12, 2)]
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +59,7 @@ def test_geomean_error_of_the_sample(sample: pd.DataFrame) -> None:
 @pytest.mark.parametrize("hidden, layers, batch", GROUPS)
 def test_rank_correlation_within_a_group(cases: pd.DataFrame, hidden: int, layers: int, batch: int) -> None:
     group = cases[(cases["hidden"] == hidden) & (cases["layers"] == layers) & (cases["global_batch"] == batch)]
-    assert len(group) >= 20
+    assert len(group) >= (20 if batch >= 4 else 8)
     rho = vi.spearman(vi.predict(group))
     assert len(rho) == 1
     assert rho["rho"].iloc[0] >= vi.MIN_SPEARMAN, rho

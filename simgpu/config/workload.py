@@ -226,7 +226,8 @@ class TransformerModel(Spec):
         None, description="the output layer shares the token embedding; default by arch")
     attention: Literal["flash", "unfused"] = Field(
         "flash", description="flash (fused, scores never stored) or unfused (Megatron core attention: "
-                             "bmm, softmax, dropout, bmm over stored scores)")
+                             "bmm, fused softmax where its kernel takes the shape (else PyTorch's in fp32), dropout, "
+                             "bmm over stored scores)")
     dropout: Annotated[float, Field(ge=0, lt=1)] = Field(
         0.0, description="dropout probability of hidden states and attention probabilities (0: none)")
     moe: MoESpec | None = Field(None, description="mixture of experts; null: dense MLPs")

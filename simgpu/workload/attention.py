@@ -3,7 +3,9 @@
 This module owns the kernels of the attention core and, under context parallelism, its K/V
 traffic. ``flash``: one fused kernel each way (scores never stored). ``unfused``: Megatron's core
 attention: a batched matmul for the scores, the fused scale-mask-softmax, dropout on the
-probabilities, a batched matmul with V and a permute back to ``[s, b, h]``.
+probabilities, a batched matmul with V and a permute back to ``[s, b, h]``. Megatron uses its fused
+softmax kernel only where the kernel supports the shape (:func:`fused_softmax_available`); elsewhere
+it runs the softmax as PyTorch ops in fp32 (:func:`_softmax`), five kernels each way instead of one.
 
 Context parallelism splits the sequence into ``2 cp`` chunks, each rank holding two (chunks i and
 2cp-1-i, so causal work is balanced). ``ring`` (Megatron / Transformer Engine): ``cp`` attention
@@ -36,6 +38,50 @@ def _flash(bl: Blocks, name: str, bwd: bool, phase: str, sq: int, skv: int, caus
                         batch=bl.s.micro, heads=bl.heads, seq_q=sq, seq_kv=skv, head_dim=bl.d, causal=int(causal))
 
 
+def fused_softmax_available(attn_batches: int, sq: int, sk: int, causal: bool, half: bool) -> bool:
+    """Whether Megatron's fused scale-mask-softmax kernel takes scores of ``attn_batches`` (micro-batch
+    x heads on this rank) matrices of ``sq x sk`` (``FusedScaleMaskSoftmax.is_kernel_available``):
+    fp16/bf16 input, ``16 < sk <= 4096``, ``sq``, ``sk`` and ``attn_batches`` multiples of 4, and the
+    batches (causal) or the query rows (padding mask) a multiple of the matrices one 128-thread block
+    handles: a warp of ``min(32, next_pow2(sk))`` threads per matrix row, two rows per warp up to
+    ``sk`` 128."""
+    if not (half and 16 < sk <= 4096 and sq % 4 == 0 and sk % 4 == 0 and attn_batches % 4 == 0):
+        return False
+    pow2 = 1 << (sk - 1).bit_length()
+    per_block = 128 // min(32, pow2) * (2 if pow2 <= 128 else 1)
+    return (attn_batches if causal else sq) % per_block == 0
+
+
+def _softmax(bl: Blocks, n: str, phase: str, tag: str, bwd: bool) -> int:
+    """The scale-mask-softmax of the scores (or its backward): the fused kernel where Megatron has it
+    for the shape, else PyTorch's path as Megatron takes it with query-key layer scaling (softmax in
+    fp32): cast to fp32, scale, mask, softmax, cast back (each a kernel, and one each back)."""
+    s, em = bl.s, bl.em
+    bh, S = s.micro * bl.heads, s.seq
+    half = bl.aux in ("fp16", "bf16")
+    name = f"{n}.attention.softmax{'_bwd' if bwd else ''}{tag}"
+    if fused_softmax_available(bh, S, S, bl.causal, half):
+        return em.kernel(name, "softmax", bl.aux, phase=phase, rows=bh * S, cols=S, bwd=int(bwd))
+    numel = bh * S * S
+
+    def ew(step: str, op: str) -> int:
+        return bl.ew(f"{name}.{step}", numel, 1, 1, phase, dtype="fp32", op=op)
+
+    if bwd:  # autograd's mirror: the grad cast to fp32, softmax, mask, scale, cast back
+        if half:
+            ew("cast_grad", "cast")
+        em.kernel(name, "softmax", "fp32", phase=phase, rows=bh * S, cols=S, bwd=1)
+        ew("mask", "copy")
+        last = ew("scale", "mul")
+        return ew("cast_in", "cast") if half else last
+    if half:
+        ew("cast_in", "cast")
+    ew("scale", "mul")
+    ew("mask", "copy")
+    last = em.kernel(name, "softmax", "fp32", phase=phase, rows=bh * S, cols=S, bwd=0)
+    return ew("cast_out", "cast") if half else last
+
+
 def _ring_step_shape(bl: Blocks, k: int) -> tuple[int, bool]:
     """(kv length, causal) of ring step ``k``: the diagonal block first, then half blocks (causal)."""
     sl = bl.s.seq
@@ -53,7 +99,7 @@ def core_fwd(bl: Blocks, n: str, phase: str, tag: str) -> int:
             return _flash(bl, f"{n}.attention.fwd{tag}", False, phase, S, S, bl.causal)
         bh = b * heads
         em.kernel(f"{n}.attention.scores{tag}", "bmm", bl.attn_dtype, phase=phase, b=bh, m=S, n=S, k=bl.d)
-        em.kernel(f"{n}.attention.softmax{tag}", "softmax", bl.aux, phase=phase, rows=bh * S, cols=S, bwd=0)
+        _softmax(bl, n, phase, tag, bwd=False)
         if bl.p:
             bl.ew(f"{n}.attention.dropout{tag}", bh * S * S, 1, 2, phase, op="dropout")
         em.kernel(f"{n}.attention.context{tag}", "bmm", bl.attn_dtype, phase=phase, b=bh, m=S, n=bl.d, k=S)
@@ -114,7 +160,7 @@ def core_bwd(bl: Blocks, n: str, phase: str) -> int:
         em.kernel(f"{n}.attention.context_dgrad_p", "bmm", bl.attn_dtype, phase=phase, b=bh, m=S, n=S, k=bl.d)
         if bl.p:
             bl.ew(f"{n}.attention.dropout_bwd", bh * S * S, 2, 1, phase, op="dropout_bwd")
-        em.kernel(f"{n}.attention.softmax_bwd", "softmax", bl.aux, phase=phase, rows=bh * S, cols=S, bwd=1)
+        _softmax(bl, n, phase, "", bwd=True)
         em.kernel(f"{n}.attention.scores_dgrad_q", "bmm", bl.attn_dtype, phase=phase, b=bh, m=S, n=bl.d, k=S)
         return em.kernel(f"{n}.attention.scores_dgrad_k", "bmm", bl.attn_dtype, phase=phase, b=bh, m=S, n=bl.d,
                          k=S)

@@ -24,6 +24,7 @@ a pipeline stage.
 
 from __future__ import annotations
 
+from .attention import fused_softmax_available
 from .common import GRAD_BYTES, MASTER_BYTES, dtype_bytes, is_mixed, optimizer_states
 from .graph import MemoryEstimate
 from .moe import tokens_per_expert
@@ -51,6 +52,10 @@ def block_activation_bytes(s: Setup, blk: Block, recompute: str | None = None) -
         kv_len = md.seq_len if s.layout.cp > 1 and s.cp_comm == "all_gather" else seq
         scores = b * a * seq * kv_len
         out += scores * w + (scores * (mask + w) if md.dropout else 0)   # softmax out, dropout mask and out
+        if w == 2 and not fused_softmax_available(b * a, seq, kv_len, md.causal, True):
+            # Megatron's fallback softmax runs in fp32 and keeps its output so; the cast back feeds
+            # the next op
+            out += scores * (4 - w + (0 if md.dropout else w))
     out += t * a * d * w                       # output projection input
     out += r * h * mask                        # attention dropout mask
     out += 2 * r * h * w                       # norm input, MLP input (norm output)
