@@ -202,6 +202,19 @@ def test_enabled_protocols_restrict_the_tuner(dgx_h100, tmp_path):
         load_platform("dgx_h100", [("collectives.enabled_protocols", ["ll256"])])
 
 
+def test_a_protocol_given_in_part_keeps_its_other_costs():
+    """``--set collectives.protocols.simple.step_net_us=20`` changes that one cost; the other keys of
+    Simple and the other protocols keep their defaults."""
+    p, _ = load_platform("dgx_h100", [("collectives.protocols.simple.step_net_us", 20.0)])
+    d, _ = load_platform("dgx_h100")
+    assert p.collectives.protocols["simple"].step_net_us == 20.0
+    simple = p.collectives.protocols["simple"]
+    assert simple.model_copy(update={"step_net_us": 10.0}) == d.collectives.protocols["simple"]
+    assert set(p.collectives.protocols) == {"ll", "ll128", "simple"}
+    with pytest.raises(ConfigError, match=r"collectives\.protocols\.simple\.step_net_us"):
+        load_platform("dgx_h100", [("collectives.protocols.simple.step_net_us", -1.0)])
+
+
 def test_window_holds_mid_size_messages_on_slow_fabrics(dgx_h100):
     """Eight chunk-sized slots per channel come back a round trip after they left: on a fabric
     with 20 us of latency a 16 MB all-reduce over two nodes moves below the NICs' bandwidth,
@@ -234,6 +247,46 @@ def test_tree_chunks_shrink_with_the_message():
     assert _tree_chunk(16 << 10, 8, simple) == 16 << 10          # never more than the share
     ll = _default_protocols()["ll"]
     assert _tree_chunk(8 << 20, 8, ll) == ll.chunk_kib * 1024     # LL keeps its own slot size
+
+
+def test_tree_bandwidth_follows_nccls_derating_by_size():
+    """Trees reach NCCL's treeCorrectionFactor of their bandwidth: Simple half of it from 128 KiB
+    (64 B x 2^11) to 1 MiB, 0.6 at 2 MiB, all of it beyond 256 MiB; the figure of a size is that of
+    the power of two at or below it."""
+    from simgpu.comm.algorithms import _tree_efficiency
+    from simgpu.config.platform import _default_protocols
+
+    simple, ll = _default_protocols()["simple"], _default_protocols()["ll"]
+    assert [_tree_efficiency(simple, s) for s in (64, 128 << 10, 1 << 20, 2 << 20, 3 << 20, 256 << 20, GB)] == \
+        [0.9, 0.5, 0.5, 0.6, 0.6, 0.9, 1.0]
+    assert _tree_efficiency(simple, 8) == 1.0                      # below the table
+    assert _tree_efficiency(ll, 512 << 10) == 0.4
+    # the plan's tree transfers carry the derated bytes: at 1 MiB twice what they carry underated
+    flat, _ = load_platform("dgx_a100", [("collectives.protocols.simple.tree_efficiency", [])])
+
+    def tree_bytes(platform) -> float:
+        plan = plan_for(platform, 2, "all_reduce", 1 << 20, algorithm="tree", protocol="simple")
+        return sum(t.nbytes for t in plan.transfers)
+
+    derated, _ = load_platform("dgx_a100")
+    assert tree_bytes(derated) == pytest.approx(2 * tree_bytes(flat))
+
+
+def test_tree_pipeline_fills_level_by_level():
+    """A tree's first chunk crosses each level at that level's own pace: making NVLink (the chain
+    inside each node) ten times faster shortens the fill by the chain's part only."""
+    base, _ = load_platform("dgx_a100", [("collectives.protocols.simple.tree_efficiency", [])])
+    fast, _ = load_platform("dgx_a100", [("collectives.protocols.simple.tree_efficiency", []),
+                                         ("node.nvlink.gbytes_per_s", 3000.0)])
+
+    def latency(platform) -> float:
+        return plan_for(platform, 2, "all_reduce", 64 << 20, algorithm="tree", protocol="simple").latency_s
+
+    topo = Topology(base, 2)
+    chunk = 128 << 10                       # 8 MiB per channel (8 of them) over 8 levels
+    nvl = topo.edge(0, 1).capacity
+    chain_fill = 2 * 7 * chunk / nvl        # up and down the chain of 8 GPUs, a tenth of it when fast
+    assert latency(base) - latency(fast) == pytest.approx(chain_fill * (1 - 1 / 10), rel=1e-6)
 
 
 def test_point_to_point_channels_grow_with_the_transfer():

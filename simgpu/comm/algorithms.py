@@ -254,6 +254,13 @@ def _fill(per_step_bytes: float, proto: ProtocolSpec, capacity: float, network: 
     return chunk / proto.bandwidth / capacity
 
 
+def _tree_efficiency(proto: ProtocolSpec, nbytes: float) -> float:
+    """The fraction of its bandwidth a tree all-reduce of ``nbytes`` reaches with ``proto``: the
+    figure of the power of two at or below ``nbytes / 64`` (NCCL's indexing), 1 beyond the table."""
+    i = int(nbytes // 64).bit_length() - 1
+    return proto.tree_efficiency[i] if 0 <= i < len(proto.tree_efficiency) else 1.0
+
+
 def _binary_tree(items: list[int]) -> list[tuple[int, int]]:
     """(child, parent) pairs of a complete binary tree over ``items`` in heap order."""
     return [(items[i], items[(i - 1) // 2]) for i in range(1, len(items))]
@@ -293,7 +300,8 @@ def tree(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: Pr
             intra = max(intra, _edges(chain_edges, topo, proto)[1])
         inter = max(inter, _edges(tree_edges, topo, proto)[1])
         chunk = _tree_chunk(per_chunk, max(len(m) for m in per_node) - 1 + depth, proto)
-        transfers.append(Transfer(links, req.nbytes / C / proto.bandwidth, _window(tree_edges, topo, proto, chunk)))
+        transfers.append(Transfer(links, req.nbytes / C / proto.bandwidth / _tree_efficiency(proto, req.nbytes),
+                                  _window(tree_edges, topo, proto, chunk)))
     if nvls_nodes:
         # NVLS tree: each node reduces (and later multicasts) in its switch, then the heads run
         # the trees between nodes
@@ -301,10 +309,12 @@ def tree(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: Pr
             transfers.append(_nvls_transfer(members, req.nbytes, topo, proto))
         intra = NVLS_STEPS / 2 * _edges([(per_node[0][0], per_node[0][-1])], topo, proto)[1]
     chain_len = 1 if nvls_nodes else max(len(m) for m in per_node) - 1
-    slowest = min(_slowest_edge(chain_edges or tree_edges, topo), _slowest_edge(tree_edges, topo))
-    # reduce up and broadcast down: a chunk crosses every level twice, each step at the pace of
-    # the slowest hop
-    fill = 2 * (chain_len + depth) * _fill(chunk, proto, slowest, True)
+    # reduce up and broadcast down: the first chunk crosses every level twice, each level at the
+    # pace of its own hop (the chain's, or the switch's under NVLS, over NVLink or PCIe; the
+    # tree's over the network)
+    net_fill = _fill(chunk, proto, _slowest_edge(tree_edges, topo), True)
+    chain_fill = _fill(chunk, proto, _slowest_edge(chain_edges, topo), True) if chain_edges else net_fill
+    fill = 2 * (chain_len * chain_fill + depth * net_fill)
     latency = _base(spec, proto) + 2 * (chain_len * intra + depth * inter) + fill
     return CollectivePlan("tree", tuple(transfers), latency)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from .base import Spec
 
@@ -119,6 +119,20 @@ class ProtocolSpec(Spec):
         False, description="a step over the network waits a round trip (buffer credits), not one way")
     chunk_kib: PositiveFloat = Field(
         512, description="largest piece a step forwards; a pipeline of D steps fills in D chunk times, KiB")
+    tree_efficiency: list[Fraction] = Field(
+        default_factory=list,
+        description="fraction of its bandwidth a tree all-reduce reaches by message size, one figure per power "
+                    "of two from 64 B (a size's figure is that of the power of two at or below it; 1 beyond)")
+
+
+#: NCCL's own derating of tree all-reduce bandwidth at medium sizes, per protocol, by power of two
+#: from 64 B to 256 MB: "trees are not perfectly sticking to the model for medium sizes"
+#: (treeCorrectionFactor in NCCL's src/graph/tuning.cc).
+_NCCL_TREE = {
+    "ll": [1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0],
+    "ll128": [1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0],
+    "simple": [.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9],
+}
 
 
 def _default_protocols() -> dict[Literal["ll", "ll128", "simple"], ProtocolSpec]:
@@ -127,11 +141,11 @@ def _default_protocols() -> dict[Literal["ll", "ll128", "simple"], ProtocolSpec]
     # bulk copies with a fence per step: the highest latency, the full bandwidth.
     return {
         "ll": ProtocolSpec(base_us=5.0, step_nvlink_us=0.6, step_pcie_us=1.0, step_net_us=3.0, bandwidth=0.5,
-                          chunk_kib=32),
+                          chunk_kib=32, tree_efficiency=_NCCL_TREE["ll"]),
         "ll128": ProtocolSpec(base_us=7.0, step_nvlink_us=1.2, step_pcie_us=2.0, step_net_us=6.0,
-                              bandwidth=120 / 128),
+                              bandwidth=120 / 128, tree_efficiency=_NCCL_TREE["ll128"]),
         "simple": ProtocolSpec(base_us=9.0, step_nvlink_us=3.0, step_pcie_us=4.0, step_net_us=10.0,
-                               bandwidth=1.0, net_round_trip=True),
+                               bandwidth=1.0, net_round_trip=True, tree_efficiency=_NCCL_TREE["simple"]),
     }
 
 
@@ -146,11 +160,24 @@ class CollectiveSpec(Spec):
     channels: PositiveInt | None = Field(
         None, description="parallel rings/trees across nodes; default one per NIC")
     protocols: dict[Literal["ll", "ll128", "simple"], ProtocolSpec] = Field(
-        default_factory=_default_protocols, description="protocols the tuner may choose from")
+        default_factory=_default_protocols,
+        description="the protocols' costs; what a platform gives for a protocol replaces those keys of its "
+                    "defaults, the rest stay")
     enabled_protocols: list[Literal["ll", "ll128", "simple"]] | None = Field(
         None, min_length=1,
         description="the protocols this machine's NCCL may use (NCCL_PROTO; e.g. [simple] where the network "
                     "plugin forces it); default: every protocol listed")
+
+    @field_validator("protocols", mode="before")
+    @classmethod
+    def _over_defaults(cls, given: object) -> object:
+        if not isinstance(given, dict):
+            return given
+        merged: dict[object, object] = {k: v.model_dump() for k, v in _default_protocols().items()}
+        for name, keys in given.items():
+            base = merged.get(name)
+            merged[name] = {**base, **keys} if isinstance(base, dict) and isinstance(keys, dict) else keys
+        return merged
 
     @model_validator(mode="after")
     def _enabled_known(self) -> CollectiveSpec:
