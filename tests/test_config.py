@@ -111,6 +111,10 @@ def test_override_is_validated_like_the_file(tmp_path, capsys):
     assert "model.nope: unknown key" in err
     err = run_error(capsys, [str(GPT), "--set", "novalue"])
     assert "key.path=value" in err
+    # keys under a named entry (a protocol) are listed from that entry's schema
+    err = run_error(capsys, [str(GPT), "--set", "platform.collectives.protocols.simple.stepnet_us=1"])
+    assert "collectives.protocols.simple.stepnet_us: unknown key; expected one of: base_us," in err
+    assert "step_net_us" in err
 
 
 def test_overrides_apply():

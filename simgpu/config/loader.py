@@ -168,10 +168,15 @@ def _message(model: type[BaseModel], err: Any, loc: tuple[int | str, ...]) -> st
 
 
 def _model_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> type[BaseModel] | None:
-    """The pydantic model class that owns the keys at ``loc`` (following lists, optionals, unions)."""
+    """The pydantic model class that owns the keys at ``loc`` (following lists, dicts, optionals,
+    unions)."""
     cur: Any = model
     i = 0
     while i < len(loc):
+        if typing.get_origin(cur) is dict:  # the next loc part is the dict's key
+            cur = typing.get_args(cur)[1]
+            i += 1
+            continue
         cls = _unwrap_models(cur)
         part = loc[i]
         if isinstance(part, int):
