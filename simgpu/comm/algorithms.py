@@ -281,8 +281,10 @@ def tree(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: Pr
     nv = topo.platform.node.nvlink
     nvls_nodes = nv is not None and nv.nvls and proto.bandwidth >= 1 and min(len(m) for m in per_node) > 1
     transfers = []
-    per_chunk = req.nbytes / C
     depth = max(1, (len(per_node)).bit_length() - 1)
+    # each channel's share, as its edges carry it (NCCL's derating by size), and its chunk
+    wire = req.nbytes / C / proto.bandwidth / _tree_efficiency(proto, req.nbytes)
+    chunk = _tree_chunk(req.nbytes / C, max(len(m) for m in per_node) - 1 + depth, proto)
     intra = inter = 0.0  # one step on the slowest edge inside the nodes, between them
     for c in range(C):
         heads = []
@@ -299,9 +301,7 @@ def tree(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: Pr
         if chain_edges:
             intra = max(intra, _edges(chain_edges, topo, proto)[1])
         inter = max(inter, _edges(tree_edges, topo, proto)[1])
-        chunk = _tree_chunk(per_chunk, max(len(m) for m in per_node) - 1 + depth, proto)
-        transfers.append(Transfer(links, req.nbytes / C / proto.bandwidth / _tree_efficiency(proto, req.nbytes),
-                                  _window(tree_edges, topo, proto, chunk)))
+        transfers.append(Transfer(links, wire, _window(tree_edges, topo, proto, chunk)))
     if nvls_nodes:
         # NVLS tree: each node reduces (and later multicasts) in its switch, then the heads run
         # the trees between nodes
