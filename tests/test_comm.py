@@ -289,6 +289,26 @@ def test_tree_pipeline_fills_level_by_level():
     assert latency(base) - latency(fast) == pytest.approx(chain_fill * (1 - 1 / 10), rel=1e-6)
 
 
+@pytest.mark.parametrize("op,link_steps", [("all_reduce", lambda n: 2 * (n - 1)), ("all_gather", lambda n: n - 1),
+                                           ("reduce_scatter", lambda n: n - 1)])
+def test_ring_loop_copies_one_chunk_locally(op, link_steps):
+    """Each ring loop has one step that copies a chunk in the rank's own memory: over the
+    collective, one step's bytes read and written at the memory's bandwidth, on top of the link
+    steps, so the busbw of two ranks trails that of eight (as vTrain's A100 sweeps measure)."""
+    base, _ = load_platform("dgx_a100")
+    fast, _ = load_platform("dgx_a100", [("gpu.hbm_gbytes_per_s", 1e9)])
+    nbytes = 1 << 30
+    def latency(platform, n: int) -> float:
+        return plan_for(platform, 1, op, nbytes, group=range(n), algorithm="ring", protocol="simple").latency_s
+
+    for n in (2, 4, 8):
+        step = (2 * (n - 1) if op == "all_reduce" else n - 1) / n * nbytes / link_steps(n)
+        assert latency(base, n) - latency(fast, n) == pytest.approx(2 * step / 2039e9, rel=1e-5)
+    # broadcast's chain overlaps the copy: the rank that copies does nothing else
+    assert (plan_for(base, 1, "broadcast", nbytes, algorithm="ring", protocol="simple").latency_s
+            == pytest.approx(plan_for(fast, 1, "broadcast", nbytes, algorithm="ring", protocol="simple").latency_s))
+
+
 def test_point_to_point_channels_grow_with_the_transfer():
     """NCCL cuts a send into pieces of at most 32 steps on as few channels as the communicator's
     share per peer allows (32 channels over the ranks), doubling them up to four times that share."""

@@ -4,13 +4,14 @@ Each turns a :class:`CollectiveRequest` into a :class:`CollectivePlan` for one p
 Simple): transfers over the topology's routes, whose bytes are inflated by the protocol's payload
 fraction, plus a latency of the protocol's fixed cost and one per-step cost per algorithm step,
 by the class of hardware the step crosses (NVLink, PCIe, network) and the route's propagation.
-A ring's steps advance together, each at the pace of its slowest hop; a tree's chunk crosses
-every level up and down. Rings and trees use several channels when the group spans nodes, each
-channel entering and leaving every node on a different GPU (so a different NIC), as NCCL's
-channels do; on NVLink meshes the rings are Hamiltonian cycles over the wired pairs. Over the
-network a channel has SLOTS buffer slots of one chunk each in flight: its transfer never runs
-faster than those slots come back (a round trip and the proxy's step), which holds mid-size
-messages, whose chunks are small, below the links' bandwidth on high-latency fabrics.
+A ring's steps advance together, each at the pace of its slowest hop, and each loop of it has one
+step that copies in a rank's own memory; a tree's chunk crosses every level up and down. Rings and
+trees use several channels when the group spans nodes, each channel entering and leaving every node
+on a different GPU (so a different NIC), as NCCL's channels do; on NVLink meshes the rings are
+Hamiltonian cycles over the wired pairs. Over the network a channel has SLOTS buffer slots of one
+chunk each in flight: its transfer never runs faster than those slots come back (a round trip and
+the proxy's step), which holds mid-size messages, whose chunks are small, below the links'
+bandwidth on high-latency fabrics.
 """
 
 from __future__ import annotations
@@ -212,7 +213,24 @@ def ring(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: Pr
         transfers.append(Transfer(links, share(n) * req.nbytes / len(orders) / proto.bandwidth, window))
     # the ring's steps advance together, each at the pace of its slowest hop
     fill = steps(n) * _fill(per_step, proto, slowest, chunked)
-    return CollectivePlan("ring", tuple(transfers), _base(spec, proto) + steps(n) * worst + fill)
+    local = _local_step(req, per_step * len(orders), topo)
+    return CollectivePlan("ring", tuple(transfers), _base(spec, proto) + steps(n) * worst + fill + local)
+
+
+def _local_step(req: CollectiveRequest, step_bytes: float, topo: Topology) -> float:
+    """Seconds of the one step per ring loop that crosses no link, summed over the loops.
+
+    A rank runs its steps of a loop one after the other, and in all-reduce, all-gather and
+    reduce-scatter one of them only copies in its own memory: with P2P writes the last step
+    takes the chunk out of the receive buffer into the output; with P2P reads (NCCL's default
+    between Ampere GPUs on NVLink) the first step stages the rank's own chunk in its send buffer.
+    Over the whole collective that is one step's bytes read and written at the GPU's memory
+    bandwidth, on top of the steps over the links. Broadcast and reduce chains overlap it: the
+    copying rank does nothing else.
+    """
+    if req.op not in ("all_reduce", "all_gather", "reduce_scatter"):
+        return 0.0
+    return 2 * step_bytes / (topo.platform.gpu.hbm_gbytes_per_s * 1e9)
 
 
 def _window(edges: list[tuple[int, int]], topo: Topology, proto: ProtocolSpec, chunk: float) -> float:
