@@ -4,14 +4,14 @@ Each turns a :class:`CollectiveRequest` into a :class:`CollectivePlan` for one p
 Simple): transfers over the topology's routes, whose bytes are inflated by the protocol's payload
 fraction, plus a latency of the protocol's fixed cost and one per-step cost per algorithm step,
 by the class of hardware the step crosses (NVLink, PCIe, network) and the route's propagation.
-A ring's steps advance together, each at the pace of its slowest hop, and each loop of it has one
-step that copies in a rank's own memory; a tree's chunk crosses every level up and down. Rings and
-trees use several channels when the group spans nodes, each channel entering and leaving every node
-on a different GPU (so a different NIC), as NCCL's channels do; on NVLink meshes the rings are
-Hamiltonian cycles over the wired pairs. Over the network a channel has SLOTS buffer slots of one
-chunk each in flight: its transfer never runs faster than those slots come back (a round trip and
-the proxy's step), which holds mid-size messages, whose chunks are small, below the links'
-bandwidth on high-latency fabrics.
+A ring's chunk pays each hop's step cost in turn (NVLink or PCIe inside a node, the network between
+nodes), and each loop of the ring has one step that copies in a rank's own memory; a tree's chunk
+crosses every level up and down. Rings and trees use several channels when the group spans nodes,
+each channel entering and leaving every node on a different GPU (so a different NIC), as NCCL's
+channels do; on NVLink meshes the rings are Hamiltonian cycles over the wired pairs. Over the
+network a channel has SLOTS buffer slots of one chunk each in flight: its transfer never runs
+faster than those slots come back (a round trip and the proxy's step), which holds mid-size
+messages, whose chunks are small, below the links' bandwidth on high-latency fabrics.
 """
 
 from __future__ import annotations
@@ -193,9 +193,11 @@ def ring(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: Pr
     orders = ring_orders(req.group, topo, spec)
     per_step = share(n) * req.nbytes / len(orders) / steps(n)
     transfers = []
-    worst = 0.0
-    slowest = float("inf")
-    chunked = False
+    # a chunk crosses the ring's hops one after the other, each at its own cost (NCCL's ring
+    # latency: the steps inside a node at NVLink or PCIe cost, those between nodes at the
+    # network's), so its latency and the pipeline's fill add up hop by hop: steps(n) hops, a lap
+    # of the ring every n of them
+    per_hop = 0.0
     for order in orders:
         if req.op in ("broadcast", "reduce"):  # a pipelined chain starting (or ending) at the root
             k = order.index(req.group[req.root])
@@ -205,16 +207,19 @@ def ring(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: Pr
                 edges = [(b, a) for a, b in edges]
         else:
             edges = [(order[i], order[(i + 1) % n]) for i in range(n)]
-        links, step = _edges(edges, topo, proto)
-        worst = max(worst, step)
-        slowest = min(slowest, _slowest_edge(edges, topo))
-        chunked = chunked or any(topo.edge(a, b).forwards_chunks for a, b in edges)
+        links: list[int] = []
+        lap = 0.0
+        for a, b in edges:
+            e = topo.edge(a, b)
+            links.extend(e.route)
+            trips = 2.0 if e.hardware == "net" and proto.net_round_trip else 1.0
+            lap += _step_cost(proto, e.hardware) + trips * e.latency
+            lap += _fill(per_step, proto, e.capacity, e.forwards_chunks)
+        per_hop = max(per_hop, lap / len(edges))
         window = _window(edges, topo, proto, min(proto.chunk_kib * 1024, per_step))
-        transfers.append(Transfer(links, share(n) * req.nbytes / len(orders) / proto.bandwidth, window))
-    # the ring's steps advance together, each at the pace of its slowest hop
-    fill = steps(n) * _fill(per_step, proto, slowest, chunked)
+        transfers.append(Transfer(tuple(links), share(n) * req.nbytes / len(orders) / proto.bandwidth, window))
     local = _local_step(req, per_step * len(orders), topo)
-    return CollectivePlan("ring", tuple(transfers), _base(spec, proto) + steps(n) * worst + fill + local)
+    return CollectivePlan("ring", tuple(transfers), _base(spec, proto) + steps(n) * per_hop + local)
 
 
 def _local_step(req: CollectiveRequest, step_bytes: float, topo: Topology) -> float:
