@@ -270,6 +270,25 @@ def test_tree_bandwidth_follows_nccls_derating_by_size():
 
     derated, _ = load_platform("dgx_a100")
     assert tree_bytes(derated) == pytest.approx(2 * tree_bytes(flat))
+    # a platform whose trees fall further short (calibrated): the derating squared, 1 stays 1
+    deeper, _ = load_platform("dgx_a100", [("collectives.tree_efficiency_power", 2.0)])
+    assert tree_bytes(deeper) == pytest.approx(4 * tree_bytes(flat))
+    assert _tree_efficiency(simple, GB, 2.0) == 1.0
+
+
+def test_calibration_knobs_follow_the_collective():
+    """A fit moves the bounding link's fraction and latency and the collective's fixed cost; NCCL's
+    channel bound for point-to-point traffic; the trees' shortfall for all-reduce across nodes."""
+    from simgpu.comm.calibrate import knobs
+
+    p, _ = load_platform("dgx_h100")
+    def keys(nodes: int, op: str) -> list[str]:
+        return [k.key for k in knobs(p, nodes, op)]
+
+    assert keys(1, "all_reduce") == ["node.nvlink.efficiency", "node.nvlink.latency_us", "collectives.launch_us"]
+    assert keys(1, "send_recv")[-1] == "collectives.channel_gbytes_per_s"
+    assert keys(2, "all_reduce") == ["network.efficiency", "network.latency_us", "collectives.launch_us",
+                                     "collectives.tree_efficiency_power"]
 
 
 def test_tree_pipeline_fills_level_by_level():

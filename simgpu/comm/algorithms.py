@@ -277,11 +277,12 @@ def _fill(per_step_bytes: float, proto: ProtocolSpec, capacity: float, network: 
     return chunk / proto.bandwidth / capacity
 
 
-def _tree_efficiency(proto: ProtocolSpec, nbytes: float) -> float:
+def _tree_efficiency(proto: ProtocolSpec, nbytes: float, power: float = 1.0) -> float:
     """The fraction of its bandwidth a tree all-reduce of ``nbytes`` reaches with ``proto``: the
-    figure of the power of two at or below ``nbytes / 64`` (NCCL's indexing), 1 beyond the table."""
+    figure of the power of two at or below ``nbytes / 64`` (NCCL's indexing), 1 beyond the table,
+    raised to the platform's ``tree_efficiency_power``."""
     i = int(nbytes // 64).bit_length() - 1
-    return proto.tree_efficiency[i] if 0 <= i < len(proto.tree_efficiency) else 1.0
+    return (proto.tree_efficiency[i] if 0 <= i < len(proto.tree_efficiency) else 1.0) ** power
 
 
 def _binary_tree(items: list[int]) -> list[tuple[int, int]]:
@@ -306,7 +307,7 @@ def tree(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: Pr
     transfers = []
     depth = max(1, (len(per_node)).bit_length() - 1)
     # each channel's share, as its edges carry it (NCCL's derating by size), and its chunk
-    wire = req.nbytes / C / proto.bandwidth / _tree_efficiency(proto, req.nbytes)
+    wire = req.nbytes / C / proto.bandwidth / _tree_efficiency(proto, req.nbytes, spec.tree_efficiency_power)
     chunk = _tree_chunk(req.nbytes / C, max(len(m) for m in per_node) - 1 + depth, proto)
     intra = inter = 0.0  # one step on the slowest edge inside the nodes, between them
     for c in range(C):

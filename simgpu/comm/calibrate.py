@@ -3,8 +3,9 @@
 ``python -m simgpu.comm.calibrate --platform P --nodes N results.log`` reads nccl-tests output
 (the data rows: size, count, type, redop, root, time, algbw, busbw, ...), finds which class of link
 bounds the measured collective (the network across nodes, else NVLink, else PCIe), fits that
-class's achievable bandwidth fraction and one-way latency to the measured times (least squares
-on log time), prints the error before and after, and writes the platform file with the fitted
+class's achievable bandwidth fraction and one-way latency, and the fixed cost of a collective (and,
+for point-to-point traffic, NCCL's per-channel bound), to the measured times (least absolute log
+error), prints the error before and after, and writes the platform file with the fitted
 values (``--out``; the original is left alone unless ``--out`` names it).
 """
 
@@ -54,6 +55,15 @@ class Fit:
     error_after: float
 
 
+@dataclass(frozen=True)
+class Knob:
+    """One platform figure the calibration may move: ``kind`` says how (a fraction or a rate moves
+    by factors, a latency by microseconds down to 0)."""
+
+    key: str
+    kind: str  # "fraction", "rate" or "latency"
+
+
 def bottleneck_keys(platform: PlatformSpec, nodes: int) -> tuple[str, str]:
     """The (efficiency, latency) keys of the link class that bounds a collective."""
     if nodes > 1:
@@ -63,48 +73,100 @@ def bottleneck_keys(platform: PlatformSpec, nodes: int) -> tuple[str, str]:
     return "node.pcie.efficiency", "node.pcie.latency_us"
 
 
+def knobs(platform: PlatformSpec, nodes: int, op: str) -> list[Knob]:
+    """What a fit moves: the bounding link class's achievable fraction and latency, the fixed cost
+    of a collective (``collectives.launch_us``, which sets the small-message plateau), for
+    point-to-point traffic the most one channel moves (``collectives.channel_gbytes_per_s``), and
+    for all-reduce across nodes how far trees fall short at mid sizes
+    (``collectives.tree_efficiency_power``)."""
+    eff, lat = bottleneck_keys(platform, nodes)
+    out = [Knob(eff, "fraction"), Knob(lat, "latency"), Knob("collectives.launch_us", "latency")]
+    if op in ("send_recv", "all_to_all") and platform.collectives.channel_gbytes_per_s is not None:
+        out.append(Knob("collectives.channel_gbytes_per_s", "rate"))
+    if op == "all_reduce" and nodes > 1:
+        out.append(Knob("collectives.tree_efficiency_power", "rate"))
+    return out
+
+
 def _error(pred: np.ndarray, meas: np.ndarray) -> float:
     return float(np.exp(np.mean(np.abs(np.log(pred / meas)))) - 1)
 
 
 def fit(platform_ref: str, op: str, sizes: np.ndarray, times_us: np.ndarray, *, nodes: int = 1,
-        gpus_per_node: int | None = None) -> Fit:
-    """Fit the bounding link class's efficiency and latency to measured ``times_us``."""
-    base, _ = load_platform(platform_ref)
-    eff_key, lat_key = bottleneck_keys(base, nodes)
+        gpus_per_node: int | None = None, overrides: Sequence[tuple[str, Any]] = ()) -> Fit:
+    """Fit the :func:`knobs` of a platform (with ``overrides`` applied) to measured ``times_us``.
 
-    def predict(eff: float, lat: float, exact: bool = False, subset: np.ndarray | None = None) -> np.ndarray:
-        p, _ = load_platform(platform_ref, [(eff_key, eff), (lat_key, lat)])
+    The loss is the mean absolute log error over up to SEARCH_SIZES sizes spread evenly in log
+    size, each plan timed alone on the topology. A coarse grid over the link's fraction and
+    latency starts a pattern search over every knob (fractions and rates by factors, latencies
+    by microseconds), whose steps halve when no move helps. The result is checked by full
+    simulation of every size; where it is not better than the platform as given, the platform's
+    own figures are kept.
+    """
+    base, _ = load_platform(platform_ref, list(overrides))
+    ks = knobs(base, nodes, op)
+    start = np.array([_get(base, k.key) for k in ks])
+
+    def values(x: np.ndarray) -> list[tuple[str, Any]]:
+        out: list[tuple[str, Any]] = []
+        for k, v in zip(ks, x, strict=True):
+            v = float(v)
+            if k.kind == "fraction":
+                v = min(v, 1.0)
+            out.append((k.key, round(max(v, 0.0), 4)))
+        return out
+
+    def predict(x: np.ndarray, exact: bool = False, subset: np.ndarray | None = None) -> np.ndarray:
+        p, _ = load_platform(platform_ref, list(overrides) + values(x))
         topo = Topology(p, nodes, gpus_per_node)
         if exact:
             return np.array([simulate_collective(p, op, int(s), topology=topo) for s in sizes]) * 1e6  # type: ignore[arg-type]
-        # the search uses each plan's time alone on the network: the engine's answer for one
-        # collective, without its events
         planner = Planner(topo, p.collectives)
         chosen = sizes if subset is None else sizes[subset]
         return np.array([planner.plan(request(op, int(s), topo)).isolated_time(topo) for s in chosen]) * 1e6
 
-    # the search looks at up to SEARCH_SIZES sizes spread evenly in log size
     pick = np.unique(np.linspace(0, len(sizes) - 1, min(len(sizes), SEARCH_SIZES)).round().astype(int))
+    memo: dict[tuple[float, ...], float] = {}
 
-    def loss(x: tuple[float, float]) -> float:
-        return float(np.mean(np.abs(np.log(predict(*x, subset=pick) / times_us[pick]))))
+    def loss(x: np.ndarray) -> float:
+        key = tuple(np.round(x, 6))
+        if key not in memo:
+            memo[key] = float(np.mean(np.abs(np.log(predict(x, subset=pick) / times_us[pick]))))
+        return memo[key]
 
-    start = (_get(base, eff_key), _get(base, lat_key))
-    before = _error(predict(*start, exact=True), times_us)
-    # a coarse grid (efficiency geometric, latency linear), then two finer grids around the best
-    effs = np.geomspace(0.25, 1.0, 7)
-    lats = np.linspace(0.0, max(4 * start[1], 40.0), 7)
-    x = min([start] + [(e, la) for e in effs for la in lats], key=loss)
-    for _ in range(3):
-        de, dl = (effs[1] / effs[0]) ** 0.5, (lats[1] - lats[0]) / 2
-        effs = np.clip(x[0] * de ** np.linspace(-1, 1, 3), 0.02, 1.0)
-        lats = np.clip(x[1] + dl * np.linspace(-1, 1, 3), 0.0, None)
-        x = min(((e, la) for e in effs for la in lats), key=loss)
-    after = _error(predict(x[0], x[1], exact=True), times_us)
+    before = _error(predict(start, exact=True), times_us)
+    # a coarse grid over the link's fraction (geometric) and latency (linear)
+    grid = [start]
+    for e in np.geomspace(0.25, 1.0, 7):
+        for la in np.linspace(0.0, max(4 * start[1], 40.0), 7):
+            x = start.copy()
+            x[0], x[1] = e, la
+            grid.append(x)
+    x = min(grid, key=loss)
+    # then a pattern search over every knob: fractions and rates by factors, latencies by us
+    factor = np.array([1.0 if k.kind == "latency" else 1.25 for k in ks])
+    step = np.array([max(start[i], 10.0) / 2 if k.kind == "latency" else 0.0 for i, k in enumerate(ks)])
+    for _ in range(8):
+        moved = True
+        while moved:
+            moved = False
+            for i, k in enumerate(ks):
+                for sign in (1, -1):
+                    y = x.copy()
+                    if k.kind == "latency":
+                        y[i] = max(0.0, y[i] + sign * step[i])
+                    else:
+                        y[i] = y[i] * factor[i] ** sign
+                        if k.kind == "fraction":
+                            y[i] = min(y[i], 1.0)
+                    if loss(y) < loss(x) - 1e-9:
+                        x, moved = y, True
+        step /= 2
+        factor = np.sqrt(factor)
+    after = _error(predict(x, exact=True), times_us)
     if after > before:  # the search's shortcut misled it: keep what the platform had
         x, after = start, before
-    return Fit({eff_key: round(float(x[0]), 4), lat_key: round(float(x[1]), 3)}, before, after)
+    return Fit(dict(values(x)), before, after)
 
 
 def _get(spec: PlatformSpec, dotted: str) -> float:
@@ -121,7 +183,7 @@ def write_platform(platform_ref: str, params: dict[str, float], out: Path) -> No
         cur = data
         *head, last = dotted.split(".")
         for h in head:
-            cur = cur[h]
+            cur = cur.setdefault(h, {})
         cur[last] = value
     out.write_text("# calibrated by python -m simgpu.comm.calibrate from nccl-tests measurements\n"
                    + yaml.safe_dump(data, sort_keys=False))

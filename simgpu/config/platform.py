@@ -159,6 +159,10 @@ class CollectiveSpec(Spec):
                           "over a few channels by size; null: no bound")
     channels: PositiveInt | None = Field(
         None, description="parallel rings/trees across nodes; default one per NIC")
+    tree_efficiency_power: PositiveFloat = Field(
+        1.0, description="the protocols' tree_efficiency (NCCL's derating of trees by message size) is "
+                         "raised to this power: above 1 trees fall further short at mid sizes than NCCL's "
+                         "own model says, as on some fabrics behind a network plugin; set by calibration")
     protocols: dict[Literal["ll", "ll128", "simple"], ProtocolSpec] = Field(
         default_factory=_default_protocols,
         description="the protocols' costs; what a platform gives for a protocol replaces those keys of its "

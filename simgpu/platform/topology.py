@@ -265,9 +265,10 @@ class Topology:
                         self.forwards_chunks(route))
 
     def forwards_chunks(self, route: tuple[int, ...]) -> bool:
-        """Whether data on this route is forwarded in whole chunks (a network proxy, or a staging
-        buffer in host memory) rather than written into the peer a slice at a time."""
-        return any(self.links[i].kind in ("nic", "spine", "host") for i in route)
+        """Whether data on this route is forwarded in whole chunks (by the network proxy) rather
+        than written a slice at a time: into the peer, or, without peer-to-peer, into a buffer in
+        host memory that the peer reads as each slice lands (NCCL's shared-memory transport)."""
+        return any(self.links[i].kind in ("nic", "spine") for i in route)
 
     def route_latency(self, route: tuple[int, ...]) -> float:
         return float(self.latency[list(route)].sum()) if route else 0.0
