@@ -198,6 +198,7 @@ def ring(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: Pr
     # network's), so its latency and the pipeline's fill add up hop by hop: steps(n) hops, a lap
     # of the ring every n of them
     per_hop = 0.0
+    hop_cost: dict[tuple[str, float, float, bool], float] = {}  # by the kind of hop: hops repeat
     for order in orders:
         if req.op in ("broadcast", "reduce"):  # a pipelined chain starting (or ending) at the root
             k = order.index(req.group[req.root])
@@ -212,9 +213,13 @@ def ring(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: Pr
         for a, b in edges:
             e = topo.edge(a, b)
             links.extend(e.route)
-            trips = 2.0 if e.hardware == "net" and proto.net_round_trip else 1.0
-            lap += _step_cost(proto, e.hardware) + trips * e.latency
-            lap += _fill(per_step, proto, e.capacity, e.forwards_chunks)
+            kind = (e.hardware, e.latency, e.capacity, e.forwards_chunks)
+            hop = hop_cost.get(kind)
+            if hop is None:
+                trips = 2.0 if e.hardware == "net" and proto.net_round_trip else 1.0
+                hop = hop_cost[kind] = (_step_cost(proto, e.hardware) + trips * e.latency
+                                        + _fill(per_step, proto, e.capacity, e.forwards_chunks))
+            lap += hop
         per_hop = max(per_hop, lap / len(edges))
         window = _window(edges, topo, proto, min(proto.chunk_kib * 1024, per_step))
         transfers.append(Transfer(tuple(links), share(n) * req.nbytes / len(orders) / proto.bandwidth, window))
