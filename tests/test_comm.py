@@ -323,6 +323,10 @@ def test_ring_loop_copies_one_chunk_locally(op, link_steps):
     for n in (2, 4, 8):
         step = (2 * (n - 1) if op == "all_reduce" else n - 1) / n * nbytes / link_steps(n)
         assert latency(base, n) - latency(fast, n) == pytest.approx(2 * step / 2039e9, rel=1e-5)
+    # one process driving all the GPUs (nccl-tests -g N) passes direct pointers: no copy
+    one, _ = load_platform("dgx_a100", [("collectives.single_process", True)])
+    one_fast, _ = load_platform("dgx_a100", [("collectives.single_process", True), ("gpu.hbm_gbytes_per_s", 1e9)])
+    assert latency(one, 8) == latency(one_fast, 8)
     # broadcast's chain overlaps the copy: the rank that copies does nothing else
     assert (plan_for(base, 1, "broadcast", nbytes, algorithm="ring", protocol="simple").latency_s
             == pytest.approx(plan_for(fast, 1, "broadcast", nbytes, algorithm="ring", protocol="simple").latency_s))

@@ -223,11 +223,11 @@ def ring(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: Pr
         per_hop = max(per_hop, lap / len(edges))
         window = _window(edges, topo, proto, min(proto.chunk_kib * 1024, per_step))
         transfers.append(Transfer(tuple(links), share(n) * req.nbytes / len(orders) / proto.bandwidth, window))
-    local = _local_step(req, per_step * len(orders), topo)
+    local = _local_step(req, per_step * len(orders), topo, spec)
     return CollectivePlan("ring", tuple(transfers), _base(spec, proto) + steps(n) * per_hop + local)
 
 
-def _local_step(req: CollectiveRequest, step_bytes: float, topo: Topology) -> float:
+def _local_step(req: CollectiveRequest, step_bytes: float, topo: Topology, spec: CollectiveSpec) -> float:
     """Seconds of the one step per ring loop that crosses no link, summed over the loops.
 
     A rank runs its steps of a loop one after the other, and in all-reduce, all-gather and
@@ -236,9 +236,12 @@ def _local_step(req: CollectiveRequest, step_bytes: float, topo: Topology) -> fl
     between Ampere GPUs on NVLink) the first step stages the rank's own chunk in its send buffer.
     Over the whole collective that is one step's bytes read and written at the GPU's memory
     bandwidth, on top of the steps over the links. Broadcast and reduce chains overlap it: the
-    copying rank does nothing else.
+    copying rank does nothing else. Where one process drives all the GPUs of the group's node
+    (``collectives.single_process``), NCCL passes direct pointers and the copy goes away.
     """
     if req.op not in ("all_reduce", "all_gather", "reduce_scatter"):
+        return 0.0
+    if spec.single_process and len({topo.node_of(r) for r in req.group}) == 1:
         return 0.0
     return 2 * step_bytes / (topo.platform.gpu.hbm_gbytes_per_s * 1e9)
 

@@ -159,6 +159,10 @@ class CollectiveSpec(Spec):
                           "over a few channels by size; null: no bound")
     channels: PositiveInt | None = Field(
         None, description="parallel rings/trees across nodes; default one per NIC")
+    single_process: bool = Field(
+        False, description="one process drives every GPU of a node (nccl-tests -g N): NCCL hands the GPUs "
+                           "direct pointers to each other's buffers, so a ring's loop inside the node has "
+                           "no step that only copies locally; false: a process per GPU, as training runs")
     tree_efficiency_power: PositiveFloat = Field(
         1.0, description="the protocols' tree_efficiency (NCCL's derating of trees by message size) is "
                          "raised to this power: above 1 trees fall further short at mid sizes than NCCL's "
