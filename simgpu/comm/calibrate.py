@@ -3,10 +3,11 @@
 ``python -m simgpu.comm.calibrate --platform P --nodes N results.log`` reads nccl-tests output
 (the data rows: size, count, type, redop, root, time, algbw, busbw, ...), finds which class of link
 bounds the measured collective (the network across nodes, else NVLink, else PCIe), fits that
-class's achievable bandwidth fraction and one-way latency, and the fixed cost of a collective (and,
-for point-to-point traffic, NCCL's per-channel bound), to the measured times (least absolute log
-error), prints the error before and after, and writes the platform file with the fitted
-values (``--out``; the original is left alone unless ``--out`` names it).
+class's achievable bandwidth fraction and one-way latency and the fixed cost of a collective (with,
+for point-to-point traffic, NCCL's per-channel bound, and for all-reduce across nodes, how far trees
+fall short at mid sizes) to the measured times (least absolute log error), prints the error before
+and after, and writes the platform file with the fitted values (``--out``; the original is left
+alone unless ``--out`` names it).
 """
 
 from __future__ import annotations
