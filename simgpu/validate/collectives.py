@@ -231,26 +231,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: no measurements at {args.data}", file=sys.stderr)
         return 2
     if args.calibration:
-        rows = [calibration_holdout(s) for s in sweeps(args.data, args.stride_mb)
-                if s.category != "report" and len(s.sizes) >= 6]
-        cal = pd.DataFrame(rows)
-        with pd.option_context("display.width", 200, "display.max_rows", 200, "display.max_colwidth", 120,
-                               "display.float_format", "{:.1%}".format):
-            print(cal.to_string(index=False))
-        for cat, g in cal.groupby("category"):
-            print(f"{cat:9} sweeps {len(g):3d}  held-out error after calibration: median {g['after'].median():.1%}, "
-                  f"within 8% {int((g['after'] <= 0.08).sum())} of {len(g)}")
-        if args.csv:
-            cal.to_csv(args.csv, index=False)
-        return 0
-    table = validate(args.data, args.stride_mb)
-    with pd.option_context("display.width", 160, "display.max_rows", 200, "display.float_format", "{:.1%}".format):
+        table = pd.DataFrame([calibration_holdout(s) for s in sweeps(args.data, args.stride_mb)
+                              if s.category != "report" and len(s.sizes) >= 6])
+        summary = [f"{cat:9} sweeps {len(g):3d}  held-out error after calibration: median {g['after'].median():.1%}, "
+                   f"within 8% {int((g['after'] <= 0.08).sum())} of {len(g)}" for cat, g in table.groupby("category")]
+    else:
+        table = validate(args.data, args.stride_mb)
+        summary = [f"{cat:9} sweeps {len(g):3d}  median error >=1MB {g['err_ge_1MB'].median():.1%}  "
+                   f"<1MB {g['err_lt_1MB'].median():.1%}" for cat, g in table.groupby("category")]
+    with pd.option_context("display.width", 200, "display.max_rows", 200, "display.max_colwidth", 120,
+                           "display.float_format", "{:.1%}".format):
         print(table.to_string(index=False))
-    for cat, g in table.groupby("category"):
-        print(f"{cat:9} sweeps {len(g):3d}  median error >=1MB {g['err_ge_1MB'].median():.1%}  "
-              f"<1MB {g['err_lt_1MB'].median():.1%}")
+    print("\n".join(summary))
     if args.csv:
         table.to_csv(args.csv, index=False)
+    if args.calibration:
+        return 0
     bad, known = failures(table)
     if known:
         print("\n".join(["known gaps (above threshold, not worse than recorded):"] + known))
