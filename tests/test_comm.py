@@ -171,6 +171,9 @@ def test_parse_nccl_tests_and_calibrate(tmp_path, capsys):
     cal, _ = load_platform(str(out))
     assert cal.node.nvlink is not None and cal.node.nvlink.efficiency == pytest.approx(0.6, rel=0.1)
     assert calibrate_main([str(tmp_path / "missing.log"), "--platform", "dgx_a100"]) == 2
+    capsys.readouterr()
+    assert calibrate_main([str(log), "--platform", "dgx_a100", "--nodes", "2", "--gpus-per-node", "9"]) == 2
+    assert "--gpus-per-node" in capsys.readouterr().err
 
 
 def test_link_kinds_on_routes(dgx_a100):

@@ -59,17 +59,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         from ..config.loader import load_platform, parse_override
         from ..platform.topology import Topology
-        from .collective import bus_bandwidth, simulate_collective
+        from .collective import bus_bandwidth, layout, simulate_collective
 
         over = [parse_override(o) for o in args.overrides]
         over = [(k.removeprefix("platform."), v) for k, v in over]
         platform, _ = load_platform(args.platform, over)
-        if args.nodes < 1:
-            raise ConfigError(f"expected --nodes >= 1, got {args.nodes}", key="--nodes")
-        gpn = args.gpus_per_node or platform.node.gpus
-        if not 1 <= gpn <= platform.node.gpus:
-            raise ConfigError(f"expected --gpus-per-node in 1..{platform.node.gpus}, got {gpn}",
-                              key="--gpus-per-node")
+        gpn = layout(platform, args.nodes, args.gpus_per_node)
         sizes = parse_sizes(args.sizes)
         topo = Topology(platform, args.nodes, gpn)
         n = 2 if args.op == "send_recv" else topo.world

@@ -27,7 +27,7 @@ from ..config.loader import load_platform, platform_path
 from ..config.platform import PlatformSpec
 from ..errors import ConfigError, SimgpuError
 from ..platform.topology import Topology
-from .collective import request, simulate_collective
+from .collective import layout, request, simulate_collective
 from .planner import Planner
 
 SEARCH_SIZES = 12
@@ -205,6 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = Path(args.measurements)
         if not path.is_file():
             raise ConfigError("measurements file not found", file=str(path))
+        layout(load_platform(args.platform)[0], args.nodes, args.gpus_per_node)
         sizes, times = parse_nccl_tests(path.read_text())
         if len(sizes) < 3:
             raise ConfigError("expected at least 3 nccl-tests data rows (size count type redop root time ...)",

@@ -11,10 +11,23 @@ import numpy as np
 
 from ..config.platform import PlatformSpec
 from ..engine import Engine, EngineOptions, SimResult
+from ..errors import ConfigError
 from ..platform.topology import Topology
 from ..workload.graph import CollectiveCall, CollectiveOp, MemoryEstimate, Op, Program, Workload
 from .plan import CollectiveRequest
 from .planner import Planner
+
+
+def layout(platform: PlatformSpec, nodes: int, gpus_per_node: int | None) -> int:
+    """GPUs per node for ``nodes`` nodes of ``platform`` (all of a node's GPUs when not given);
+    a :class:`ConfigError` naming the command-line option when either is out of range."""
+    if nodes < 1:
+        raise ConfigError(f"expected --nodes >= 1, got {nodes}", key="--nodes")
+    gpn = gpus_per_node or platform.node.gpus
+    if not 1 <= gpn <= platform.node.gpus:
+        raise ConfigError(f"expected --gpus-per-node in 1..{platform.node.gpus}, got {gpn}", key="--gpus-per-node")
+    return gpn
+
 
 #: busbw = algbw * factor(n), nccl-tests' convention per collective
 BUS_FACTOR = {
