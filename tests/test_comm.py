@@ -54,6 +54,9 @@ def test_nccl_tests_view_rejects_bad_input(capsys):
     assert comm_main(["--platform", "dgx_h100", "--gpus-per-node", "9"]) == 2
     assert "--gpus-per-node" in capsys.readouterr().err
     assert comm_main(["--platform", "nope"]) == 2
+    capsys.readouterr()
+    assert comm_main(["--platform", "dgx_h100", "--gpus-per-node", "1", "--sizes", "1MB"]) == 2
+    assert "at least 2 GPUs" in capsys.readouterr().err
 
 
 def test_small_messages_latency_bound_large_bandwidth_bound(dgx_h100):

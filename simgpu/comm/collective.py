@@ -20,12 +20,16 @@ from .planner import Planner
 
 def layout(platform: PlatformSpec, nodes: int, gpus_per_node: int | None) -> int:
     """GPUs per node for ``nodes`` nodes of ``platform`` (all of a node's GPUs when not given);
-    a :class:`ConfigError` naming the command-line option when either is out of range."""
+    a :class:`ConfigError` naming the command-line option when either is out of range or the two
+    make fewer than 2 GPUs."""
     if nodes < 1:
         raise ConfigError(f"expected --nodes >= 1, got {nodes}", key="--nodes")
     gpn = gpus_per_node or platform.node.gpus
     if not 1 <= gpn <= platform.node.gpus:
         raise ConfigError(f"expected --gpus-per-node in 1..{platform.node.gpus}, got {gpn}", key="--gpus-per-node")
+    if nodes * gpn < 2:
+        raise ConfigError("expected at least 2 GPUs in all (a collective of one GPU moves nothing), got "
+                          f"{nodes} node(s) x {gpn}", key="--gpus-per-node")
     return gpn
 
 
