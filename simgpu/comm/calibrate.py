@@ -30,7 +30,7 @@ from ..platform.topology import Topology
 from .collective import layout, request, simulate_collective
 from .planner import Planner
 
-SEARCH_SIZES = 12
+SEARCH_SIZES = 32
 ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\w+)\s+(\w+)\s+(-?\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)")
 
 
