@@ -57,6 +57,7 @@ def test_most_one_node_sweeps_within_15_percent(table):
     "stas00:8xH200:all_reduce",                                   # the small-message plateau, fitted
     "oci:oci_2x8xA100-SXM4-40GB_all_reduce_perf:all_reduce",      # two nodes over RoCE
     "autodl:autodl_2x2080Ti_PCIe3_noP2P_nccl_tests:alltoall",     # PCIe through host memory
+    "autodl:autodl_2x2080Ti_PCIe3_noP2P_nccl_tests:all_reduce",
 ])
 def test_calibration_on_half_the_sizes_predicts_the_other_half(name):
     """Fit the platform's knobs on every other size (no worse there than the platform as given);
