@@ -11,13 +11,14 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-#: suite name -> module with ``main(argv) -> int``; modules not present are skipped
-SUITES = {
-    "collectives": "simgpu.validate.collectives",
-    "kernels": "simgpu.validate.kernels",
-    "iterations": "simgpu.validate.iterations",
-    "mlperf": "simgpu.validate.mlperf",
-    "traces": "simgpu.validate.traces",
+#: suite name -> (module with ``main(argv) -> int``, its arguments); modules not present are skipped
+SUITES: dict[str, tuple[str, list[str]]] = {
+    "collectives": ("simgpu.validate.collectives", []),
+    "calibration": ("simgpu.validate.collectives", ["--calibration"]),
+    "kernels": ("simgpu.validate.kernels", []),
+    "iterations": ("simgpu.validate.iterations", []),
+    "mlperf": ("simgpu.validate.mlperf", []),
+    "traces": ("simgpu.validate.traces", []),
 }
 
 
@@ -27,12 +28,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     status = 0
     for name in args.only or list(SUITES):
+        path, suite_args = SUITES[name]
         try:
-            module = importlib.import_module(SUITES[name])
+            module = importlib.import_module(path)
         except ModuleNotFoundError:
             continue
         print(f"\n=== {name} ===", flush=True)
-        code = int(module.main([]))
+        code = int(module.main(list(suite_args)))
         print(f"--- {name}: {'ok' if code == 0 else f'exit {code}'}", flush=True)
         status = status or code
     return status
