@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from ..config.loader import load_platform, platform_path
+from ..config.loader import load_platform, parse_override, platform_path
 from ..config.platform import PlatformSpec
 from ..errors import ConfigError, SimgpuError
 from ..platform.topology import Topology
@@ -177,7 +177,7 @@ def _get(spec: PlatformSpec, dotted: str) -> float:
     return float(cur)
 
 
-def write_platform(platform_ref: str, params: dict[str, float], out: Path) -> None:
+def write_platform(platform_ref: str, params: dict[str, Any], out: Path) -> None:
     """The platform's YAML with ``params`` set, written to ``out``."""
     data = yaml.safe_load(platform_path(platform_ref).read_text())
     for dotted, value in params.items():
@@ -199,20 +199,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "send_recv"))
     ap.add_argument("--nodes", type=int, default=1)
     ap.add_argument("--gpus-per-node", type=int)
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="set a platform key before fitting (and in the written file), e.g. network.nic_gbps=200")
     ap.add_argument("--out", type=Path, help="write the calibrated platform here")
     args = ap.parse_args(argv)
     try:
         path = Path(args.measurements)
         if not path.is_file():
             raise ConfigError("measurements file not found", file=str(path))
-        layout(load_platform(args.platform)[0], args.nodes, args.gpus_per_node)
+        over = [(k.removeprefix("platform."), v) for k, v in map(parse_override, args.overrides)]
+        layout(load_platform(args.platform, over)[0], args.nodes, args.gpus_per_node)
         sizes, times = parse_nccl_tests(path.read_text())
         if len(sizes) < 3:
             raise ConfigError("expected at least 3 nccl-tests data rows (size count type redop root time ...)",
                               file=str(path))
-        result = fit(args.platform, args.op, sizes, times, nodes=args.nodes, gpus_per_node=args.gpus_per_node)
+        result = fit(args.platform, args.op, sizes, times, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                     overrides=over)
         if args.out:
-            write_platform(args.platform, result.params, args.out)
+            write_platform(args.platform, {**dict(over), **result.params}, args.out)
     except SimgpuError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
