@@ -4,7 +4,15 @@ A small GPT and a small DLRM are described as workloads on ``cpu_host`` (the CPU
 with kernel models fitted on its microbenchmarks), simulated, and also built as real torch models
 that run what the builders emit (forward, backward, optimizer step) on this machine's CPU with the
 thread count the platform was measured with, timed with the harness's clock. The simulated step is
-compared with the median measured step: within 15% (TARGET). On a machine other than
+compared with the median measured step: within 15% (TARGET).
+
+The machine's speed drifts: on a shared virtual machine every op of a step runs up to 1.4x slower for
+seconds at a time (a profile of two back-to-back batches of five DLRM steps: 44 and 64 ms a step, mm,
+add and index_select alike), while the kernel models describe it as the microbenchmarks found it. So
+every measured step is bracketed by reference GEMMs taken from cpu_host's own microbenchmarks, timed
+again now, and divided by how much slower (or faster) they run now than in the shipped data: the
+step as the machine would have run it when it was measured. Both the raw and the normalised figures
+are printed. On a machine other than
 the one cpu_host was measured on (another CPU, core count or torch build), the comparison skips:
 the models describe that machine only. Also: the shipped models of ``cpu_host`` are the ones
 fitted on its shipped data.
@@ -15,6 +23,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,22 +36,27 @@ from conftest import ROOT
 from torch import nn
 
 from simgpu import load_job, simulate
+from simgpu.bench.cases import Case
 from simgpu.bench.harness import machine
-from simgpu.bench.timing import cpu_clock
+from simgpu.bench.ops import build
+from simgpu.bench.timing import Policy, cpu_clock, measure
 from simgpu.kernels import store
 from simgpu.kernels.learned import load_models
 
 # The issue's target: within 15%. Elementwise kernels carry their op's arithmetic (flops_per_element),
-# so GELU and its backward are not timed as copies. Over 19 runs the simulated step was 3-10% (GPT) and
-# 2-11% (DLRM) short of the measured one, also with another process keeping the second core busy (the
-# clock is the thread's CPU time). What is still short are memory-bound kernels that run slower inside a
-# step than in the warm-cache microbenchmarks (the cross entropy's log-softmax, ReLU backward, zero
-# fills, the DLRM's sparse SGD update). Other tenants of the machine can only slow the measured step
-# down: a step outside the target is measured again (ATTEMPTS in all) and the fastest is kept.
+# so GELU and its backward are not timed as copies. Over 11 runs (`pytest -s tests/test_kernels_e2e.py`,
+# three of them with another process keeping the second core busy), the normalised step was 6.7-9.4%
+# (GPT) and 7.0-13.5% (DLRM) longer than the simulated one; the raw step 5.8-31.7% longer, the worst
+# with the reference GEMMs at 1.33x their shipped time. What is still short are memory-bound kernels that
+# run slower inside a step than in the warm-cache microbenchmarks (ReLU backward, the interaction's
+# batched GEMMs, zero fills, the DLRM's sparse SGD update). A step outside the target is measured again
+# (ATTEMPTS in all) and the fastest normalised median is kept.
 TARGET = 0.15
 ATTEMPTS = 3
 PLATFORM = ROOT / "platforms" / "cpu_host"
 STEPS, WARMUP = 9, 2
+REFERENCES = 3
+REFERENCE_POLICY = Policy(warmup=1, min_repeats=5, max_repeats=5, min_time_s=0.0)
 
 GPT_MODEL = {"kind": "transformer", "layers": 2, "hidden": 256, "heads": 4, "seq_len": 128, "vocab": 4096}
 GPT_TRAINING = {"batch_per_gpu": 4, "precision": "fp32", "optimizer": "adam"}
@@ -72,19 +86,54 @@ def simulated_s(tmp_path: Path, name: str, model: dict[str, Any], training: dict
     return result.iteration_time_s
 
 
-def measured_s(step: Callable[[], None]) -> tuple[float, float]:
-    """Median seconds of a step on the harness's clock (the thread's CPU time when torch runs on one
-    thread: time given to other processes of a shared machine is not counted), and in wall time."""
+@dataclass(frozen=True)
+class Measured:
+    """Median seconds of a step: on the harness's clock (the thread's CPU time when torch runs on one
+    thread: time given to other processes of a shared machine is not counted), in wall time, and on
+    the harness's clock divided by the machine's speed factor around it (``normalised_s``); and the
+    median factor (the reference GEMMs' time now over their shipped time)."""
+
+    raw_s: float
+    wall_s: float
+    normalised_s: float
+    factor: float
+
+
+class Reference:
+    """REFERENCES fp32 GEMMs of cpu_host's shipped microbenchmarks (0.5-3 ms each, evenly spaced in
+    time), timed again now: :meth:`factor` is the geometric mean of now over shipped."""
+
+    def __init__(self) -> None:
+        table = store.read_tables(PLATFORM / "microbench", ("gemm",))["gemm"]
+        table = table[(table["dtype"] == "fp32") & table["median_s"].between(5e-4, 3e-3)].sort_values("median_s")
+        assert len(table) >= REFERENCES, "cpu_host has too few GEMMs of 0.5-3 ms to take as references"
+        picks = table.iloc[np.linspace(0, len(table) - 1, REFERENCES).round().astype(int)]
+        self.benches = []
+        for _, row in picks.iterrows():
+            case = Case.of("gemm", str(row["op"]), "fp32", {k: float(row[k]) for k in ("m", "n", "k")})
+            self.benches.append((build(case, "cpu", 0), float(row["median_s"])))
+
+    def factor(self) -> float:
+        logs = [np.log(measure(b.run, None, "cpu", REFERENCE_POLICY).median_s / shipped) for b, shipped in self.benches]
+        return float(np.exp(np.mean(logs)))
+
+
+def measured_s(step: Callable[[], None], ref: Reference) -> Measured:
+    """The step timed STEPS times after WARMUP, each bracketed by the reference GEMMs."""
     clock = cpu_clock()
     for _ in range(WARMUP):
         step()
-    times, walls = [], []
+    times, walls, factors = [], [], []
     for _ in range(STEPS):
+        before = ref.factor()
         t0, w0 = clock(), time.perf_counter()
         step()
         times.append((clock() - t0) * 1e-9)
         walls.append(time.perf_counter() - w0)
-    return float(np.median(times)), float(np.median(walls))
+        factors.append(float(np.sqrt(before * ref.factor())))
+    normalised = np.asarray(times) / np.asarray(factors)
+    return Measured(float(np.median(times)), float(np.median(walls)), float(np.median(normalised)),
+                    float(np.median(factors)))
 
 
 # ---- the torch models, op for op what the builders emit ----------------------------------------------
@@ -222,13 +271,17 @@ def test_simulated_step_matches_measured_step(name: str, tmp_path: Path):
     else:
         sim = simulated_s(tmp_path, name, DLRM_MODEL, DLRM_TRAINING)
         step = dlrm_step(DLRM_MODEL, DLRM_TRAINING["batch_per_gpu"])
-    tries = []
+    ref = Reference()
+    tries: list[Measured] = []
     for _ in range(ATTEMPTS):
-        tries.append(measured_s(step))
-        real = min(t for t, _ in tries)
+        m = measured_s(step, ref)
+        tries.append(m)
+        real = min(t.normalised_s for t in tries)
         err = sim / real - 1
-        print(f"\n{name}: simulated {sim * 1e3:.1f} ms, measured {tries[-1][0] * 1e3:.1f} ms "
-              f"(wall {tries[-1][1] * 1e3:.1f} ms), error {sim / tries[-1][0] - 1:+.1%} (target {TARGET:.0%})")
+        print(f"\n{name}: simulated {sim * 1e3:.1f} ms; measured {m.raw_s * 1e3:.1f} ms (wall {m.wall_s * 1e3:.1f} ms, "
+              f"error {sim / m.raw_s - 1:+.1%}), reference GEMMs at {m.factor:.2f}x their shipped time, "
+              f"normalised {m.normalised_s * 1e3:.1f} ms, error {sim / m.normalised_s - 1:+.1%} (target {TARGET:.0%})")
         if abs(err) <= TARGET:
             break
-    assert abs(err) <= TARGET, f"{name}: fastest of {len(tries)} measured steps {real * 1e3:.1f} ms, error {err:+.1%}"
+    assert abs(err) <= TARGET, (f"{name}: fastest of {len(tries)} normalised median steps {real * 1e3:.1f} ms "
+                                f"(raw {min(t.raw_s for t in tries) * 1e3:.1f} ms), error {err:+.1%}")
