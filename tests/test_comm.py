@@ -50,6 +50,18 @@ def test_nccl_tests_view_prints_columns_and_writes_csv(tmp_path, capsys):
     assert rows[0] == ["size(B)", "time(us)", "algbw(GB/s)", "busbw(GB/s)"] and len(rows) == 19
 
 
+def test_nccl_tests_view_notes_host_staging(capsys):
+    assert comm_main(["--platform", "rtx2080ti_2gpu", "--op", "all_gather", "--sizes", "1MB"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    notes = [line for line in lines if line.startswith("# note:")]
+    assert len(notes) == 2 and "host memory" in notes[0] and "simgpu.comm.calibrate" in notes[1]
+    assert lines[len(notes) + 1].split()[0] == "size(B)"
+    for op, args in (("broadcast", ["--platform", "rtx2080ti_2gpu"]), ("all_gather", ["--platform", "dgx_h100"]),
+                     ("all_gather", ["--platform", "pcie_4gpu"])):
+        assert comm_main([*args, "--op", op, "--sizes", "1MB"]) == 0
+        assert "# note:" not in capsys.readouterr().out, (op, args)
+
+
 def test_nccl_tests_view_rejects_bad_input(capsys):
     assert comm_main(["--platform", "dgx_h100", "--gpus-per-node", "9"]) == 2
     assert "--gpus-per-node" in capsys.readouterr().err

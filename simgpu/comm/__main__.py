@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         from ..config.loader import load_platform, parse_override
         from ..platform.topology import Topology
-        from .collective import bus_bandwidth, layout, simulate_collective
+        from .collective import bus_bandwidth, caveats, layout, simulate_collective
 
         over = [parse_override(o) for o in args.overrides]
         over = [(k.removeprefix("platform."), v) for k, v in over]
@@ -77,6 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"# {args.op} on {platform.name}: {args.nodes} node(s) x {gpn} GPUs, algorithm {args.algorithm}")
+    for line in caveats(topo, args.op):
+        print(f"# note: {line}")
     print(f"{'size(B)':>14} {'time(us)':>12} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12}")
     for size, us, alg, bus in rows:
         print(f"{size:>14d} {us:>12.2f} {alg:>12.2f} {bus:>12.2f}")

@@ -33,6 +33,20 @@ def layout(platform: PlatformSpec, nodes: int, gpus_per_node: int | None) -> int
     return gpn
 
 
+def caveats(topo: Topology, op: str) -> list[str]:
+    """Where the validation found this kind of prediction optimistic (README, Collectives) for a reason
+    the platform file can say: one line each, for the nccl-tests view to print above its columns."""
+    out = []
+    staged = not topo.platform.node.pcie.p2p and any(
+        not topo.nvlinked(a, b) for a in range(topo.gpus_per_node) for b in range(a + 1, topo.gpus_per_node))
+    if staged and op not in ("broadcast", "reduce", "send_recv"):
+        out.append("these GPUs exchange data through host memory (PCIe peer-to-peer off): where each GPU sends "
+                   "and receives at once, NCCL's shared-memory transport ran well below the predicted speed on "
+                   "every machine measured")
+        out.append("fit the platform to your own nccl-tests output: python -m simgpu.comm.calibrate")
+    return out
+
+
 #: busbw = algbw * factor(n), nccl-tests' convention per collective
 BUS_FACTOR = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
