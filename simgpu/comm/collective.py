@@ -37,8 +37,8 @@ def caveats(topo: Topology, op: str) -> list[str]:
     """Where the validation found this kind of prediction optimistic (README, Collectives) for a reason
     the platform file can say: one line each, for the nccl-tests view to print above its columns."""
     out = []
-    staged = not topo.platform.node.pcie.p2p and any(
-        not topo.nvlinked(a, b) for a in range(topo.gpus_per_node) for b in range(a + 1, topo.gpus_per_node))
+    local = range(topo.gpus_per_node)  # node 0's GPUs: every node is wired alike
+    staged = any(topo.links[i].kind == "host" for a in local for b in local if a != b for i in topo.edge(a, b).route)
     if staged and op not in ("broadcast", "reduce", "send_recv"):
         out.append("these GPUs exchange data through host memory (PCIe peer-to-peer off): where each GPU sends "
                    "and receives at once, NCCL's shared-memory transport ran well below the predicted speed on "
