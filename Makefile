@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed-stamp
 EXAMPLE ?= workloads/dlrm_2x_dgx_a100.yaml
 
-.PHONY: help install run test lint bench validate clean
+.PHONY: help install run test lint bench validate fit clean
 
 help:  ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -34,6 +34,9 @@ lint: $(STAMP)  ## ruff and mypy
 
 bench: $(STAMP)  ## measure the simulator's own speed and memory
 	$(BIN)/python -m simgpu.speed
+
+fit: $(STAMP)  ## refit every shipped platform's kernel models (and the transfer models) from their data
+	$(BIN)/python -m simgpu.fit --all
 
 validate: $(STAMP)  ## compare predictions with real measurements in ../shared/data
 	$(BIN)/python -m simgpu.validate

@@ -203,7 +203,7 @@ def test_fit_writes_models_and_reloads_by_content_hash(tmp_platform: Path, capsy
     assert set(manifest["families"]) == {"elementwise", "norm"}
     assert manifest["data_sha256"] == store.data_hash(folder / "microbench")
     assert manifest["families"]["norm"]["heldout"]["n_test"] > 0
-    assert (folder / "models" / "norm.txt").stat().st_size > 0
+    assert (folder / "models" / "norm.txt.gz").stat().st_size > 0
     _, refitted = fit_platform("tmp_host")
     assert not refitted  # same data: kept
     models = load_models(folder)
@@ -240,14 +240,18 @@ def test_learned_times_only_its_families(tmp_platform: Path):
     assert big > secs[1]  # 4x the elements take longer
 
 
-def test_platforms_without_models_are_untouched(dgx_a100):
-    learned = make_predictor("learned", dgx_a100)
-    assert isinstance(learned, Learned) and not learned.models
-    assert not learned.supports(KernelSpec.make("gemm", "bf16", m=1024, n=1024, k=1024))
-    ks = [KernelSpec.make("gemm", "bf16", m=1024, n=1024, k=1024)]
-    chained, names = make_predictor(("learned", "analytical"), dgx_a100).predict(ks)
-    alone, _ = make_predictor("analytical", dgx_a100).predict(ks)
-    assert names == ["analytical"] and chained[0] == alone[0]
+def test_gpu_without_measurements_gets_the_transfer_models():
+    from simgpu.config.loader import load_platform
+
+    a40, _ = load_platform("a40_4gpu")  # no measurements of its own
+    learned = make_predictor("learned", a40)
+    assert isinstance(learned, Learned) and learned.name == "lightgbm-transfer" and learned.models
+    ks = [KernelSpec.make("gemm", "fp16", m=1024, n=1024, k=1024),
+          KernelSpec.make("embedding_fwd", "fp32", batch=64, tables=2, pooling=4, dim=64, rows=1000)]
+    secs, names = make_predictor(("learned", "analytical"), a40).predict(ks)
+    assert names == ["lightgbm-transfer", "analytical"]  # no embedding data on any GPU
+    alone, _ = make_predictor("analytical", a40).predict(ks)
+    assert secs[1] == alone[1] and secs[0] != alone[0]
 
 
 def test_fit_bad_input_exits_2(tmp_path: Path, capsys, monkeypatch):
@@ -258,7 +262,7 @@ def test_fit_bad_input_exits_2(tmp_path: Path, capsys, monkeypatch):
     shutil.copy(ROOT / "platforms" / "cpu_host.yaml", plats / "bare.yaml")
     monkeypatch.setenv("SIMGPU_PLATFORMS", str(plats))
     assert fit_main(["--platform", "bare"]) == 2  # no microbench folder
-    assert "microbenchmark" in capsys.readouterr().err
+    assert "no measurements" in capsys.readouterr().err
     (plats / "bare" / "microbench").mkdir(parents=True)
     assert fit_main(["--platform", "bare"]) == 2  # no data
     assert "no measurements" in capsys.readouterr().err

@@ -24,8 +24,14 @@ class GPUSpec(Spec):
     memory_gib: PositiveFloat = Field(description="device memory, GiB")
     hbm_gbytes_per_s: PositiveFloat = Field(description="peak memory bandwidth, GB/s")
     sms: PositiveInt = Field(description="streaming multiprocessors")
-    peak_tflops: dict[Literal["fp32", "tf32", "bf16", "fp16", "fp8"], PositiveFloat] = Field(
+    peak_tflops: dict[Literal["fp32", "tf32", "bf16", "fp16", "fp8", "fp4"], PositiveFloat] = Field(
         description="dense peak TFLOP/s per dtype (tensor cores where they apply)")
+    l2_mib: PositiveFloat | None = Field(None, description="L2 cache, MiB (a feature of the kernel models)")
+    boost_clock_mhz: PositiveFloat | None = Field(
+        None, description="maximum SM clock, MHz (a feature of the kernel models)")
+    kernel_models: str | None = Field(
+        None, description="the platform whose fitted kernel models time this GPU (the same GPU model); "
+                          "default: this platform's own, else the models fitted across measured GPUs")
     matmul_efficiency: Fraction = Field(0.8, description="achievable fraction of peak for large GEMMs")
     memory_efficiency: Fraction = Field(0.85, description="achievable fraction of peak HBM bandwidth")
     kernel_min_us: NonNegFloat = Field(2.5, description="shortest kernel duration, us")

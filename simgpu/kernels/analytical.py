@@ -13,6 +13,7 @@ memory-bound on a GPU, but can be compute-bound on a CPU core.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -20,7 +21,7 @@ from ..config.platform import GPUSpec, PlatformSpec
 from ..workload.graph import KernelSpec
 from .base import register
 
-DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp4": 0.5}
 #: GEMM output tiles (rows, columns, efficiency relative to the largest tile)
 TILES = ((256, 128, 1.0), (128, 128, 0.95), (128, 64, 0.85), (64, 64, 0.7))
 SECTOR = 32     # bytes of one DRAM sector: the unit of a random row read
@@ -32,9 +33,20 @@ ATTN_EFFICIENCY = 0.6  # flash attention reaches a lower share of the matmul pea
 #: training steps up by ~25% (A. Karpathy, nanoGPT), i.e. its output-layer GEMMs ran ~2x slower.
 MISALIGNED_EFFICIENCY = 0.5
 ALIGN_BYTES = 16
-TENSOR_CORE_DTYPES = ("tf32", "bf16", "fp16", "fp8")
+TENSOR_CORE_DTYPES = ("tf32", "bf16", "fp16", "fp8", "fp4")
 #: The dtype whose peak elementwise arithmetic runs at (the vector units' fp32 rate).
 VECTOR_DTYPE = "fp32"
+
+
+def attention_pairs(sq: Any, skv: Any, causal: Any, window: Any) -> Any:
+    """(query, key) pairs one head attends: ``sq skv``, half of it when causal (as the balanced chunks
+    of context parallelism and a full causal prefill have it); a sliding ``window`` > 0 of keys caps
+    each query's keys (causal: the first ``window`` queries attend fewer). Works on arrays too."""
+    sq, skv, causal, window = (np.asarray(x, dtype=float) for x in (sq, skv, causal, window))
+    full = sq * skv * np.where(causal > 0, 0.5, 1.0)
+    w = np.where(window > 0, window, np.inf)
+    capped = np.where(causal > 0, sq * np.minimum(w, skv) - np.minimum(w, skv) ** 2 / 2, sq * np.minimum(w, skv))
+    return np.where(w < skv, np.minimum(full, capped), full)
 
 
 class Analytical:
@@ -105,12 +117,17 @@ class Analytical:
 
     def _attention(self, k: KernelSpec) -> tuple[float, float]:
         b, h, sq, skv, d = (k.get(x) for x in ("batch", "heads", "seq_q", "seq_kv", "head_dim"))
-        causal = k.get("causal", 0.0)
-        flops = 4.0 * b * h * sq * skv * d * (0.5 if causal else 1.0)
-        if k.family == "attention_bwd":
+        kv, window = k.get("kv_heads", h), k.get("window", 0.0)
+        flops = 4.0 * b * h * d * float(attention_pairs(sq, skv, k.get("causal", 0.0), window))
+        bwd = k.family == "attention_bwd"
+        if bwd:
             flops *= 2.5  # recompute of P plus dQ, dK, dV
         e = DTYPE_BYTES[k.dtype]
-        nbytes = b * h * (sq + 2 * skv) * d * e * (2 if k.family == "attention_bwd" else 1) + b * h * sq * d * e
+        kv_e = k.get("kv_bytes", float(e))
+        # Q and O (and dQ, dO), K and V of the kv_heads (a sliding window reads only its keys)
+        kv_len = min(skv, window) if window > 0 and not bwd else skv
+        q, kv_read = b * h * sq * d * e, b * kv * 2 * kv_len * d * kv_e
+        nbytes = 3 * q + 2 * kv_read if bwd else 2 * q + kv_read
         return flops / (self.flops_rate(k.dtype) * ATTN_EFFICIENCY / self.gpu.matmul_efficiency), nbytes / self.bw
 
     def _embedding(self, k: KernelSpec) -> tuple[float, float]:

@@ -22,11 +22,16 @@ from ..config.platform import GPUSpec
 from ..errors import ConfigError
 from ..workload.elementwise import DEFAULT_FLOPS_PER_ELEMENT, flops_per_element
 from ..workload.graph import KernelSpec
-from .analytical import DTYPE_BYTES, VECTOR_DTYPE, Analytical
+from .analytical import DTYPE_BYTES, VECTOR_DTYPE, Analytical, attention_pairs
 
 #: The names of the reuse statistics of embedding lookups (fractions in [0, 1]), see :func:`reuse_stats`.
 REUSE: Final = ("reuse_top0p1", "reuse_top1", "reuse_top10", "reuse_unique")
 _TOP_SHARES: Final = (0.001, 0.01, 0.1)
+
+#: Attention's optional parameters: ``kv_heads`` (GQA; NaN: as many as ``heads``), ``window`` (a
+#: sliding window of keys, 0: the whole sequence) and ``kv_bytes`` (the K/V cache's element width;
+#: NaN: the dtype's). :func:`kernel_params` resolves the NaNs.
+ATTENTION_OPTIONAL: Final[Mapping[str, float]] = {"kv_heads": np.nan, "window": 0.0, "kv_bytes": np.nan}
 
 #: Each family's shape parameters and their defaults (None: required). Optional ones are features
 #: that measurements may carry and simulated kernels may omit; :func:`kernel_params` fills them in.
@@ -36,9 +41,9 @@ FAMILY_PARAMS: Final[Mapping[str, Mapping[str, float | None]]] = {
     "gemm": {"m": None, "n": None, "k": None},
     "bmm": {"b": None, "m": None, "n": None, "k": None},
     "attention_fwd": {"batch": None, "heads": None, "seq_q": None, "seq_kv": None, "head_dim": None,
-                      "causal": 0.0},
+                      "causal": 0.0, **ATTENTION_OPTIONAL},
     "attention_bwd": {"batch": None, "heads": None, "seq_q": None, "seq_kv": None, "head_dim": None,
-                      "causal": 0.0},
+                      "causal": 0.0, **ATTENTION_OPTIONAL},
     "embedding_fwd": {"batch": None, "tables": None, "pooling": None, "dim": None, "rows": None,
                       **{r: np.nan for r in REUSE}},
     "embedding_bwd": {"batch": None, "tables": None, "pooling": None, "dim": None, "rows": None,
@@ -124,6 +129,11 @@ def kernel_params(kernel: KernelSpec) -> dict[str, float]:
             raise KeyError(f"{kernel.family} kernel has no parameter {name!r}")
         else:
             out[name] = default
+    if kernel.family.startswith("attention"):
+        if np.isnan(out["kv_heads"]):
+            out["kv_heads"] = out["heads"]
+        if np.isnan(out["kv_bytes"]):
+            out["kv_bytes"] = float(DTYPE_BYTES[kernel.dtype])
     if kernel.family.startswith("embedding") and np.isnan(out["reuse_unique"]):
         out.update(uniform_reuse(out["rows"], out["batch"] * out["pooling"]))
     return out
@@ -170,8 +180,9 @@ def _flops_bytes(family: str, p: Mapping[str, np.ndarray], e: np.ndarray) -> tup
         return 2 * b * p["m"] * p["n"] * p["k"], b * (p["m"] * p["k"] + p["k"] * p["n"] + p["m"] * p["n"]) * e
     if family.startswith("attention"):
         bh = p["batch"] * p["heads"]
-        flops = 4 * bh * p["seq_q"] * p["seq_kv"] * p["head_dim"] * np.where(p["causal"] > 0, 0.5, 1.0)
-        nbytes = bh * (2 * p["seq_q"] + 2 * p["seq_kv"]) * p["head_dim"] * e
+        flops = 4 * bh * p["head_dim"] * attention_pairs(p["seq_q"], p["seq_kv"], p["causal"], p["window"])
+        kv_len = np.where(p["window"] > 0, np.minimum(p["seq_kv"], p["window"]), p["seq_kv"])
+        nbytes = (2 * bh * p["seq_q"] * e + 2 * p["batch"] * p["kv_heads"] * kv_len * p["kv_bytes"]) * p["head_dim"]
         return flops, nbytes
     if family.startswith("embedding"):
         lookups = p["batch"] * p["tables"] * p["pooling"]
@@ -230,6 +241,14 @@ def feature_frame(family: str, kernels: Sequence[KernelSpec], gpu: GPUSpec,
         f["log_table_bytes"] = np.log2(1.0 + p["tables"] * p["rows"] * p["dim"] * e)
     if family in ("norm", "softmax"):
         f["log_rows_per_sm"] = np.log2(p["rows"] / gpu.sms)
+    if family.startswith("attention"):
+        # this GPU's compute and memory times in microseconds, and how the work spreads over its
+        # SMs: a decode kernel runs a block per sequence and KV head, a prefill one per query tile
+        f["log_mem_us"] = np.log2(nbytes / bw * 1e6 + 1e-3)
+        f["log_compute_us"] = np.log2(flops / peak * 1e6 + 1e-3)
+        f["log_ctas_per_sm"] = np.log2(p["batch"] * p["kv_heads"] / gpu.sms)
+        f["log_q_tiles_per_sm"] = np.log2(p["batch"] * p["heads"] * np.ceil(p["seq_q"] / _TILE) / gpu.sms)
+        f["gqa"] = np.log2(p["heads"] / np.maximum(p["kv_heads"], 1.0))
     if family not in NO_BASELINE:
         if baseline is None:
             baseline, _ = analytical_for(gpu).predict(kernels)

@@ -6,8 +6,11 @@ GPU datasheet figures carry over to GPUs not measured); families the analytical 
 formula for (``memcpy``) learn ``log2`` seconds directly. Features: :mod:`simgpu.kernels.features`.
 The L1 objective fits the conditional median, robust to the odd throttled or contended
 measurement. The registered predictor ``learned`` (reported as ``lightgbm``) times the families
-its platform has fitted models for (``platforms/<name>/models/``, written by ``python -m simgpu.fit``)
-and nothing else, so in the default chain every other kernel falls through to the analytical model.
+its platform has fitted models for (``platforms/<name>/models/``, written by ``python -m simgpu.fit``,
+or those of the platform ``gpu.kernel_models`` names), kernels that :mod:`simgpu.kernels.rules` maps
+onto those (``lightgbm (rule)``), and, on a GPU, what its own models lack by the models fitted across
+every measured GPU (``platforms/transfer/models/``, ``lightgbm-transfer``; all of it on a GPU without
+measurements). In the default chain every other kernel falls through to the analytical model.
 Times are in seconds.
 """
 
@@ -25,14 +28,19 @@ import pandas as pd
 from ..config.platform import GPUSpec, PlatformSpec
 from ..errors import ConfigError
 from ..workload.graph import KernelSpec
-from . import analytical, store
-from .base import register
+from . import analytical, rules, store
+from .base import Chain, register
 from .features import NO_BASELINE, analytical_for, feature_frame, kernels_from_table
 
 #: Bumped whenever features or training change, so that models fitted before are refitted.
-VERSION: Final = 2  # 2: elementwise flops_per_element
+VERSION: Final = 3  # 2: elementwise flops_per_element; 3: attention GQA/window/KV width, larger trees on
+# large tables, the kinds of kernel published tables measured
 ROUNDS: Final = 400
-LEAVES: Final = 7  # small trees: as accurate here as 31 leaves, and a quarter of the file size
+LEAVES: Final = 7  # small trees: as accurate as 31 leaves on a few thousand rows, a quarter of the file size
+#: Tables of at least this many rows get :data:`LARGE_LEAVES` leaves: on the published GPU tables
+#: (10^4-10^5 shapes) 63-leaf trees halve the held-out error of 7-leaf ones (decode attention 9.2% -> 3.6%).
+LARGE_TABLE: Final = 5000
+LARGE_LEAVES: Final = 63
 HOLDOUT: Final = 0.2
 _APE_FLOOR: Final = 1e-4  # an exact hit counts as 0.01% so that the geomean stays finite
 
@@ -45,7 +53,7 @@ def baseline_hash() -> str:
 
 def lgb_params(rows: int, seed: int = 0, threads: int = 1) -> dict[str, Any]:
     """LightGBM settings; leaves may be small where a family has few measurements."""
-    return {"objective": "l1", "learning_rate": 0.1, "num_leaves": LEAVES,
+    return {"objective": "l1", "learning_rate": 0.1, "num_leaves": LARGE_LEAVES if rows >= LARGE_TABLE else LEAVES,
             "min_data_in_leaf": int(np.clip(rows // 100, 3, 20)), "min_data_in_bin": 1,
             "num_threads": threads, "deterministic": True, "force_col_wise": True, "seed": seed,
             "verbose": -1}
@@ -68,6 +76,15 @@ class FamilyModel:
     booster: Any  # lightgbm.Booster
     features: list[str]
     dtypes: frozenset[str]
+    #: per dtype, the kinds of kernel (:func:`~simgpu.kernels.rules.kind`) the data measured; None:
+    #: every kind (a platform's own harness measures what its runs need)
+    kinds: Mapping[str, frozenset[str]] | None = None
+
+    def takes(self, kernel: KernelSpec) -> bool:
+        """Whether this model times ``kernel`` itself (its dtype and kind were measured)."""
+        if kernel.dtype not in self.dtypes:
+            return False
+        return self.kinds is None or rules.kind(kernel) in self.kinds.get(kernel.dtype, frozenset())
 
     @property
     def residual(self) -> bool:
@@ -77,7 +94,8 @@ class FamilyModel:
         """Seconds per kernel (all of this model's family) on ``gpu``."""
         base = analytical_for(gpu).predict(kernels)[0] if self.residual else None
         x = feature_frame(self.family, kernels, gpu, base)[self.features]
-        y = np.exp2(self.booster.predict(x))
+        # one thread: an OpenMP pool started here would deadlock the processes a what-if study forks
+        y = np.exp2(self.booster.predict(x, num_threads=1))
         return y * base if base is not None else y
 
 
@@ -89,6 +107,8 @@ class Sample:
     log_time: np.ndarray       # log2 seconds measured
     log_base: np.ndarray       # log2 seconds of the analytical model (zeros where there is none)
     dtypes: frozenset[str]
+    labels: np.ndarray         # "dtype:op" per row, the groups held-out errors are reported by
+    kinds: np.ndarray          # "dtype:kind" per row of a published table, "" for a platform's own harness
 
     @staticmethod
     def of(family: str, table: pd.DataFrame, gpu: GPUSpec, time_column: str = "median_s") -> Sample:
@@ -96,34 +116,62 @@ class Sample:
         base = None if family in NO_BASELINE else analytical_for(gpu).predict(kernels)[0]
         x = feature_frame(family, kernels, gpu, base)
         log_base = np.log2(base) if base is not None else np.zeros(len(kernels))
-        return Sample(x, np.log2(table[time_column].to_numpy(dtype=float)), log_base,
-                      frozenset(table["dtype"].astype(str)))
+        dt = table["dtype"].astype(str)
+        labels = (dt + ":" + table["op"].astype(str) if "op" in table.columns else dt).to_numpy()
+        own = (table["source"] == "microbench").to_numpy() if "source" in table.columns else np.zeros(len(table), bool)
+        kinds = np.array(["" if o else f"{k.dtype}:{rules.kind(k)}" for k, o in zip(kernels, own, strict=True)],
+                         dtype=object)
+        return Sample(x, np.log2(table[time_column].to_numpy(dtype=float)), log_base, frozenset(dt), labels, kinds)
+
+    def measured_kinds(self) -> dict[str, list[str]] | None:
+        """Per dtype, the kinds of kernel measured; None where a platform's own harness measured any row."""
+        if (self.kinds == "").any():
+            return None
+        out: dict[str, set[str]] = {}
+        for dk in self.kinds:
+            dt, _, kd = str(dk).partition(":")
+            out.setdefault(dt, set()).add(kd)
+        return {dt: sorted(v) for dt, v in sorted(out.items())}
 
     def take(self, mask: np.ndarray) -> Sample:
-        return Sample(self.x[mask].reset_index(drop=True), self.log_time[mask], self.log_base[mask], self.dtypes)
+        return Sample(self.x[mask].reset_index(drop=True), self.log_time[mask], self.log_base[mask], self.dtypes,
+                      self.labels[mask], self.kinds[mask])
 
     @staticmethod
     def concat(samples: Sequence[Sample]) -> Sample:
         return Sample(pd.concat([s.x for s in samples], ignore_index=True),
                       np.concatenate([s.log_time for s in samples]), np.concatenate([s.log_base for s in samples]),
-                      frozenset().union(*(s.dtypes for s in samples)))
+                      frozenset().union(*(s.dtypes for s in samples)), np.concatenate([s.labels for s in samples]),
+                      np.concatenate([s.kinds for s in samples]))
 
 
-def train(family: str, sample: Sample, *, rounds: int = ROUNDS, seed: int = 0, threads: int = 1) -> FamilyModel:
-    """Fit ``family``'s model on ``sample``."""
+#: LightGBM settings of the models fitted across GPUs for a GPU none of them is: extremely randomised
+#: split thresholds (``extra_trees``) generalise to the GPU left out better than the best splits,
+#: which fit each measured GPU's quirks (B200 left out: bf16 attention 15.0% -> 11.5%, GEMM 10.9% ->
+#: 8.7%), and cost accuracy on the GPUs measured (H100 held-out attention 1.8% -> 4.9%), so the
+#: per-GPU models keep the best splits.
+TRANSFER_PARAMS: Final = {"extra_trees": True}
+
+
+def train(family: str, sample: Sample, *, rounds: int = ROUNDS, seed: int = 0, threads: int = 1,
+          transfer: bool = False) -> FamilyModel:
+    """Fit ``family``'s model on ``sample``; ``transfer``: with :data:`TRANSFER_PARAMS`."""
     import lightgbm as lgb
 
     if len(sample.x) < 2:
         raise ConfigError(f"{family}: {len(sample.x)} measurement(s) are too few to fit a model")
     features = list(sample.x.columns)
     data = lgb.Dataset(sample.x, sample.log_time - sample.log_base, free_raw_data=True)
-    booster = lgb.train(lgb_params(len(sample.x), seed, threads), data, num_boost_round=rounds)
-    return FamilyModel(family, booster, features, sample.dtypes)
+    params = {**lgb_params(len(sample.x), seed, threads), **(TRANSFER_PARAMS if transfer else {})}
+    booster = lgb.train(params, data, num_boost_round=rounds)
+    kinds = sample.measured_kinds()
+    return FamilyModel(family, booster, features, sample.dtypes,
+                       None if kinds is None else {d: frozenset(v) for d, v in kinds.items()})
 
 
 def predict_sample(model: FamilyModel, sample: Sample) -> np.ndarray:
     """Seconds per row of ``sample`` (features already computed)."""
-    return np.exp2(model.booster.predict(sample.x[model.features]) + sample.log_base)
+    return np.exp2(model.booster.predict(sample.x[model.features], num_threads=1) + sample.log_base)
 
 
 def holdout_mask(n: int, seed: int = 0, share: float = HOLDOUT) -> np.ndarray:
@@ -132,66 +180,114 @@ def holdout_mask(n: int, seed: int = 0, share: float = HOLDOUT) -> np.ndarray:
 
 
 def evaluate(family: str, sample: Sample, *, seed: int = 0, rounds: int = ROUNDS,
-             threads: int = 1) -> dict[str, float]:
+             threads: int = 1, transfer: bool = False) -> dict[str, Any]:
     """Train on 80% of ``sample``, test on the held-out 20%: learned and analytical errors."""
     test = holdout_mask(len(sample.x), seed)
     if test.sum() == 0 or (~test).sum() < 2:
         raise ConfigError(f"{family}: {len(sample.x)} measurement(s) are too few to hold some out")
-    model = train(family, sample.take(~test), rounds=rounds, seed=seed, threads=threads)
+    model = train(family, sample.take(~test), rounds=rounds, seed=seed, threads=threads, transfer=transfer)
     held = sample.take(test)
     meas = np.exp2(held.log_time)
-    learned = errors(predict_sample(model, held), meas)
-    out = {"n_train": int((~test).sum()), "n_test": learned["n"],
-           "geomean_ape": learned["geomean_ape"], "mape": learned["mape"]}
-    if model.residual:
-        base = errors(np.exp2(held.log_base), meas)
-        out.update(analytical_geomean_ape=base["geomean_ape"], analytical_mape=base["mape"])
+    pred = predict_sample(model, held)
+    return {"n_train": int((~test).sum()), **scores(pred, meas, held, model.residual)}
+
+
+def scores(pred: np.ndarray, meas: np.ndarray, held: Sample, residual: bool = True) -> dict[str, Any]:
+    """Errors of ``pred`` against ``meas`` over all rows of ``held`` and per label (``by``), with the
+    analytical model's beside them where the model is a correction of it."""
+    def one(mask: np.ndarray) -> dict[str, float]:
+        learned = errors(pred[mask], meas[mask])
+        out = {"n_test": learned["n"], "geomean_ape": learned["geomean_ape"], "mape": learned["mape"]}
+        if residual:
+            base = errors(np.exp2(held.log_base[mask]), meas[mask])
+            out.update(analytical_geomean_ape=base["geomean_ape"], analytical_mape=base["mape"])
+        return out
+
+    out: dict[str, Any] = one(np.ones(len(meas), dtype=bool))
+    labels = np.unique(held.labels)
+    if len(labels) > 1:
+        out["by"] = {str(lab): one(held.labels == lab) for lab in labels}
     return out
 
 
 class Learned:
-    """The predictor over a platform's fitted family models; see the module docstring."""
+    """The predictor over a platform's fitted family models; see the module docstring.
 
-    name = "lightgbm"
+    A kernel of a family and dtype with a model of its own is timed by it; one that a rule of
+    :mod:`simgpu.kernels.rules` maps onto such a kernel (a backward attention from the forward, a
+    batched GEMM from the GEMM of its tiles, an optimizer step from the elementwise kernel that moves
+    its bytes, bf16 from fp16 measurements) is timed through the rule and reported as ``<name>
+    (rule)``; any other kernel is not supported and falls through to the next model of the chain.
+    """
 
-    def __init__(self, gpu: GPUSpec, models: Mapping[str, FamilyModel]) -> None:
+    def __init__(self, gpu: GPUSpec, models: Mapping[str, FamilyModel], name: str = "lightgbm") -> None:
         self.gpu = gpu
         self.models = dict(models)
+        self.name = name
+
+    def direct(self, kernel: KernelSpec) -> bool:
+        m = self.models.get(kernel.family)
+        return m is not None and m.takes(kernel)
 
     def supports(self, kernel: KernelSpec) -> bool:
-        m = self.models.get(kernel.family)
-        return m is not None and kernel.dtype in m.dtypes
+        return self.direct(kernel) or rules.derive(kernel, self.direct) is not None
 
     def predict(self, kernels: Sequence[KernelSpec]) -> tuple[np.ndarray, list[str]]:
         out = np.empty(len(kernels))
-        by_family: dict[str, list[int]] = {}
+        names = [self.name] * len(kernels)
+        # each kernel becomes the kernel a model times and the rules' steps to it
+        targets: list[KernelSpec] = []
+        chains: list[list[rules.Step]] = []
         for i, k in enumerate(kernels):
-            if not self.supports(k):
+            if self.direct(k):
+                targets.append(k)
+                chains.append([])
+                continue
+            steps = rules.derive(k, self.direct)
+            if steps is None:
                 raise ValueError(f"no learned model for {k.family} kernels in {k.dtype} on {self.gpu.name}")
+            targets.append(steps[-1][1])
+            chains.append(steps)
+            names[i] = f"{self.name} (rule)"
+        by_family: dict[str, list[int]] = {}
+        for i, k in enumerate(targets):
             by_family.setdefault(k.family, []).append(i)
         for family, idx in by_family.items():
-            out[idx] = self.models[family].predict([kernels[i] for i in idx], self.gpu)
-        return out, [self.name] * len(kernels)
+            out[idx] = self.models[family].predict([targets[i] for i in idx], self.gpu)
+        # roofline-ratio factors: the analytical times of every kernel a step names, in one call
+        ends = sorted({k for steps in chains for a, b, f in steps if f == rules.ROOFLINE for k in (a, b)}, key=repr)
+        roof = dict(zip(ends, analytical_for(self.gpu).predict(ends)[0], strict=True)) if ends else {}
+        scale = np.array([float(np.prod([f if isinstance(f, float) else roof[a] / roof[b] for a, b, f in steps]))
+                          for steps in chains])
+        return out * scale, names
+
+
+#: Loaded boosters by file and modification time: a process loads each model file once.
+_BOOSTERS: dict[tuple[str, int], Any] = {}
 
 
 def load_models(folder: Path) -> dict[str, FamilyModel]:
-    """The models in ``folder/models`` if they were fitted on the data now in ``folder/microbench``.
+    """The models in ``folder/models`` if they were fitted on the data they name.
 
-    No manifest: no models. A manifest whose content hash differs from the data's (or from the
-    analytical model's source, or whose method version differs): an error that says to refit,
-    rather than predictions from models of other measurements.
+    No manifest: no models. A manifest whose hash of the platform's own ``microbench/`` differs
+    from the data's, or whose published sources are in the shared folder with other contents
+    (:func:`~simgpu.kernels.datasets.stale_sources`; absent sources are trusted), or whose
+    analytical model or method version differs: an error that says to refit, rather than
+    predictions from models of other measurements. Each model file is read once per process.
     """
-    models_dir, data_dir = folder / "models", folder / "microbench"
+    models_dir = folder / "models"
     manifest = store.read_manifest(models_dir)
     if manifest is None:
         return {}
-    import lightgbm as lgb
+    from .datasets import stale_sources
 
     families = tuple(manifest["families"])
+    own = manifest.get("data_sha256")
     stale = [what for what, ok in (
-        ("measurements", manifest.get("data_sha256") == store.data_hash(data_dir, families)),
+        ("measurements", own is None or own == store.data_hash(folder / "microbench", families)),
         ("analytical model", manifest.get("baseline_sha256") == baseline_hash()),
         ("fitting method", manifest.get("version") == VERSION)) if not ok]
+    stale += [f"data of {s}" for s in stale_sources(manifest)]
     if stale:
         raise ConfigError(f"the kernel models were fitted with other {' and '.join(stale)}; "
                           f"run `python -m simgpu.fit --platform {folder.name}`", file=str(models_dir / store.MANIFEST))
@@ -200,12 +296,43 @@ def load_models(folder: Path) -> dict[str, FamilyModel]:
         path = models_dir / str(info["file"])
         if not path.is_file():
             raise ConfigError("model file missing; refit with `python -m simgpu.fit`", file=str(path))
-        booster = lgb.Booster(model_file=str(path))
-        out[family] = FamilyModel(family, booster, list(info["features"]), frozenset(info["dtypes"]))
+        key = (str(path.resolve()), path.stat().st_mtime_ns)
+        if key not in _BOOSTERS:
+            _BOOSTERS[key] = store.load_booster(path)
+        kinds = info.get("kinds")
+        out[family] = FamilyModel(family, _BOOSTERS[key], list(info["features"]), frozenset(info["dtypes"]),
+                                  None if kinds is None else {d: frozenset(v) for d, v in kinds.items()})
     return out
 
 
+KERNEL_DATA: Final = "kernel_data.yaml"  # a platform's list of published tables (simgpu.kernels.datasets)
+
+#: Where the models fitted across every measured GPU lie (``python -m simgpu.fit --transfer``): they
+#: time a GPU that has no measurements of its own from its datasheet figures.
+TRANSFER: Final = "transfer"
+
+
+def models_folder(platform: PlatformSpec) -> Path | None:
+    """The platform folder whose models time ``platform``'s GPU: ``gpu.kernel_models`` if set, else
+    the platform's own."""
+    ref = platform.gpu.kernel_models or platform.name
+    folder = store.platform_dir(ref)
+    if folder is None and platform.gpu.kernel_models:
+        raise ConfigError(f"no platform {ref!r} to take kernel models from", key="gpu.kernel_models")
+    return folder
+
+
 @register("learned")
-def _factory(platform: PlatformSpec) -> Learned:
-    folder = store.platform_dir(platform.name)
-    return Learned(platform.gpu, load_models(folder) if folder is not None else {})
+def _factory(platform: PlatformSpec) -> Learned | Chain:
+    """The GPU's own models (``lightgbm``), then the models fitted across measured GPUs
+    (``lightgbm-transfer``) for what the own ones do not time; a platform with measurements of
+    another kind of device (``cpu_host``) has its own models only."""
+    folder = models_folder(platform)
+    models = load_models(folder) if folder is not None else {}
+    transfer = Learned(platform.gpu, load_models(store.platforms_root() / TRANSFER), name="lightgbm-transfer")
+    if not models:
+        return transfer
+    own = Learned(platform.gpu, models)
+    if folder is not None and not (folder / KERNEL_DATA).is_file():
+        return own  # measured with the harness on its own device only: no GPU to transfer from
+    return Chain([own, transfer])

@@ -3,14 +3,16 @@
 Beside ``platforms/<name>.yaml`` lies ``platforms/<name>/``: ``microbench/<family>.csv`` holds one
 row per measured case (columns :func:`columns`: the case key, family, torch op, dtype, index
 distribution, the family's KernelSpec parameters, then ``median_s``, ``p10_s``, ``p90_s`` in seconds
-and ``repeats``), and ``models/`` holds one LightGBM model file per family plus ``manifest.json``
-(content hash of the measurements, feature lists, held-out errors). This module owns those paths,
-reading and appending the tables, and the content hash; it fits nothing.
+and ``repeats``), and ``models/`` holds one LightGBM model file per family (``<family>.txt.gz``,
+gzip-compressed text) plus ``manifest.json`` (content hashes of the measurements, feature lists,
+held-out errors). This module owns those paths, reading and appending the tables, the content hash,
+and writing and reading model files; it fits nothing.
 """
 
 from __future__ import annotations
 
 import csv
+import gzip
 import hashlib
 import json
 from collections.abc import Mapping
@@ -108,6 +110,31 @@ def data_hash(folder: str | Path, families: tuple[str, ...] | None = None) -> st
         h.update(path.read_bytes().replace(b"\r\n", b"\n"))
         h.update(b"\0")
     return h.hexdigest()
+
+
+def platforms_root() -> Path:
+    """The folder of the shipped platform files (``platforms/`` beside the package)."""
+    from ..config.loader import REPO_PLATFORMS
+
+    return REPO_PLATFORMS
+
+
+def save_booster(booster: Any, path: Path) -> None:
+    """A LightGBM model as text, gzip-compressed when ``path`` ends in ``.gz`` (mtime 0: the same
+    model gives the same bytes)."""
+    text = booster.model_to_string()
+    if path.suffix == ".gz":
+        path.write_bytes(gzip.compress(text.encode(), mtime=0))
+    else:
+        path.write_text(text)
+
+
+def load_booster(path: Path) -> Any:
+    import lightgbm as lgb
+
+    if path.suffix == ".gz":
+        return lgb.Booster(model_str=gzip.decompress(path.read_bytes()).decode())
+    return lgb.Booster(model_file=str(path))
 
 
 def read_manifest(models: str | Path) -> dict[str, Any] | None:

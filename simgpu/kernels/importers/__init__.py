@@ -1,0 +1,98 @@
+"""Importers of published kernel measurements into simgpu's measurement tables.
+
+Each source reads its own format from ``../shared/data`` (never copied into the repository) into
+the tables of :mod:`simgpu.kernels.store`: one row per measured kernel shape with ``family``,
+``op``, ``dtype``, the family's KernelSpec parameters and ``median_s``. :data:`SOURCES` names them
+for a platform's ``kernel_data.yaml`` (the list of tables its models are fitted on):
+
+- ``neusight``: NeuSight's fp32 per-op tables (:mod:`.neusight`), rows of one ``gpu``;
+- ``aiconfigurator``: NVIDIA AIConfigurator's bf16/fp8 GEMM and attention tables (:mod:`.aiconfigurator`);
+- ``vidur``: Microsoft Vidur's fp16 per-operator times of LLM layers (:mod:`.vidur`).
+
+:func:`provenance` reads the commit and licence a source's ``provenance.md`` states, for the
+manifest of the models fitted on it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Final
+
+import pandas as pd
+
+from ...errors import ConfigError
+from .aiconfigurator import read_aiconfigurator
+from .neusight import NEUSIGHT_FILES, SMS_CORRECTED, neusight_gpus, read_neusight
+from .vidur import read_vidur
+
+__all__ = ["NEUSIGHT_FILES", "SMS_CORRECTED", "SOURCES", "data_root", "neusight_gpus", "provenance",
+           "read_aiconfigurator", "read_neusight", "read_source", "read_vidur", "source_hash"]
+
+Reader = Callable[[Path, "tuple[str, ...] | None"], dict[str, pd.DataFrame]]
+SOURCES: Final[dict[str, Reader]] = {
+    "aiconfigurator": read_aiconfigurator,
+    "vidur": read_vidur,
+    "neusight": read_neusight,
+}
+
+
+def data_root() -> Path:
+    """The shared measurement folder: ``$SIMGPU_DATA``, else ``../shared/data`` beside the checkout."""
+    env = os.environ.get("SIMGPU_DATA")
+    return Path(env) if env else Path(__file__).resolve().parents[4] / "shared" / "data"
+
+
+def read_source(source: str, path: Path, gpu: str | None = None,
+                families: tuple[str, ...] | None = None) -> dict[str, pd.DataFrame]:
+    """The tables of ``source`` at ``path``; ``gpu`` keeps the rows of one device (NeuSight)."""
+    if source not in SOURCES:
+        raise ConfigError(f"unknown kernel data source {source!r}; known: {', '.join(SOURCES)}", key="source")
+    tables = SOURCES[source](path, families)
+    if gpu is not None:
+        tables = {f: t[t["gpu"] == gpu].reset_index(drop=True) for f, t in tables.items() if "gpu" in t}
+        tables = {f: t for f, t in tables.items() if len(t)}
+        if not tables:
+            raise ConfigError(f"no rows of GPU {gpu!r} here", file=str(path), key="gpu")
+    return tables
+
+
+def provenance(path: Path) -> dict[str, str]:
+    """The ``commit``, ``licence`` and ``repository`` stated by the nearest ``provenance.md`` above ``path``."""
+    for folder in (path, *path.parents):
+        doc = folder / "provenance.md"
+        if doc.is_file():
+            text = doc.read_text(encoding="utf-8")
+            commit = re.search(r"commit:?\s+`?([0-9a-f]{7,40})", text, re.I)
+            licence = re.search(r"Licen[cs]e:\s*([^\n(]+)", text, re.I)
+            repo = re.search(r"github\.com/[\w.-]+/[\w.-]+", text)
+            return {"commit": commit.group(1) if commit else "",
+                    "licence": licence.group(1).strip().rstrip(". ") if licence else "",
+                    "repository": repo.group(0) if repo else "", "provenance": doc.name}
+    return {"commit": "", "licence": "", "repository": "", "provenance": ""}
+
+
+DATA_SUFFIXES: Final = (".csv", ".parquet", ".json")
+_HASHES: dict[tuple[str, tuple[tuple[str, int, int], ...]], str] = {}
+
+
+def source_hash(path: Path) -> str:
+    """SHA-256 over the names and bytes of every data file under ``path`` (``.csv``, ``.parquet``,
+    ``.json``); computed once per process for the same files, sizes and modification times."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in DATA_SUFFIXES)
+    stamp = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+    key = (str(path.resolve()), stamp)
+    if key not in _HASHES:
+        _HASHES[key] = _hash(path, files)
+    return _HASHES[key]
+
+
+def _hash(path: Path, files: list[Path]) -> str:
+    h = hashlib.sha256()
+    for p in files:
+        h.update(str(p.relative_to(path) if p != path else p.name).encode() + b"\0")
+        h.update(p.read_bytes())
+    return h.hexdigest()

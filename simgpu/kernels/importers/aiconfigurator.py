@@ -1,0 +1,90 @@
+"""NVIDIA AIConfigurator's measured kernel tables as simgpu measurement tables.
+
+AIConfigurator (github.com/ai-dynamo/aiconfigurator, Apache-2.0) ships, per GPU, parquet tables of
+CUDA-event timings collected on the real GPU (``latency`` in milliseconds per call). This module
+reads one GPU's folder (``<gpu>/gemm/gemm_perf.parquet``, ``<gpu>/attention/*_attention_perf.parquet``)
+into the tables of :mod:`simgpu.kernels.store`:
+
+- ``gemm``: ``C[m, n] = A[m, k] B[k, n]`` in bf16 and fp8 (per-tensor scaled). Weight-only integer,
+  SmoothQuant and block-scaled fp8 (``fp8_block``) rows are other kernels than any simgpu builder
+  emits and are left out.
+- ``attention_fwd``: prefill (``context``: ``batch_size`` causal sequences of ``isl`` tokens,
+  ``seq_q = seq_kv = isl``) and decode (``generation``: one new token per sequence over a KV cache of
+  ``isl + step`` tokens, ``seq_q = 1``), with GQA (``kv_heads``), a sliding window (``window``,
+  0 = full) and the KV cache's element width (``kv_bytes``); the ``op`` column says ``prefill`` or
+  ``decode``.
+
+Rows with a non-positive latency are dropped. Times become seconds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+import pandas as pd
+
+from ...errors import ConfigError
+from ..analytical import DTYPE_BYTES
+
+#: AIConfigurator's dtype names -> simgpu's; others are not imported.
+DTYPES: Final = {"bfloat16": "bf16", "float16": "fp16", "fp8": "fp8"}
+FAMILIES: Final = ("gemm", "attention_fwd")
+
+
+def _read(path: Path) -> pd.DataFrame:
+    if not path.is_file():
+        raise ConfigError("expected an AIConfigurator table here", file=str(path))
+    return pd.read_parquet(path)
+
+
+def read_gemm(folder: Path) -> pd.DataFrame:
+    raw = _read(folder / "gemm" / "gemm_perf.parquet")
+    raw = raw[raw["gemm_dtype"].isin(DTYPES)]
+    t = pd.DataFrame({"family": "gemm", "op": "gemm", "dtype": raw["gemm_dtype"].map(DTYPES),
+                      "m": raw["m"].astype(float), "n": raw["n"].astype(float), "k": raw["k"].astype(float),
+                      "median_s": raw["latency"].astype(float) * 1e-3})
+    return t
+
+
+def _attention(raw: pd.DataFrame, decode: bool) -> pd.DataFrame:
+    raw = raw[raw["attn_dtype"].isin(DTYPES) & raw["kv_cache_dtype"].isin(DTYPES)]
+    isl = raw["isl"].astype(float)
+    kv_len = isl + raw["step"].astype(float) if decode else isl
+    return pd.DataFrame({
+        "family": "attention_fwd", "op": "decode" if decode else "prefill",
+        "dtype": raw["attn_dtype"].map(DTYPES),
+        "batch": raw["batch_size"].astype(float), "heads": raw["num_heads"].astype(float),
+        "seq_q": 1.0 if decode else isl, "seq_kv": kv_len, "head_dim": raw["head_dim"].astype(float),
+        "causal": 0.0 if decode else 1.0, "kv_heads": raw["num_key_value_heads"].astype(float),
+        "window": raw["window_size"].astype(float),
+        "kv_bytes": raw["kv_cache_dtype"].map(DTYPES).map(DTYPE_BYTES).astype(float),
+        "median_s": raw["latency"].astype(float) * 1e-3})
+
+
+def read_attention(folder: Path) -> pd.DataFrame:
+    pre = _attention(_read(folder / "attention" / "context_attention_perf.parquet"), decode=False)
+    dec = _attention(_read(folder / "attention" / "generation_attention_perf.parquet"), decode=True)
+    return pd.concat([pre, dec], ignore_index=True)
+
+
+def device(folder: str | Path) -> str:
+    """The GPU the tables of ``folder`` were measured on (their ``device`` column)."""
+    raw = pd.read_parquet(Path(folder) / "gemm" / "gemm_perf.parquet", columns=["device"])
+    return str(raw["device"].iloc[0])
+
+
+def read_aiconfigurator(folder: str | Path, families: tuple[str, ...] | None = None) -> dict[str, pd.DataFrame]:
+    """One GPU's AIConfigurator tables (``folder`` = ``.../aiconfigurator/<gpu>``), per family."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ConfigError("no AIConfigurator folder here", file=str(folder))
+    readers = {"gemm": read_gemm, "attention_fwd": read_attention}
+    out = {}
+    for family, reader in readers.items():
+        if families is None or family in families:
+            t = reader(folder)
+            t = t[np.isfinite(t["median_s"]) & (t["median_s"] > 0)]
+            out[family] = t.assign(source="aiconfigurator").reset_index(drop=True)
+    return out
