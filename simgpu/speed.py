@@ -227,4 +227,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from simgpu.cli import entry
+
+    entry(main)

@@ -46,12 +46,12 @@ def test_bad_study_files(tmp_path):
 
 def test_study_runs_records_failures_and_resumes(tmp_path, capsys):
     p = study_file(tmp_path, grid={"platform.network.nic_gbps": [100, 400]},
-                   variants=[{"name": "typo", "set": {"model.layerz": 2}},
+                   variants=[{"name": "typo", "set": {"parallelism.dp": 3}},
                              {"name": "huge", "set": {"training.batch_per_gpu": 4096}}])
     out = tmp_path / "out"
     assert main([str(p), "--out", str(out), "--workers", "2", "--quiet"]) == 0
     table = pd.read_csv(out / "results.csv").set_index("name")
-    assert table.loc["typo", "status"] == "invalid" and "model.layerz" in table.loc["typo", "why"]
+    assert table.loc["typo", "status"] == "invalid" and "parallelism.dp" in table.loc["typo", "why"]
     assert table.loc["huge", "status"] == "infeasible" and "does not fit" in table.loc["huge", "why"]
     ok = table[table["status"] == "ok"]
     assert len(ok) == 2 and (ok["iteration_time_ms"] > 0).all()

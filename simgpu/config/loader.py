@@ -8,6 +8,8 @@ the dotted key, the line where known, and what was expected.
 
 from __future__ import annotations
 
+import difflib
+import re
 import types
 import typing
 from collections.abc import Sequence
@@ -19,6 +21,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from ..errors import ConfigError
+from .base import kind_error
 from .platform import PlatformSpec
 from .workload import WorkloadSpec
 
@@ -38,15 +41,72 @@ class Job:
     platform_file: str
 
 
-def read_yaml(path: str | Path, what: str) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
-    """Parse a YAML mapping; return it with the line number (1-based) of every key path."""
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A safe YAML loader that refuses a key given twice in one mapping (YAML would keep the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                hash(key)
+            except TypeError:
+                continue
+            if key in seen:
+                raise DuplicateKey(str(key), key_node.start_mark.line + 1, seen[key])
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.1 reads 1e20 (no dot) as a string; read it as the number it looks like, as YAML 1.2 does
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
+
+
+def load_yaml_value(text: str) -> Any:
+    """A YAML document (a file's text or a ``--set`` value), each mapping's keys unique."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)
+
+
+class DuplicateKey(Exception):
+    def __init__(self, key: str, line: int, first: int) -> None:
+        super().__init__(key)
+        self.key, self.line, self.first = key, line, first
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """The text of an input file: UTF-8 (with or without a byte order mark), or one ConfigError
+    saying what the file is instead (missing, a folder, UTF-16, another encoding, binary)."""
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"is a folder; expected a {what} YAML file", file=str(path))
     if not p.is_file():
         raise ConfigError(f"{what} file not found", file=str(path))
-    text = p.read_text()
     try:
-        data = yaml.safe_load(text)
+        raw = p.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"cannot read the {what} file: {e.strerror or e}", file=str(path)) from None
+    if raw[:2] in (b"\xff\xfe", b"\xfe\xff") or (len(raw) > 1 and b"\x00" in raw[:2]):
+        raise ConfigError(f"is UTF-16 text; expected the {what} file in UTF-8", file=str(path))
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise ConfigError(f"byte 0x{raw[e.start]:02x} at offset {e.start} is not UTF-8; expected the {what} "
+                          "file in UTF-8 (re-save it as UTF-8)", file=str(path), line=line) from None
+
+
+def read_yaml(path: str | Path, what: str) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
+    """Parse a YAML mapping; return it with the line number (1-based) of every key path."""
+    text = read_text(path, what)
+    try:
+        data = load_yaml_value(text)
         node = yaml.compose(text)
+    except DuplicateKey as e:
+        raise ConfigError(f"given twice (first at line {e.first}); expected each key once",
+                          file=str(path), key=e.key, line=e.line) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
@@ -108,20 +168,31 @@ def parse_override(item: str) -> tuple[str, Any]:
     if not key:
         raise ConfigError(f"--set expects key.path=value, got {item!r}")
     try:
-        return key, yaml.safe_load(raw)
-    except yaml.YAMLError:
+        return key, load_yaml_value(raw)
+    except (yaml.YAMLError, DuplicateKey):
         return key, raw
 
 
 def validate(model: type[M], data: dict[str, Any], file: str,
              lines: dict[tuple[str, ...], int] | None = None) -> M:
-    """Validate ``data`` against ``model``, turning the first problem into one ConfigError."""
+    """Validate ``data`` against ``model``, turning the first problem into one ConfigError.
+
+    An unknown key is reported before anything else: a misspelt key also leaves the right one
+    missing, and the misspelling is what the user has to fix."""
+    wrong = kind_error(model, data)
+    if wrong is not None:
+        at, why = wrong
+        raise ConfigError(why, file=file, key=".".join(str(p) for p in at),
+                          line=(lines or {}).get(tuple(str(p) for p in at))) from None
     try:
         return model.model_validate(data)
     except ValidationError as e:
         errors = e.errors(include_url=False)
+        errors.sort(key=lambda err: err["type"] != "extra_forbidden")
         first = errors[0]
         loc = _data_loc(first["loc"], data)
+        if first["type"] in ("union_tag_not_found", "union_tag_invalid"):
+            loc = [*loc, "kind"]
         key = ".".join(str(p) for p in loc) or None
         line = (lines or {}).get(tuple(str(p) for p in loc))
         if line is None and lines and loc:
@@ -154,8 +225,16 @@ def _message(model: type[BaseModel], err: Any, loc: tuple[int | str, ...]) -> st
     owner = _model_at(model, loc[:-1])
     field = loc[-1] if loc else None
     if etype == "extra_forbidden":
-        known = ", ".join(owner.model_fields) if owner else "?"
-        return f"unknown key; expected one of: {known}"
+        known = list(owner.model_fields) if owner else []
+        close = difflib.get_close_matches(str(field), known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return f"unknown key; {hint}expected one of: {', '.join(known) or '?'}"
+    if etype in ("union_tag_not_found", "union_tag_invalid"):
+        tags = err.get("ctx", {}).get("expected_tags") or ", ".join(
+            t for t in (_tag(c) for c in _unwrap_models(_annotation_at(model, loc))) if t)
+        got = err.get("ctx", {}).get("tag")
+        return (f"expected one of: {tags}; got {got!r}" if etype == "union_tag_invalid"
+                else f"missing required key (which model: one of {tags})")
     desc = ""
     if owner is not None and isinstance(field, str) and field in owner.model_fields:
         d = owner.model_fields[field].description
@@ -165,6 +244,15 @@ def _message(model: type[BaseModel], err: Any, loc: tuple[int | str, ...]) -> st
     got = err.get("input")
     got_s = repr(got) if not isinstance(got, dict | list) else type(got).__name__
     return f"{err['msg']}{desc}; got {got_s}"
+
+
+def _annotation_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> Any:
+    """The annotation of the field at ``loc`` (a path of field names), or None."""
+    owner = _model_at(model, loc[:-1]) if loc else None
+    field = loc[-1] if loc else None
+    if owner is None or not isinstance(field, str) or field not in owner.model_fields:
+        return None
+    return owner.model_fields[field].annotation
 
 
 def _model_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> type[BaseModel] | None:
@@ -244,6 +332,9 @@ def load_platform(ref: str, overrides: Sequence[tuple[str, Any]] = (), relative_
                   ) -> tuple[PlatformSpec, str]:
     """Read and validate a platform by name or path, with ``(key, value)`` overrides applied."""
     path = platform_path(ref, relative_to)
+    if path.is_dir() and not (path / "platform.yaml").is_file():
+        raise ConfigError(f"platform {ref!r} is a folder; expected a platform YAML file or one of: "
+                          f"{', '.join(known_platforms())}", file=str(path))
     if not path.is_file():
         raise ConfigError(f"platform {ref!r} not found; expected a YAML path or one of: "
                           f"{', '.join(known_platforms())}", file=str(path))
@@ -251,6 +342,13 @@ def load_platform(ref: str, overrides: Sequence[tuple[str, Any]] = (), relative_
     for k, v in overrides:
         apply_override(data, k, v, str(path))
     return validate(PlatformSpec, data, str(path), lines), str(path)
+
+
+def check_name(name: str, file: str, line: int | None = None) -> None:
+    """A name from a file names an output folder: refuse one that is a path, or empty."""
+    if not name.strip() or "/" in name or "\\" in name or name.strip(". ") == "" or "\x00" in name:
+        raise ConfigError(f"expected a short name (it names the output folder), not a path; got {name!r}",
+                          file=file, key="name", line=line)
 
 
 def load_job(workload: str | Path, overrides: Sequence[str] = ()) -> Job:
@@ -270,7 +368,11 @@ def load_job(workload: str | Path, overrides: Sequence[str] = ()) -> Job:
     if not isinstance(ref, str):
         raise ConfigError("missing or invalid key; expected a platform name or path to a platform YAML",
                           file=wfile, key="platform", line=lines.get(("platform",)))
+    if "nodes" not in data:
+        raise ConfigError("missing required key; expected the number of nodes of the platform the job uses "
+                          "(nodes: 1 for one machine)", file=wfile, key="nodes")
     spec = validate(WorkloadSpec, data, wfile, lines)
+    check_name(spec.name, wfile, lines.get(("name",)))
     platform, pfile = load_platform(ref, plat_over, relative_to=Path(wfile).parent)
     job = Job(spec, platform, wfile, pfile)
     check_job(job)

@@ -10,6 +10,8 @@ start.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import replace
 from os import PathLike
 from pathlib import Path
 from typing import Any, Literal
@@ -22,8 +24,8 @@ from simgpu.report.chrome_trace import US_DECIMALS, stream_tids, write_chrome_tr
 from simgpu.report.gantt import plot_timeline
 from simgpu.report.summary import summarize
 
-RecordsFormat = Literal["csv", "parquet"]
-RECORDS_FORMATS: tuple[str, ...] = ("csv", "parquet")
+RecordsFormat = Literal["csv", "parquet", "none"]
+RECORDS_FORMATS: tuple[str, ...] = ("csv", "parquet", "none")
 
 
 def summary_json(summary: dict[str, Any]) -> str:
@@ -59,30 +61,49 @@ def write_outputs(
     *,
     links: bool = False,
     records_format: RecordsFormat = "csv",
+    trace: bool = True,
+    window_s: tuple[float, float] | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, Path]:
-    """Write the four outputs of ``result`` into ``out_dir`` (created if missing).
+    """Write the outputs of ``result`` into ``out_dir`` (created if missing).
 
-    Returns the written paths under the keys ``summary``, ``timeline``, ``trace`` and ``records``.
-    ``links`` adds the busiest links to the timeline (the trace includes link records whenever the
-    result has them); ``records_format`` is ``"csv"`` or ``"parquet"``.
+    Returns the written paths under the keys ``summary``, ``timeline``, ``trace`` and ``records``
+    (those written). ``links`` adds the busiest links to the timeline (the trace includes link
+    records whenever the result has them); ``records_format`` is ``"csv"``, ``"parquet"`` or
+    ``"none"``; ``trace`` False writes no trace; ``window_s`` (start, end) keeps only the intervals
+    that overlap it in the trace and the records (the summary and the timeline cover the whole
+    iteration). ``progress`` is told which file is being written.
     """
     if records_format not in RECORDS_FORMATS:
         valid = ", ".join(RECORDS_FORMATS)
         raise ValueError(f"records_format must be one of {valid}, got {records_format!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {
-        "summary": out / "summary.json",
-        "timeline": out / "timeline.png",
-        "trace": out / "trace.json",
-        "records": out / f"records.{records_format}",
-    }
+    say = progress or (lambda _: None)
+    paths = {"summary": out / "summary.json", "timeline": out / "timeline.png"}
     paths["summary"].write_text(summary_json(summarize(result)), encoding="utf-8")
+    say("drawing timeline.png")
     plot_timeline(result, paths["timeline"], show_links=links)
-    write_chrome_trace(result, paths["trace"])
-    table = records_table(result)
-    if records_format == "parquet":
-        table.to_parquet(paths["records"], index=False)
-    else:
-        table.to_csv(paths["records"], index=False)
+    part = result if window_s is None else windowed(result, *window_s)
+    if trace:
+        paths["trace"] = out / "trace.json"
+        say("writing trace.json")
+        write_chrome_trace(part, paths["trace"])
+    if records_format != "none":
+        paths["records"] = out / f"records.{records_format}"
+        say(f"writing {paths['records'].name}")
+        table = records_table(part)
+        if records_format == "parquet":
+            table.to_parquet(paths["records"], index=False)
+        else:
+            table.to_csv(paths["records"], index=False)
     return paths
+
+
+def windowed(result: SimResult, start_s: float, end_s: float) -> SimResult:
+    """``result`` with only the intervals that overlap [start_s, end_s]."""
+    def keep(df: pd.DataFrame) -> pd.DataFrame:
+        return df[(df["end_s"] >= start_s) & (df["start_s"] <= end_s)].reset_index(drop=True)
+
+    links = result.link_records
+    return replace(result, records=keep(result.records), link_records=None if links is None else keep(links))

@@ -140,7 +140,10 @@ def read_document(path: str | Path) -> tuple[Any, bool]:
         raise ConfigError(f"cannot read the trace: {e.strerror or e}", file=str(path)) from None
     cut = False
     if raw[:2] == b"\x1f\x8b":
-        raw, cut = _gunzip(raw)
+        raw, cut, bad = _gunzip(raw)
+        if bad is not None and not raw.strip():
+            raise ConfigError(f"corrupt gzip data ({bad}); expected a gzip-compressed PyTorch profiler (Kineto) "
+                              "JSON trace", file=str(path))
     text = raw.decode("utf-8", errors="replace")
     if not text.strip():
         raise ConfigError("the file is empty; expected a PyTorch profiler (Kineto) JSON trace", file=str(path))
@@ -154,20 +157,21 @@ def read_document(path: str | Path) -> tuple[Any, bool]:
     return doc, True
 
 
-def _gunzip(raw: bytes) -> tuple[bytes, bool]:
-    """Decompress gzip data (every member); a cut stream gives what precedes the cut and True."""
+def _gunzip(raw: bytes) -> tuple[bytes, bool, str | None]:
+    """Decompress gzip data (every member); a cut or corrupt stream gives what precedes the damage,
+    True, and for corrupt data what zlib found wrong."""
     out: list[bytes] = []
     data = raw
     while data:
         d = zlib.decompressobj(16 + zlib.MAX_WBITS)
         try:
             out.append(d.decompress(data))
-        except zlib.error:
-            return b"".join(out), True
+        except zlib.error as e:
+            return b"".join(out), True, str(e).removeprefix("Error -3 while decompressing data: ")
         if not d.eof:
-            return b"".join(out), True
+            return b"".join(out), True, None
         data = d.unused_data.lstrip(b"\x00")
-    return b"".join(out), False
+    return b"".join(out), False, None
 
 
 def _skip(text: str, i: int) -> int:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import sys
 from collections.abc import Sequence
 
 #: suite name -> (module with ``main(argv) -> int``, its arguments); modules not present are skipped
@@ -41,4 +40,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from simgpu.cli import entry
+
+    entry(main)
