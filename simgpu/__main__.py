@@ -45,7 +45,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     module = importlib.import_module(COMMANDS[args[0]][0])
     if not hasattr(module, "main"):  # a package whose command is its __main__
         module = importlib.import_module(COMMANDS[args[0]][0] + ".__main__")
-    return int(module.main(args[1:]))
+    try:
+        return int(module.main(args[1:]))
+    except SystemExit as e:  # a command's own argparse (--help, or a usage error it reports itself)
+        return e.code if isinstance(e.code, int) else 0
 
 
 def console() -> None:
