@@ -97,9 +97,34 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
         gpu_memory_gib=p.gpu.memory_gib, memory_gib=[m.as_gib() for m in workload.memory],
         kernel_model_share={str(k): float(v) for k, v in share.items()}, seed=job.workload.seed,
         workload_file=job.workload_file, platform_file=job.platform_file,
-        fold=1 if reps is None else reps.factor, fold_note=note,
+        fold=1 if reps is None else reps.factor, fold_note=note, run=run_info(job, topo),
     )
     return result
+
+
+def run_info(job: Job, topo: Topology) -> dict[str, object]:
+    """What a run was: its overrides and seed, the platform figures that matter most, and the versions
+    of the simulator, Python and the libraries that timed it."""
+    import platform as python
+    import sys
+
+    from . import __version__
+
+    p = job.platform
+    versions = {"simgpu": __version__, "python": python.python_version()}
+    for name in ("numpy", "pandas", "simpy", "torch", "lightgbm"):
+        module = sys.modules.get(name)
+        if module is not None:
+            versions[name] = str(getattr(module, "__version__", "?"))
+    return {
+        "overrides": list(job.overrides),
+        "seed": job.workload.seed,
+        "platform": {"name": p.name, "gpu": p.gpu.name, "gpu_memory_gib": p.gpu.memory_gib,
+                     "nic_gbps": p.network.nic_gbps, "nics_per_node": p.network.nics_per_node,
+                     "nodes": topo.nodes, "gpus_per_node": topo.gpus_per_node, "gpus": topo.world},
+        "workload_file": job.workload_file, "platform_file": job.platform_file,
+        "versions": versions,
+    }
 
 
 def simulate_file(path: str | Path, overrides: Sequence[str] = (), **kwargs: object) -> SimResult:

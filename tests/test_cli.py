@@ -125,3 +125,66 @@ def test_ctrl_c_stops_a_study_at_once(tmp_path: Path) -> None:
     written = rows.read_text().splitlines()
     assert written and all(json.loads(line)["key"] for line in written)  # every row whole
     assert not (out / "results.csv").exists()
+
+
+SMALL = ["--set", "model.layers=2", "--set", "model.seq_len=256"]
+
+
+def test_a_run_says_what_it_did(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    from simgpu.run import main as run
+
+    monkeypatch.chdir(tmp_path)
+    assert run([str(GPT), *SMALL, "--set", "platform.network.nic_gbps=800", "--seed", "3"]) == 0
+    printed = capsys.readouterr().out
+    folder = tmp_path / "out" / "gpt_1.3b_2x_dgx_h100" / "model.layers=2,model.seq_len=256,network.nic_gbps=800,seed=3"
+    summary = json.loads((folder / "summary.json").read_text())  # its own folder, not the baseline's
+    run_ = summary["run"]
+    assert run_["overrides"] == ["model.layers=2", "model.seq_len=256", "platform.network.nic_gbps=800", "seed=3"]
+    assert run_["seed"] == 3 and summary["seed"] == 3
+    assert run_["platform"]["nic_gbps"] == 800 and run_["platform"]["nodes"] == 2
+    assert run_["platform"]["gpu"] == "H100-SXM5-80GB" and run_["platform"]["gpus"] == 16
+    assert {"simgpu", "python"} <= set(run_["versions"])
+    assert "overrides  model.layers=2" in printed and "% of the iteration time" in printed
+    assert "the seed changes nothing" in printed
+
+
+def test_big_run_outputs_can_be_kept_small(tmp_path: Path) -> None:
+    from simgpu.run import main as run
+
+    out = tmp_path / "o"
+    assert run([str(GPT), *SMALL, "--out", str(out), "--no-trace", "--records", "none", "--quiet"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["summary.json", "timeline.png"]
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    assert run([str(GPT), *SMALL, "--out", str(whole), "--records", "parquet", "--quiet"]) == 0
+    assert run([str(GPT), *SMALL, "--out", str(part), "--trace-window", "0:1", "--quiet"]) == 0
+    import pandas as pd
+
+    records = pd.read_csv(part / "records.csv")
+    assert 0 < len(records) < len(pd.read_parquet(whole / "records.parquet"))
+    assert records["start_us"].min() <= 1000.0
+    assert (part / "trace.json").stat().st_size < (whole / "trace.json").stat().st_size
+
+
+def test_progress_is_drawn_only_on_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    from simgpu.cli import Progress
+    from simgpu.whatif.runner import text_progress
+
+    with Progress(after_s=0.0) as progress:  # stderr is captured: not a terminal
+        progress.set("working")
+        time.sleep(0.7)
+    text_progress(1, 2, {"name": "v", "iteration_time_ms": 1.0})
+    assert capsys.readouterr().err == ""
+
+
+def test_progress_on_a_terminal_is_one_rewritten_line() -> None:
+    import io
+
+    from simgpu.cli import Progress
+
+    stream = io.StringIO()
+    with Progress(after_s=0.0, stream=stream, enabled=True) as progress:
+        progress.set("writing trace.json")
+        time.sleep(0.7)
+    text = stream.getvalue()
+    assert text.startswith("\r") and "writing trace.json" in text and "\n" not in text

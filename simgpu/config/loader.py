@@ -33,12 +33,13 @@ REPO_PLATFORMS = Path(__file__).resolve().parents[2] / "platforms"
 
 @dataclass(frozen=True)
 class Job:
-    """A validated workload with its platform."""
+    """A validated workload with its platform, and the ``--set`` overrides that made it."""
 
     workload: WorkloadSpec
     platform: PlatformSpec
     workload_file: str
     platform_file: str
+    overrides: tuple[str, ...] = ()
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -374,6 +375,6 @@ def load_job(workload: str | Path, overrides: Sequence[str] = ()) -> Job:
     spec = validate(WorkloadSpec, data, wfile, lines)
     check_name(spec.name, wfile, lines.get(("name",)))
     platform, pfile = load_platform(ref, plat_over, relative_to=Path(wfile).parent)
-    job = Job(spec, platform, wfile, pfile)
+    job = Job(spec, platform, wfile, pfile, tuple(overrides))
     check_job(job)
     return job
