@@ -4,10 +4,10 @@
 WORKLOAD`` ranks the tensor / pipeline / data parallel splits, micro-batch sizes, recomputation and
 ZeRO stages of a Transformer. Candidates keep the workload's global batch (the same work) and are
 written in the workload's own keys (``batch_per_gpu`` or ``micro_batch``; ``global_batch`` or
-``grad_accumulation``); those that break a rule of the job are pruned before any is simulated and
-counted by reason. Candidates run through the what-if runner (process pool or Dask; rows keyed by
-their job's content, so a rerun reuses what is unchanged); the top-k are written with their
-summaries and timelines.
+``grad_accumulation``); those that break a rule of the job or do not fit in GPU memory are pruned
+before any is simulated and counted by reason. Candidates run through the what-if runner (process
+pool or Dask; rows keyed by their job's content, so a rerun reuses what is unchanged); the top-k
+are written with their summaries and timelines.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 import pandas as pd
 
 from .cli import ArgParser, check_out_dir, choice_list, entry, int_at_least, int_list, run_command, safe_name
-from .config.loader import load_job, parse_override, read_yaml
+from .config.loader import Job, load_job, parse_override, read_yaml
 from .errors import ConfigError
 from .whatif.runner import run_study
 from .whatif.study import Study, StudySpec, Variant
@@ -113,22 +113,54 @@ def parallelism_candidates(workload: str, overrides: Sequence[str] = (), *, tp: 
             over += (("training.grad_accumulation", gb // (m * dp)),)
         variant = Variant(name, base + over, swept)
         try:
-            load_job(workload, variant.as_args())  # the job's rules: divisibility, heads, layers, world size
+            cand = load_job(workload, variant.as_args())  # the job's rules: divisibility, heads, layers, world
         except ConfigError as e:
             pruned.append({"name": name, **dict(swept), "status": "invalid", "feasible": False, "why": str(e)})
+            continue
+        why = memory_misfit(cand)
+        if why:
+            pruned.append({"name": name, **dict(swept), "status": "infeasible", "feasible": False, "why": why})
             continue
         keep.append(variant)
     return keep, pruned
 
 
-def reasons(pruned: list[dict[str, Any]], limit: int = 6) -> list[tuple[int, str]]:
-    """The most common reasons candidates were pruned: (count, reason), the reason without the file
-    and with its numbers hidden."""
-    def reason(why: str) -> str:
-        text = why.split(": ", 1)[1] if re.match(r"^\S+\.ya?ml(:\d+)?: ", why) else why
-        return re.sub(r"\b\d+(\.\d+)?\b", "#", text)[:120]
+def memory_misfit(job: Job) -> str | None:
+    """Why a Transformer job does not fit in GPU memory (the builder's own per-stage estimate, without
+    building its programs), or None."""
+    from .config.checks import gpus_per_node
+    from .workload.memory import stage_memory
+    from .workload.registry import World
+    from .workload.shapes import make_setup
 
-    return [(n, r) for r, n in Counter(reason(str(p["why"])) for p in pruned).most_common(limit)]
+    world = World(job.workload.nodes, gpus_per_node(job), job.platform.gpu.memory_gib)
+    try:
+        setup = make_setup(job.workload, world)
+    except (ValueError, TypeError):
+        return None
+    cap = job.platform.gpu.memory_gib * 2**30
+    for stage in range(setup.layout.pp):
+        need = stage_memory(setup, stage).total
+        if need > cap:
+            return (f"model: does not fit in GPU memory: stage {stage} needs {need / 2**30:.1f} GiB per GPU but a "
+                    f"{job.platform.gpu.name} has {job.platform.gpu.memory_gib:g} GiB")
+    return None
+
+
+def reasons(pruned: list[dict[str, Any]], limit: int = 6) -> list[tuple[int, str]]:
+    """The most common reasons candidates were pruned: (count, the first such message), messages
+    grouped with their numbers hidden and shown without the file."""
+    def strip(why: str) -> str:
+        return why.split(": ", 1)[1] if re.match(r"^\S+\.ya?ml(:\d+)?: ", why) else why
+
+    first: dict[str, str] = {}
+    counts: Counter[str] = Counter()
+    for p in pruned:
+        text = strip(str(p["why"]))
+        group = re.sub(r"\b\d+(\.\d+)?\b", "#", text)
+        first.setdefault(group, f"{text[:140]} (e.g. {p['name']})")
+        counts[group] += 1
+    return [(n, first[g]) for g, n in counts.most_common(limit)]
 
 
 def write_top(workload: str, variants: list[Variant], table: pd.DataFrame, out: Path, k: int) -> list[Path]:
@@ -208,7 +240,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if stats.get("reused"):
         print(f"\nreused {stats['reused']} of {len(table)} rows from {out / 'results.jsonl'} (their jobs are "
               f"unchanged); computed {stats['computed']}")
-    print(f"\n{len(variants)} candidates simulated, {len(pruned)} pruned; "
+    print(f"\n{len(variants)} candidates ranked, {len(pruned)} pruned; "
           + (f"top {len(tops)} written to {', '.join(str(d) for d in tops)}" if tops else "none written"))
     return 0
 

@@ -8,6 +8,7 @@ the dotted key, the line where known, and what was expected.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import re
 import types
@@ -99,8 +100,31 @@ def read_text(path: str | Path, what: str) -> str:
                           "file in UTF-8 (re-save it as UTF-8)", file=str(path), line=line) from None
 
 
+#: Parsed files by (path, modification time, size): a search validates hundreds of candidates
+#: against the same two files, and parsing YAML is most of the cost of a load.
+_PARSED: dict[tuple[str, int, int], tuple[dict[str, Any], dict[tuple[str, ...], int]]] = {}
+
+
 def read_yaml(path: str | Path, what: str) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
     """Parse a YAML mapping; return it with the line number (1-based) of every key path."""
+    p = Path(path)
+    try:
+        st = p.stat()
+        stamp: tuple[str, int, int] | None = (str(p.resolve()), st.st_mtime_ns, st.st_size)
+    except OSError:
+        stamp = None
+    if stamp is not None and stamp in _PARSED and p.is_file():
+        data, lines = _PARSED[stamp]
+        return copy.deepcopy(data), dict(lines)
+    data, lines = _parse_yaml(path, what)
+    if stamp is not None:
+        if len(_PARSED) >= 64:
+            _PARSED.pop(next(iter(_PARSED)))
+        _PARSED[stamp] = (copy.deepcopy(data), dict(lines))
+    return data, lines
+
+
+def _parse_yaml(path: str | Path, what: str) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
     text = read_text(path, what)
     try:
         data = load_yaml_value(text)
