@@ -15,8 +15,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -216,11 +215,3 @@ class Progress:
                 self.stream.write(f"\r\033[K[{elapsed:5.0f} s] {self.stage}")
                 self.stream.flush()
                 self.shown = True
-
-
-@contextmanager
-def stage(progress: Progress | None, text: str) -> Iterator[None]:
-    """Show ``text`` as the current stage of ``progress`` (if any) while the block runs."""
-    if progress is not None:
-        progress.set(text)
-    yield

@@ -96,6 +96,11 @@ def _main(argv: Sequence[str] | None) -> int:
         raise ConfigError("the file is truncated (cut JSON or gzip stream); expected a whole trace, or "
                           "--allow-truncated to replay it up to its last whole event", file=cut[0].file)
     target, source, what_if, notes = _platforms(args, traces[0][0].gpu)
+    if args.world:
+        from .config.checks import check_world
+
+        gpn = min(args.world, target.node.gpus)
+        check_world(-(-args.world // gpn), gpn, key="--world")
     opts = ReplayOptions(target, source, what_if, args.world, step=args.step, record_links=args.links)
     stem = Path(args.traces[0]).name.split(".")[0]
     out = Path(args.out) if args.out else Path("out") / safe_name(f"replay-{stem}")

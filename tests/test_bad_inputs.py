@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import importlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -357,6 +358,8 @@ REPLAY = [
     case("world-negative", "replay", "{tmp}/t.json --world -4", "--world", "expected an integer >= 1",
          t__json=trace_json()),
     case("world-word", "replay", "{tmp}/t.json --world many", "--world", "expected an integer", t__json=trace_json()),
+    case("world-huge", "replay", "{tmp}/t.json --world 100000", "--world", "GPUs", "expected at most",
+         t__json=trace_json()),
     case("step-negative", "replay", "{tmp}/t.json --step -1", "--step", "expected an integer >= 0",
          t__json=trace_json()),
     case("step-unknown", "replay", "{tmp}/t.json --step 42", "no ProfilerStep#42", t__json=trace_json()),
@@ -556,3 +559,20 @@ def test_bad_input_is_refused_in_one_line(c: Case, tmp_path: Path, monkeypatch: 
     for words in c.expect:
         assert words in err, f"{words!r} not in {err!r}"
     assert _listing(tmp_path) == before, "something was written"
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root may write anywhere")
+@pytest.mark.parametrize("command, argv", [("run", [str(GPT_FILE), "--out", "{ro}/out"]),
+                                           ("comm", ["--platform", "dgx_h100", "--csv", "{ro}/x.csv"])])
+def test_an_unwritable_output_is_refused_before_any_work(command: str, argv: list[str], tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        code = importlib.import_module(COMMANDS[command]).main([a.replace("{ro}", str(ro)) for a in argv])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and ("not writable" in err or "cannot write" in err)
+        assert list(ro.iterdir()) == []
+    finally:
+        ro.chmod(0o700)

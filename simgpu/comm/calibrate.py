@@ -21,9 +21,10 @@ from typing import Any
 import numpy as np
 import yaml
 
-from ..cli import ArgParser, check_input_file, check_out_file, entry, int_at_least, run_command
-from ..config.loader import load_platform, parse_override, platform_path, read_text
+from ..cli import ArgParser, Progress, check_input_file, check_out_file, entry, int_at_least, run_command
+from ..config.loader import load_platform, parse_override, platform_path
 from ..config.platform import PlatformSpec
+from ..config.yamlio import read_text
 from ..errors import ConfigError
 from ..platform.topology import Topology
 from .collective import layout, request, simulate_collective
@@ -232,8 +233,10 @@ def _main(argv: Sequence[str] | None) -> int:
     if ops and args.op not in ops:
         raise ConfigError(f"--op {args.op} does not match the rows, which are of {' or '.join(ops)} (by their "
                           f"redop and root columns); expected --op {ops[0]}", file=str(path), key="--op")
-    result = fit(args.platform, args.op, sizes, times, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                 overrides=over)
+    with Progress() as progress:
+        progress.set(f"fitting {args.platform} to {len(sizes)} sizes of {args.op}")
+        result = fit(args.platform, args.op, sizes, times, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                     overrides=over)
     if args.out:
         write_platform(args.platform, {**dict(over), **result.params}, args.out)
     print(f"{len(sizes)} sizes, {args.op} on {args.platform} ({args.nodes} node(s))")

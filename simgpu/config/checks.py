@@ -205,6 +205,10 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:,.3g} GiB" if n < 2**70 else f"{n / 2**30:.2e} GiB"
 
 
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:,.0f} min"
+
+
 def check_world(nodes: int, gpus: int, *, file: str | None = None, key: str = "nodes",
                 nodes_key: str | None = None) -> None:
     """Refuse a world of ``nodes`` x ``gpus`` GPUs larger than :data:`MAX_GPUS` or than memory allows,
@@ -214,7 +218,7 @@ def check_world(nodes: int, gpus: int, *, file: str | None = None, key: str = "n
     if world > MAX_GPUS or need > available_memory():
         raise ConfigError(
             f"{nodes:,} node(s) x {gpus} GPUs = {world:,} GPUs would take about {_gib(need)} of memory and "
-            f"{world * 0.25e-3 / 60:,.0f} min to build the topology alone; expected at most {MAX_GPUS:,} GPUs "
+            f"{_duration(world * 0.25e-3)} to build the topology alone; expected at most {MAX_GPUS:,} GPUs "
             f"({MAX_GPUS // max(gpus, 1):,} nodes of {gpus})", file=file, key=key)
 
 
