@@ -10,7 +10,9 @@ start.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from os import PathLike
 from pathlib import Path
@@ -81,23 +83,39 @@ def write_outputs(
     out.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda _: None)
     paths = {"summary": out / "summary.json", "timeline": out / "timeline.png"}
-    paths["summary"].write_text(summary_json(summarize(result)), encoding="utf-8")
+    with _whole(paths["summary"]) as tmp:
+        tmp.write_text(summary_json(summarize(result)), encoding="utf-8")
     say("drawing timeline.png")
-    plot_timeline(result, paths["timeline"], show_links=links)
+    with _whole(paths["timeline"]) as tmp:
+        plot_timeline(result, tmp, show_links=links)
     part = result if window_s is None else windowed(result, *window_s)
     if trace:
         paths["trace"] = out / "trace.json"
         say("writing trace.json")
-        write_chrome_trace(part, paths["trace"])
+        with _whole(paths["trace"]) as tmp:
+            write_chrome_trace(part, tmp)
     if records_format != "none":
         paths["records"] = out / f"records.{records_format}"
         say(f"writing {paths['records'].name}")
         table = records_table(part)
-        if records_format == "parquet":
-            table.to_parquet(paths["records"], index=False)
-        else:
-            table.to_csv(paths["records"], index=False)
+        with _whole(paths["records"]) as tmp:
+            if records_format == "parquet":
+                table.to_parquet(tmp, index=False)
+            else:
+                table.to_csv(tmp, index=False)
     return paths
+
+
+@contextmanager
+def _whole(path: Path) -> Iterator[Path]:
+    """A temporary name to write ``path`` under, renamed to it once written: an interrupted run
+    leaves no file half-written (the older one, if any, stays as it was)."""
+    tmp = path.with_name(f".{path.name}.part")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def windowed(result: SimResult, start_s: float, end_s: float) -> SimResult:
