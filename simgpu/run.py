@@ -81,9 +81,9 @@ def _main(argv: Sequence[str] | None) -> int:
     out = Path(args.out) if args.out else default_out(job.workload.name, overrides)
     check_out_dir(out)
     with Progress() as progress:
-        progress.set(f"simulating {job.workload.name}")
         t0 = time.perf_counter()
-        result = simulate(job, record_links=args.links, fold=not args.no_fold)
+        result = simulate(job, record_links=args.links, fold=not args.no_fold,
+                          on_stage=lambda what: progress.set(f"{job.workload.name}: {what}"))
         wall = time.perf_counter() - t0
         paths = write_outputs(result, out, links=args.links, records_format=records, trace=not args.no_trace,
                               window_s=args.trace_window, progress=progress.set)

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -40,20 +40,25 @@ DEFAULT_KERNEL_MODEL = ("learned", "analytical")
 
 
 def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MODEL,
-             record_links: bool = False, fold: bool = True) -> SimResult:
+             record_links: bool = False, fold: bool = True,
+             on_stage: Callable[[str], None] | None = None) -> SimResult:
     """Simulate one training iteration of ``job``; ``kernel_model`` names a model or a chain of them.
 
     With ``fold`` (the default), identical ranks (data-parallel replicas, tensor-parallel ranks inside
     a node) are simulated once where that is exact (see :mod:`simgpu.engine.fold`): the records then
     cover the representative ranks only
     (:meth:`SimResult.expanded` gives every rank's) and ``meta["fold"]`` says by how much; where
-    it is not exact, every rank is simulated and ``meta["fold_note"]`` says why.
+    it is not exact, every rank is simulated and ``meta["fold_note"]`` says why. ``on_stage`` is
+    told what is being done (for a progress line).
     """
+    say = on_stage or (lambda _: None)
+    say("building the topology")
     p = job.platform
     topo = Topology(p, job.workload.nodes, gpus_per_node(job))
     note = "" if fold else "turned off"
     if fold and record_links:
         fold, note = False, "link intervals are recorded for every link"
+    say("building the programs")
     workload = build(job, fold=fold, topo=topo)
     if workload.replicas is not None:
         blocker = fold_blocker(topo, workload.replicas)
@@ -66,10 +71,12 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
     planner = Planner(topo, p.collectives, job.workload.comm.algorithm, job.workload.comm.protocol)
     options = EngineOptions(launch_s=p.host.launch_us * 1e-6, cpu_threads_per_node=p.host.cpu_threads,
                             overlap_slowdown=p.gpu.overlap_slowdown, record_links=record_links)
+    say(f"timing {len(workload.kernels):,} kernel shapes")
     durations, models = predictor.predict(workload.kernels)
     inside = True  # fold ranks inside nodes too
     while True:
         try:
+            say(f"simulating {len(workload.programs):,} ranks")
             result = Engine(topo, workload, durations, models, planner, options).run()
             break
         except FoldBroken as e:
