@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from .cli import ArgParser, Progress, check_out_dir, entry, int_at_least, run_command, safe_name
 from .errors import ConfigError
+from .run import window
 
 if TYPE_CHECKING:
     from .config.platform import PlatformSpec
@@ -41,6 +42,8 @@ def parser() -> ArgParser:
     ap.add_argument("--records", choices=("csv", "parquet", "none"), help="records file format, or none (default csv)")
     ap.add_argument("--format", choices=("csv", "parquet"), help=argparse.SUPPRESS)  # the older name of --records
     ap.add_argument("--no-trace", action="store_true", help="do not write trace.json")
+    ap.add_argument("--trace-window", type=window, metavar="START:END",
+                    help="write only the intervals overlapping this window (ms) to trace.json and the records")
     ap.add_argument("--allow-truncated", action="store_true",
                     help="replay a cut trace up to its last whole event (refused by default)")
     ap.add_argument("--quiet", action="store_true", help="print only the replayed and traced step times")
@@ -110,7 +113,8 @@ def _main(argv: Sequence[str] | None) -> int:
         outcome = replay(traces, opts)
         wall = time.perf_counter() - t0
         paths = write_outputs(outcome.result, out, links=args.links, records_format=args.records or args.format
-                              or "csv", trace=not args.no_trace, progress=progress.set)
+                              or "csv", trace=not args.no_trace, window_s=args.trace_window,
+                              progress=progress.set)
     t_ms = outcome.result.iteration_time_s * 1e3
     m_ms = (outcome.measured_step_s or 0.0) * 1e3
     label = "what-if" if what_if else "replayed"
