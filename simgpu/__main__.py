@@ -6,11 +6,14 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import NoReturn
 
-from .cli import entry
+from .cli import UsageError, entry, run_command
 
 #: verb -> (module with ``main(argv) -> int``, what it does)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -45,10 +48,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     module = importlib.import_module(COMMANDS[args[0]][0])
     if not hasattr(module, "main"):  # a package whose command is its __main__
         module = importlib.import_module(COMMANDS[args[0]][0] + ".__main__")
+    with _one_line_usage_errors():
+        return run_command(lambda: int(module.main(args[1:])))
+
+
+@contextmanager
+def _one_line_usage_errors() -> Iterator[None]:
+    """Commands built on a plain :class:`argparse.ArgumentParser` (``fit``, ``bench``) report a bad
+    argument in one line here too, as :class:`~simgpu.cli.ArgParser` does."""
+    original = argparse.ArgumentParser.error
+
+    def error(self: argparse.ArgumentParser, message: str) -> NoReturn:
+        raise UsageError(message.replace("\n", " "))
+
+    argparse.ArgumentParser.error = error  # type: ignore[method-assign]
     try:
-        return int(module.main(args[1:]))
-    except SystemExit as e:  # a command's own argparse (--help, or a usage error it reports itself)
-        return e.code if isinstance(e.code, int) else 0
+        yield
+    finally:
+        argparse.ArgumentParser.error = original  # type: ignore[method-assign]
 
 
 def console() -> None:

@@ -522,6 +522,9 @@ CONSOLE = [
     case("validate-unknown-option", "simgpu", "validate --fast", "unrecognized arguments: --fast"),
     case("speed-no-case", "simgpu", "speed -k nonexistent --profile", "-k", "no case matches", "expected"),
     case("speed-unknown-option", "simgpu", "speed --fast", "unrecognized arguments: --fast"),
+    case("fit-threads-word", "simgpu", "fit --platform cpu_host --threads x", "--threads", "invalid int value"),
+    case("fit-nothing-to-fit", "simgpu", "fit", "one of the arguments --platform --neusight is required"),
+    case("bench-device", "simgpu", "bench --device gpu --out {tmp}/b", "--device", "invalid choice: 'gpu'"),
 ]
 
 CASES = [c for group, prefix in ((RUN, "run"), (COMM, "comm"), (REPLAY, "replay"), (WHATIF, "whatif"),
