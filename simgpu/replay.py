@@ -111,6 +111,7 @@ def _main(argv: Sequence[str] | None) -> int:
     with Progress() as progress:
         progress.set("replaying")
         outcome = replay(traces, opts)
+        outcome.result.meta.setdefault("run", {})["overrides"] = list(args.overrides)
         wall = time.perf_counter() - t0
         paths = write_outputs(outcome.result, out, links=args.links, records_format=args.records or args.format
                               or "csv", trace=not args.no_trace, window_s=args.trace_window,

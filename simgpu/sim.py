@@ -15,6 +15,7 @@ import numpy as np
 from .comm.planner import Planner
 from .config.checks import check_memory, gpus_per_node
 from .config.loader import Job, load_job
+from .config.platform import PlatformSpec
 from .engine import Engine, EngineOptions, SimResult
 from .engine.fold import FoldBroken, fold_blocker, local_shift_unit
 from .kernels.base import make_predictor
@@ -110,28 +111,37 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
 
 
 def run_info(job: Job, topo: Topology) -> dict[str, object]:
-    """What a run was: its overrides and seed, the platform figures that matter most, and the versions
-    of the simulator, Python and the libraries that timed it."""
+    """What a run was: its overrides and seed, the platform figures that matter most, the files read
+    and the versions of the simulator, Python and the libraries that timed it."""
+    return {
+        "overrides": list(job.overrides),
+        "seed": job.workload.seed,
+        "platform": platform_figures(job.platform, topo),
+        "workload_file": job.workload_file, "platform_file": job.platform_file,
+        "versions": versions(),
+    }
+
+
+def platform_figures(p: PlatformSpec, topo: Topology) -> dict[str, object]:
+    """The platform's name, GPU, GPU memory, NIC speed and count, and the job's nodes and GPUs."""
+    return {"name": p.name, "gpu": p.gpu.name, "gpu_memory_gib": p.gpu.memory_gib,
+            "nic_gbps": p.network.nic_gbps, "nics_per_node": p.network.nics_per_node,
+            "nodes": topo.nodes, "gpus_per_node": topo.gpus_per_node, "gpus": topo.world}
+
+
+def versions() -> dict[str, str]:
+    """Versions of simgpu, Python, and of numpy, pandas, SimPy, torch and LightGBM where imported."""
     import platform as python
     import sys
 
     from . import __version__
 
-    p = job.platform
-    versions = {"simgpu": __version__, "python": python.python_version()}
+    out = {"simgpu": __version__, "python": python.python_version()}
     for name in ("numpy", "pandas", "simpy", "torch", "lightgbm"):
         module = sys.modules.get(name)
         if module is not None:
-            versions[name] = str(getattr(module, "__version__", "?"))
-    return {
-        "overrides": list(job.overrides),
-        "seed": job.workload.seed,
-        "platform": {"name": p.name, "gpu": p.gpu.name, "gpu_memory_gib": p.gpu.memory_gib,
-                     "nic_gbps": p.network.nic_gbps, "nics_per_node": p.network.nics_per_node,
-                     "nodes": topo.nodes, "gpus_per_node": topo.gpus_per_node, "gpus": topo.world},
-        "workload_file": job.workload_file, "platform_file": job.platform_file,
-        "versions": versions,
-    }
+            out[name] = str(getattr(module, "__version__", "?"))
+    return out
 
 
 def simulate_file(path: str | Path, overrides: Sequence[str] = (), **kwargs: object) -> SimResult:

@@ -89,7 +89,7 @@ def _table(n: int) -> pd.DataFrame:
                          "exposed_communication_ms": 1.0, "idle_ms": 1.0})
 
 
-@pytest.mark.parametrize("n, pages", [(5, 1), (48, 1), (300, 3)])
+@pytest.mark.parametrize("n, pages", [(5, 1), (48, 1), (300, 4)])
 def test_bars_wrap_and_paginate(tmp_path, n, pages):
     import struct
 
@@ -99,7 +99,7 @@ def test_bars_wrap_and_paginate(tmp_path, n, pages):
     assert len(paths) == pages and paths[0] == tmp_path / "bars.png"
     for p in paths:
         width, _ = struct.unpack(">II", p.read_bytes()[16:24])
-        assert width <= 16 * 120
+        assert width <= 13 * 120
     assert len(bars(_table(5), tmp_path / "bars.png", "t")) == 1
     assert sorted(q.name for q in tmp_path.iterdir()) == ["bars.png"]  # stale pages removed
 

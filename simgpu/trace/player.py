@@ -33,6 +33,7 @@ from ..errors import ConfigError
 from ..kernels import measured  # noqa: F401  (registers the "measured" model)
 from ..kernels.base import make_predictor
 from ..platform.topology import Topology
+from ..sim import platform_figures, versions
 from ..workload.graph import CollectiveCall, KernelTable, MemoryEstimate, Op, Program, Workload
 from .build import Item, RankProgram, build_program
 from .et import ExecutionTrace
@@ -118,6 +119,8 @@ def replay_programs(programs: Sequence[RankProgram], options: ReplayOptions) -> 
         platform=p.name, gpu=p.gpu.name, nodes=topo.nodes, gpus=world,
         kernel_model_share={str(k): float(v) for k, v in share.items()}, measured_step_time_ms=measured_s * 1e3,
         trace_files=[x.file for x in programs], traced_gpu=programs[0].gpu, step=chosen,
+        run={"traces": [x.file for x in programs], "what_if": options.what_if, "world": world,
+             "platform": platform_figures(p, topo), "versions": versions()},
     )
     return ReplayOutcome(result, steps, chosen, measured_s, warn, errors, list(programs))
 

@@ -2,7 +2,7 @@
 
 Both stay readable at any number of variants: bars wrap into rows of :data:`BARS_PER_ROW` and
 paginate into ``bars.png``, ``bars-2.png``, ... of at most :data:`ROWS_PER_PAGE` rows each (so no
-picture is wider than about 16 in); lines get a colour each, never one colour for two series,
+picture is wider than about 13 in); lines get a colour each, never one colour for two series,
 with the legend beside the axes in as many columns as it needs.
 """
 
@@ -22,7 +22,7 @@ import pandas as pd
 PARTS = (("compute_ms", "compute", "#4c72b0"), ("exposed_communication_ms", "exposed communication", "#dd8452"),
          ("idle_ms", "idle", "#c7c7c7"))
 #: Variants per row of bars, and rows per picture.
-BARS_PER_ROW = 30
+BARS_PER_ROW = 24
 ROWS_PER_PAGE = 4
 #: Legend entries per column of the lines plot.
 LEGEND_ROWS = 20
