@@ -150,3 +150,14 @@ def test_many_failures_are_summarised_by_reason():
                         "exposed_communication_ms": None, "mfu": None})
     text = ranking(bad)
     assert "30 variants did not run, by reason:" in text and text.count("does not match") == 1
+
+
+def test_a_base_value_the_grid_replaces_is_not_an_error(tmp_path):
+    base = tmp_path / "b.yaml"
+    base.write_text(BASE.read_text().replace("nodes: 1", "nodes: 0"))
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump({"name": "s", "base": str(base), "grid": {"nodes": [1, 2]}}))
+    assert len(load_study(p).variants) == 2
+    p.write_text(yaml.safe_dump({"name": "s", "base": str(base), "grid": {"platform.network.nic_gbps": [100]}}))
+    with pytest.raises(ConfigError, match="nodes"):
+        load_study(p)

@@ -118,41 +118,54 @@ def load_study(path: str | Path) -> Study:
     return Study(spec, str(path), base, tuple(variants))
 
 
+def _related(error_key: str | None, key: str) -> bool:
+    target = key.removeprefix("platform.").removeprefix("workload.")
+    return error_key is not None and (error_key == target or target.startswith(error_key + ".")
+                                      or error_key.startswith(target + "."))
+
+
 def check_overrides(spec: StudySpec, base: Path, file: str, lines: dict[tuple[str, ...], int]) -> None:
     """Each override of the study applied alone to the base: an unknown key, or a value refused for
-    that key itself (of the wrong kind, out of range), is an error of the study file. Rules that
-    tie keys together are left to the variants, where a combination may break them."""
+    that key itself (of the wrong kind, out of range), is an error of the study file. The base
+    with the common ``set`` must itself be valid where no variant changes it. Rules that tie keys
+    together are left to the variants, where a combination may break them."""
     common = list(spec.set.items())
     where: list[tuple[tuple[str, ...], str, Any]] = [(("set", k), k, v) for k, v in common]
-    where += [(("grid", k), k, v) for k, vs in spec.grid.items() for v in vs]
-    where += [(("variants", str(i), "set", k), k, v) for i, var in enumerate(spec.variants)
-              for k, v in var.set.items()]
+    varied: list[tuple[tuple[str, ...], str, Any]] = [(("grid", k), k, v) for k, vs in spec.grid.items() for v in vs]
+    varied += [(("variants", str(i), "set", k), k, v) for i, var in enumerate(spec.variants)
+               for k, v in var.set.items()]
     wdata, _ = read_yaml(base, "workload")
-    for at, key, value in where:
+    for at, key, value in where + varied:
         try:
             _validate_one(wdata, common, key, value, str(base))
         except ConfigError as e:
-            target = key.removeprefix("platform.").removeprefix("workload.")
-            if e.key is not None and (e.key == target or target.startswith(e.key + ".")
-                                      or e.key.startswith(target + ".")):
+            if _related(e.key, key):
                 raise ConfigError(f"{json.dumps(value, default=str)}: {e.message}", file=file, key=".".join(at),
                                   line=lines.get(at)) from None
+    try:
+        _validate_one(wdata, common, None, None, str(base))
+    except ConfigError as e:
+        if not any(_related(e.key, key) for _, key, _ in varied):
+            raise
 
 
-def _validate_one(wdata: dict[str, Any], common: list[tuple[str, Any]], key: str, value: Any, wfile: str) -> None:
+def _validate_one(wdata: dict[str, Any], common: list[tuple[str, Any]], key: str | None, value: Any,
+                  wfile: str) -> None:
+    """Validate the base workload's data with ``common`` and ``key = value`` applied: the workload's
+    schema, or for a platform key the platform's (both for ``key`` None)."""
     from ..config.loader import apply_override, load_platform
     from ..config.workload import WorkloadSpec
 
     data = copy.deepcopy(wdata)
     plat: list[tuple[str, Any]] = []
-    for k, v in [*common, (key, value)]:
+    for k, v in [*common, *([(key, value)] if key is not None else [])]:
         if k.startswith("platform."):
             plat.append((k.removeprefix("platform."), v))
         else:
             apply_override(data, k.removeprefix("workload."), v, wfile)
-    if key.startswith("platform."):
+    if key is None or not key.startswith("platform."):
+        validate(WorkloadSpec, data, wfile)
+    if key is None or key.startswith("platform."):
         ref = data.get("platform")
         if isinstance(ref, str):
             load_platform(ref, plat, relative_to=Path(wfile).parent)
-    else:
-        validate(WorkloadSpec, data, wfile)
