@@ -137,7 +137,8 @@ RUN = [
     case("layers-zero", "run", W, "model.layers", "greater than 0", w__yaml=gpt(model__layers=0)),
     case("layers-fraction", "run", W, "model.layers", "fractional", w__yaml=gpt(model__layers=2.5)),
     case("layers-nan", "run", W, "model.layers", w__yaml=GPT_TEXT.replace("layers: 24", "layers: .nan")),
-    case("layers-1e20", "run", W, "model.layers", w__yaml=GPT_TEXT.replace("layers: 24", "layers: 1e20")),
+    case("layers-1e20", "run", W, "model.layers", "GiB of memory", "expected a smaller model.layers",
+         w__yaml=GPT_TEXT.replace("layers: 24", "layers: 1e20")),
     case("layers-1e20-int", "run", W, "model.layers", "GiB of memory", "expected a smaller model.layers",
          w__yaml=GPT_TEXT.replace("layers: 24", "layers: 100000000000000000000")),
     case("layers-1e12", "run", W, "model.layers", "GiB of memory", w__yaml=gpt(model__layers=10**12)),
@@ -279,7 +280,7 @@ RUN = [
     case("set-nodes-huge", "run", f"{GPT_FILE} --set nodes=100000", "nodes", "800,000 GPUs", "GiB"),
     case("set-inside-scalar", "run", f"{GPT_FILE} --set nodes.x=1", "nodes", "cannot set a key inside"),
     case("set-bad-index", "run", f"{DLRM_FILE} --set model.tables.99.rows=5", "model.tables.99", "not an item"),
-    case("set-layers-1e20", "run", f"{GPT_FILE} --set model.layers=1e20", "model.layers"),
+    case("set-layers-1e20", "run", f"{GPT_FILE} --set model.layers=1e20", "model.layers", "GiB of memory"),
     # command-line arguments
     case("seed-abc", "run", f"{GPT_FILE} --seed abc", "--seed", "invalid int value"),
     case("out-is-file", "run", f"{GPT_FILE} --out {{tmp}}/taken", "--out", "is a file", "expected a folder", taken="x"),

@@ -8,6 +8,7 @@ integer (``1e3``), so that sizes can be written in scientific notation.
 
 from __future__ import annotations
 
+import math
 import types
 import typing
 from typing import Any
@@ -95,13 +96,20 @@ def check_kind(tp: Any, value: Any) -> str | None:
 
 def kind_error(model: type[BaseModel], data: Any, loc: tuple[str | int, ...] = ()
                ) -> tuple[tuple[str | int, ...], str] | None:
-    """The first value of ``data`` (read for ``model``) of the wrong kind: its key path and why."""
+    """The first value of ``data`` (read for ``model``) of the wrong kind: its key path and why.
+
+    An integer written as a float (``1e20``) is rewritten in ``data`` as the integer it is, so that
+    the rules on its size, not its type, judge it."""
     if not isinstance(data, dict):
         return None
     for key, value in data.items():
         field = model.model_fields.get(str(key))
         if field is None:
             continue
+        kinds = _kinds(field.annotation)
+        if (isinstance(value, float) and math.isfinite(value) and value.is_integer() and int in kinds
+                and float not in kinds):
+            data[key] = value = int(value)
         why = check_kind(field.annotation, value)
         if why:
             return (*loc, key), why
