@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import NoReturn
 
-from .cli import UsageError, entry, run_command
+from .cli import UsageError, entry, run_command, usage_message
 
 #: verb -> (module with ``main(argv) -> int``, what it does)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -59,7 +59,7 @@ def _one_line_usage_errors() -> Iterator[None]:
     original = argparse.ArgumentParser.error
 
     def error(self: argparse.ArgumentParser, message: str) -> NoReturn:
-        raise UsageError(message.replace("\n", " "))
+        raise UsageError(usage_message(message, self.prog))
 
     argparse.ArgumentParser.error = error  # type: ignore[method-assign]
     try:

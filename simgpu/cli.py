@@ -33,7 +33,21 @@ class ArgParser(argparse.ArgumentParser):
     """An :class:`argparse.ArgumentParser` whose errors are one-line :class:`UsageError` s."""
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError(message.replace("\n", " "))
+        raise UsageError(usage_message(message, self.prog))
+
+
+def usage_message(message: str, prog: str) -> str:
+    """argparse's message on one line, saying what was expected where argparse does not."""
+    text = " ".join(message.split())
+    m = re.fullmatch(r"argument (\S+): invalid (int|float) value: (.*)", text)
+    if m:
+        kind = "an integer" if m.group(2) == "int" else "a number"
+        return f"argument {m.group(1)}: expected {kind}, got {m.group(3)}"
+    if text.startswith("unrecognized arguments:"):
+        return f"{text}; expected the options listed by {prog} -h"
+    if text.startswith("the following arguments are required:") or text.startswith("one of the arguments"):
+        return f"{text} (expected as {prog} -h shows)"
+    return text
 
 
 def one_line(error: BaseException) -> str:
@@ -173,7 +187,7 @@ def check_input_file(path: str | Path, what: str) -> Path:
     if p.is_dir():
         raise ConfigError(f"is a folder; expected a {what} file", file=str(p))
     if not p.is_file():
-        raise ConfigError(f"{what} file not found", file=str(p))
+        raise ConfigError(f"{what} file not found; expected the path of an existing {what} file", file=str(p))
     return p
 
 

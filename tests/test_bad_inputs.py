@@ -257,8 +257,8 @@ RUN = [
     case("platform-tflops-string", "run", W, "p.yaml", "gpu.peak_tflops", "expected a number", w__yaml=ON_PLATFORM,
          p__yaml=platform(gpu__peak_tflops={"bf16": "989"})),
     # --set overrides
-    case("set-novalue", "run", f"{GPT_FILE} --set novalue", "--set expects key.path=value"),
-    case("set-nokey", "run", f"{GPT_FILE} --set =3", "--set expects key.path=value"),
+    case("set-novalue", "run", f"{GPT_FILE} --set novalue", "--set: expected key.path=value"),
+    case("set-nokey", "run", f"{GPT_FILE} --set =3", "--set: expected key.path=value"),
     case("set-nodes-true", "run", f"{GPT_FILE} --set nodes=true", "nodes: expected a number, got a boolean"),
     case("set-seq-len-string", "run", f"{GPT_FILE} --set model.seq_len='1024'", "model.seq_len: expected a number"),
     case("set-unknown", "run", f"{GPT_FILE} --set model.nope=1", "model.nope: unknown key"),
@@ -282,7 +282,7 @@ RUN = [
     case("set-bad-index", "run", f"{DLRM_FILE} --set model.tables.99.rows=5", "model.tables.99", "not an item"),
     case("set-layers-1e20", "run", f"{GPT_FILE} --set model.layers=1e20", "model.layers", "GiB of memory"),
     # command-line arguments
-    case("seed-abc", "run", f"{GPT_FILE} --seed abc", "--seed", "invalid int value"),
+    case("seed-abc", "run", f"{GPT_FILE} --seed abc", "--seed", "expected an integer"),
     case("out-is-file", "run", f"{GPT_FILE} --out {{tmp}}/taken", "--out", "is a file", "expected a folder", taken="x"),
     case("out-under-file", "run", f"{GPT_FILE} --out {{tmp}}/taken/sub", "--out", "is a file", taken="x"),
     case("records-bogus", "run", f"{GPT_FILE} --records xml", "--records", "invalid choice"),
@@ -372,7 +372,7 @@ REPLAY = [
          t__json=trace_json()),
     case("set-inf", "replay", "{tmp}/t.json --set network.nic_gbps=.inf", "network.nic_gbps", "finite",
          t__json=trace_json()),
-    case("set-novalue", "replay", "{tmp}/t.json --set nic", "--set expects key.path=value", t__json=trace_json()),
+    case("set-novalue", "replay", "{tmp}/t.json --set nic", "--set: expected key.path=value", t__json=trace_json()),
     case("out-is-file", "replay", "{tmp}/t.json --out {tmp}/taken", "--out", "is a file", t__json=trace_json(),
          taken="x"),
     case("records-bogus", "replay", "{tmp}/t.json --records xml", "--records", "invalid choice", t__json=trace_json()),
@@ -529,7 +529,7 @@ CONSOLE = [
     case("validate-unknown-option", "simgpu", "validate --fast", "unrecognized arguments: --fast"),
     case("speed-no-case", "simgpu", "speed -k nonexistent --profile", "-k", "no case matches", "expected"),
     case("speed-unknown-option", "simgpu", "speed --fast", "unrecognized arguments: --fast"),
-    case("fit-threads-word", "simgpu", "fit --platform cpu_host --threads x", "--threads", "invalid int value"),
+    case("fit-threads-word", "simgpu", "fit --platform cpu_host --threads x", "--threads", "expected an integer"),
     case("fit-nothing-to-fit", "simgpu", "fit", "one of the arguments --platform --neusight is required"),
     case("bench-device", "simgpu", "bench --device gpu --out {tmp}/b", "--device", "invalid choice: 'gpu'"),
 ]
@@ -543,6 +543,12 @@ def test_the_corpus_is_large_and_named_uniquely() -> None:
     assert len(CASES) >= 150
     assert len({c.id for c in CASES}) == len(CASES)
     assert {c.command for c in CASES} >= {"run", "whatif", "comm", "replay", "search", "calibrate", "fit"}
+
+
+#: Words by which every error says what was expected.
+EXPECTATIONS = ("expected", "should be", "choose from", "must", "needs", "give ")
+#: Cases whose message says it in other words ("NeuSight measured: bmm, ..." lists the valid families).
+OTHER_WORDS = {"fit-families-unknown"}
 
 
 def _listing(root: Path) -> set[str]:
@@ -572,6 +578,7 @@ def test_bad_input_is_refused_in_one_line(c: Case, tmp_path: Path, monkeypatch: 
     assert out == "", out
     for words in c.expect:
         assert words in err, f"{words!r} not in {err!r}"
+    assert c.id in OTHER_WORDS or any(w in err for w in EXPECTATIONS), f"what was expected? {err!r}"
     assert _listing(tmp_path) == before, "something was written"
 
 

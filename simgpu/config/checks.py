@@ -29,7 +29,7 @@ def check_job(job: Job) -> None:
     w, p, f = job.workload, job.platform, job.workload_file
     if w.gpus_per_node is not None and w.gpus_per_node > p.node.gpus:
         raise ConfigError(f"{w.gpus_per_node} GPUs per node requested but a {p.name} node has "
-                          f"{p.node.gpus}", file=f, key="gpus_per_node")
+                          f"{p.node.gpus}; expected at most {p.node.gpus}", file=f, key="gpus_per_node")
     check_world(w.nodes, gpus_per_node(job), file=f)
     check_parallelism(w, w.nodes, gpus_per_node(job), file=f)
     if w.training.precision not in p.gpu.peak_tflops:
@@ -90,9 +90,10 @@ def check_parallelism(spec: WorkloadSpec, nodes: int, gpus_per_node: int, file: 
                                   ("sp", par.sp, False), ("zero", par.zero_stage, 0)):
             if value != plain:
                 raise ConfigError(f"{key}={value} applies to transformer models; a {spec.model.kind} model "
-                                  f"expects {plain}", file=file, key=f"parallelism.{key}")
+                                  f"expected {plain}", file=file, key=f"parallelism.{key}")
     if world % mp:
-        raise ConfigError(f"tp*pp*cp = {par.tp}*{par.pp}*{par.cp} = {mp} does not divide the world size: {where}",
+        raise ConfigError(f"tp*pp*cp = {par.tp}*{par.pp}*{par.cp} = {mp} does not divide the world size: {where}; "
+                          f"expected a divisor of {world}",
                           file=file, key="parallelism.tp" if par.tp > 1 else "parallelism.pp" if par.pp > 1
                           else "parallelism.cp")
     if par.dp is not None and par.dp * mp != world:
@@ -137,7 +138,7 @@ def check_transformer(spec: WorkloadSpec, world: int, file: str | None = None) -
     if cp > 1 and md.attention != "flash":
         fail("model.attention", "context parallelism runs flash attention; expected attention: flash")
     if ep > 1 and md.moe is None:
-        fail("parallelism.ep", f"ep={ep} splits experts, but the model has none (model.moe)")
+        fail("parallelism.ep", f"ep={ep} splits experts, but the model has none; expected ep: 1 or a model.moe section")
     if md.moe is not None:
         if md.moe.experts % ep:
             fail("model.moe.experts", f"{md.moe.experts} experts do not split over ep={ep}")
@@ -147,7 +148,7 @@ def check_transformer(spec: WorkloadSpec, world: int, file: str | None = None) -
         fail("parallelism.ep", f"ep={ep} must divide dp={dp} (experts are sharded over data-parallel ranks)")
     if tr.global_batch is not None and tr.global_batch % (tr.batch_per_gpu * dp):
         fail("training.global_batch", f"global_batch {tr.global_batch} is not a multiple of micro_batch x dp = "
-                                      f"{tr.batch_per_gpu} x {dp}")
+                                      f"{tr.batch_per_gpu} x {dp}; expected a multiple of {tr.batch_per_gpu * dp}")
     if par.pp_schedule == "interleaved":
         m = tr.global_batch // (tr.batch_per_gpu * dp) if tr.global_batch else tr.grad_accumulation or 1
         if m % pp:

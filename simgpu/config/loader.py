@@ -50,7 +50,8 @@ def apply_override(data: dict[str, Any], path: str, value: Any, file: str) -> No
         last = i == len(parts) - 1
         if isinstance(cur, list):
             if not part.isdigit() or int(part) >= len(cur):
-                raise ConfigError(f"--set: index {part!r} is not an item of a list of {len(cur)}",
+                raise ConfigError(f"--set: index {part!r} is not an item of a list of {len(cur)}; expected an index "
+                                  f"below {len(cur)}",
                                   file=file, key=".".join(parts[: i + 1]))
             if last:
                 cur[int(part)] = value
@@ -64,18 +65,19 @@ def apply_override(data: dict[str, Any], path: str, value: Any, file: str) -> No
                     cur[part] = {}
                 cur = cur[part]
         else:
-            raise ConfigError(f"--set: cannot set a key inside a {type(cur).__name__}",
+            raise ConfigError(f"--set: cannot set a key inside a {type(cur).__name__}; expected a path through "
+                              "mappings and lists",
                               file=file, key=".".join(parts[:i]))
 
 
 def parse_override(item: str) -> tuple[str, Any]:
     """``key.path=value`` with the value read as YAML (numbers, booleans, lists)."""
     if "=" not in item:
-        raise ConfigError(f"--set expects key.path=value, got {item!r}")
+        raise ConfigError(f"--set: expected key.path=value, got {item!r}")
     key, raw = item.split("=", 1)
     key = key.strip()
     if not key:
-        raise ConfigError(f"--set expects key.path=value, got {item!r}")
+        raise ConfigError(f"--set: expected key.path=value, got {item!r}")
     try:
         return key, load_yaml_value(raw)
     except (yaml.YAMLError, DuplicateKey):
@@ -143,13 +145,15 @@ def _message(model: type[BaseModel], err: Any, loc: tuple[int | str, ...]) -> st
             t for t in (_tag(c) for c in _unwrap_models(_annotation_at(model, loc))) if t)
         got = err.get("ctx", {}).get("tag")
         return (f"expected one of: {tags}; got {got!r}" if etype == "union_tag_invalid"
-                else f"missing required key (which model: one of {tags})")
-    desc = ""
+                else f"missing required key; expected which model it is, one of: {tags}")
+    desc = d = ""
     if owner is not None and isinstance(field, str) and field in owner.model_fields:
-        d = owner.model_fields[field].description
+        d = owner.model_fields[field].description or ""
         desc = f" ({d})" if d else ""
     if etype == "missing":
-        return f"missing required key{desc}"
+        return f"missing required key; expected {d or 'a value'}"
+    if etype == "value_error":  # a rule of the section: its own words say what is expected
+        return f"{str(err['msg']).removeprefix('Value error, ')}"
     got = err.get("input")
     got_s = repr(got) if not isinstance(got, dict | list) else type(got).__name__
     return f"{err['msg']}{desc}; got {got_s}"

@@ -60,7 +60,7 @@ def read_text(path: str | Path, what: str) -> str:
     if p.is_dir():
         raise ConfigError(f"is a folder; expected a {what} YAML file", file=str(path))
     if not p.is_file():
-        raise ConfigError(f"{what} file not found", file=str(path))
+        raise ConfigError(f"{what} file not found; expected the path of an existing {what} file", file=str(path))
     try:
         raw = p.read_bytes()
     except OSError as e:
@@ -111,7 +111,8 @@ def _parse_yaml(path: str | Path, what: str) -> tuple[dict[str, Any], dict[tuple
         mark = getattr(e, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
         problem = getattr(e, "problem", None) or str(e)
-        raise ConfigError(f"malformed YAML: {problem}", file=str(path), line=line) from None
+        raise ConfigError(f"malformed YAML: {problem}; expected YAML mappings of keys (indented with spaces)",
+                          file=str(path), line=line) from None
     if not isinstance(data, dict):
         raise ConfigError(f"expected a mapping of keys at the top level, got {type(data).__name__}",
                           file=str(path))

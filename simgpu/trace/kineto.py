@@ -137,7 +137,8 @@ def read_document(path: str | Path) -> tuple[Any, bool]:
     try:
         raw = p.read_bytes()
     except OSError as e:
-        raise ConfigError(f"cannot read the trace: {e.strerror or e}", file=str(path)) from None
+        raise ConfigError(f"cannot read the trace: {e.strerror or e}; expected a readable PyTorch profiler "
+                          "(Kineto) JSON trace", file=str(path)) from None
     cut = False
     if raw[:2] == b"\x1f\x8b":
         raw, cut, bad = _gunzip(raw)
@@ -270,7 +271,8 @@ def parse_kineto(doc: Any, file: str, *, truncated: bool = False) -> RankTrace:
                           "its Kineto trace (simgpu replay TRACE ET) or with --et", file=file)
     events = doc.get("traceEvents") if isinstance(doc, dict) else doc
     if not isinstance(events, list) or (events and not any(isinstance(e, dict) and "ph" in e for e in events[:200])):
-        raise ConfigError("not a PyTorch profiler (Kineto) trace: no traceEvents list of trace events", file=file)
+        raise ConfigError("not a PyTorch profiler (Kineto) trace: no traceEvents list of trace events; expected a "
+                          "trace written by torch.profiler", file=file)
     header: dict[str, Any] = doc if isinstance(doc, dict) else {}
     warn: Counter[str] = Counter()
     if truncated:
@@ -365,7 +367,8 @@ def parse_kineto(doc: Any, file: str, *, truncated: bool = False) -> RankTrace:
     pgs = [pg for pg in raw_pgs if isinstance(pg, dict)] if isinstance(raw_pgs, list) else []
     gpu_name = _gpu_name(header.get("deviceProperties"), devices.most_common(1)[0][0] if devices else 0)
     if not gpu and not calls:
-        raise ConfigError("the trace holds no CUDA runtime calls and no GPU activities to replay", file=file)
+        raise ConfigError("the trace holds no CUDA runtime calls and no GPU activities to replay; expected a trace "
+                          "of a program that ran on a GPU", file=file)
     calls.sort(key=lambda c: (c.ts, c.end))
     gpu.sort(key=lambda g: (g.ts, g.end))
     spans.sort(key=lambda s: (s.tid, s.ts, -s.end))

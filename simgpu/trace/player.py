@@ -274,7 +274,8 @@ def _choose_step(steps: pd.DataFrame, wanted: int | None) -> int | None:
     if wanted is not None:
         if wanted not in set(steps["step"]):
             known = ", ".join(str(s) for s in steps["step"]) or "none"
-            raise ConfigError(f"no ProfilerStep#{wanted} in the traces; steps: {known}", key="step")
+            raise ConfigError(f"no ProfilerStep#{wanted} in the traces; expected one of the steps: {known}",
+                              key="--step")
         return wanted
     pool = steps[steps["complete"]] if steps["complete"].any() else steps
     if not len(pool):

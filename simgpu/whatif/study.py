@@ -86,7 +86,8 @@ def expand(spec: StudySpec) -> list[Variant]:
     dup = {i for i in ids if ids.count(i) > 1}
     if dup:
         names = [v.name for v in out if v.id in dup]
-        raise ConfigError(f"variants with identical overrides: {', '.join(names[:4])}", key="variants")
+        raise ConfigError(f"variants with identical overrides: {', '.join(names[:4])}; expected each variant to "
+                          "differ", key="variants")
     return out
 
 
@@ -108,7 +109,8 @@ def load_study(path: str | Path) -> Study:
         raise ConfigError(f"base workload {spec.base!r} is a folder; expected a workload YAML file",
                           file=str(path), key="base", line=lines.get(("base",)))
     if not base.is_file():
-        raise ConfigError(f"base workload {spec.base!r} not found", file=str(path), key="base",
+        raise ConfigError(f"base workload {spec.base!r} not found; expected a workload YAML, relative to the study "
+                          "file or absolute", file=str(path), key="base",
                           line=lines.get(("base",)))
     check_overrides(spec, base, str(path), lines)
     try:
