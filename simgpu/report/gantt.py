@@ -170,6 +170,9 @@ def build_timeline_figure(
         streams_present.discard("cpu")
     streams = sorted(streams_present, key=_stream_key)
     drawn_ranks = sample_ranks(all_ranks, len(streams))
+    if len(drawn_ranks) < len(all_ranks):  # no row for a stream none of the drawn ranks uses
+        used = {str(x) for x in pd.unique(rec.loc[rec["rank"].isin(drawn_ranks), "stream"])}
+        streams = [x for x in streams if x in used]
 
     row_of: dict[tuple[int, str], int] = {}
     labels: list[str] = []
