@@ -21,3 +21,7 @@ class ConfigError(SimgpuError):
 
 class SimulationError(SimgpuError):
     """The simulation could not complete (for example a collective that some member never reaches)."""
+
+
+class Interrupted(SimgpuError):
+    """A command stopped by Ctrl-C; the message says what was kept and how to resume."""

@@ -11,20 +11,21 @@ GPU, compute kernels by the GPUs' ratios.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import SimgpuError
+from .cli import ArgParser, Progress, check_out_dir, entry, int_at_least, run_command, safe_name
+from .errors import ConfigError
+from .run import window
 
 if TYPE_CHECKING:
     from .config.platform import PlatformSpec
 
 
-def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="simgpu replay", description="Replay PyTorch profiler (Kineto) traces; "
+def parser() -> ArgParser:
+    ap = ArgParser(prog="simgpu replay", description="Replay PyTorch profiler (Kineto) traces; "
                                  "ask what-if questions about them.")
     ap.add_argument("traces", nargs="+", help="Kineto trace per rank (.json or .json.gz); Execution Traces may "
                     "be given among them")
@@ -33,12 +34,18 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--trace-platform", help="platform the traces were taken on (default: by the traced GPU's name)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a platform key (what-if): network.nic_gbps=800, gpu.hbm_gbytes_per_s=4800")
-    ap.add_argument("--world", type=int, help="what-if: ranks of the job (data parallel)")
+    ap.add_argument("--world", type=int_at_least(1), help="what-if: ranks of the job (data parallel)")
     ap.add_argument("--what-if", action="store_true", help="re-time collectives by the collective model")
-    ap.add_argument("--step", type=int, help="the ProfilerStep number to report (default: median)")
+    ap.add_argument("--step", type=int_at_least(0), help="the ProfilerStep number to report (default: median)")
     ap.add_argument("--out", help="output folder (default: out/replay-<first trace>)")
     ap.add_argument("--links", action="store_true", help="record link busy intervals and draw them")
-    ap.add_argument("--format", choices=("csv", "parquet"), default="csv", help="records file format")
+    ap.add_argument("--records", choices=("csv", "parquet", "none"), help="records file format, or none (default csv)")
+    ap.add_argument("--format", choices=("csv", "parquet"), help=argparse.SUPPRESS)  # the older name of --records
+    ap.add_argument("--no-trace", action="store_true", help="do not write trace.json")
+    ap.add_argument("--trace-window", type=window, metavar="START:END",
+                    help="write only the intervals overlapping this window (ms) to trace.json and the records")
+    ap.add_argument("--allow-truncated", action="store_true",
+                    help="replay a cut trace up to its last whole event (refused by default)")
     ap.add_argument("--quiet", action="store_true", help="print only the replayed and traced step times")
     return ap
 
@@ -72,23 +79,43 @@ def _platforms(args: argparse.Namespace, traced_gpu: str | None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    try:
-        from .report import format_summary, summarize, write_outputs
-        from .trace import ReplayOptions, load_traces, replay
+    return run_command(lambda: _main(argv))
 
-        t0 = time.perf_counter()
-        traces = load_traces(args.traces, args.et)
-        target, source, what_if, notes = _platforms(args, traces[0][0].gpu)
-        opts = ReplayOptions(target, source, what_if, args.world, step=args.step, record_links=args.links)
+
+def _main(argv: Sequence[str] | None) -> int:
+    args = parser().parse_args(argv)
+    from .report import format_summary, summarize, write_outputs
+    from .trace import ReplayOptions, load_traces, replay
+
+    if args.out:
+        check_out_dir(args.out)
+    for path in [*args.traces, *args.et]:
+        if Path(path).is_dir():
+            raise ConfigError("is a folder; expected a PyTorch profiler (Kineto) JSON trace", file=str(path))
+    t0 = time.perf_counter()
+    traces = load_traces(args.traces, args.et)
+    cut = [t for t, _ in traces if t.truncated]
+    if cut and not args.allow_truncated:
+        raise ConfigError("the file is truncated (cut JSON or gzip stream); expected a whole trace, or "
+                          "--allow-truncated to replay it up to its last whole event", file=cut[0].file)
+    target, source, what_if, notes = _platforms(args, traces[0][0].gpu)
+    if args.world:
+        from .config.checks import check_world
+
+        gpn = min(args.world, target.node.gpus)
+        check_world(-(-args.world // gpn), gpn, key="--world")
+    opts = ReplayOptions(target, source, what_if, args.world, step=args.step, record_links=args.links)
+    stem = Path(args.traces[0]).name.split(".")[0]
+    out = Path(args.out) if args.out else Path("out") / safe_name(f"replay-{stem}")
+    check_out_dir(out)
+    with Progress() as progress:
+        progress.set("replaying")
         outcome = replay(traces, opts)
+        outcome.result.meta.setdefault("run", {})["overrides"] = list(args.overrides)
         wall = time.perf_counter() - t0
-        stem = Path(args.traces[0]).name.split(".")[0]
-        out = Path(args.out) if args.out else Path("out") / f"replay-{stem}"
-        paths = write_outputs(outcome.result, out, links=args.links, records_format=args.format)
-    except SimgpuError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        paths = write_outputs(outcome.result, out, links=args.links, records_format=args.records or args.format
+                              or "csv", trace=not args.no_trace, window_s=args.trace_window,
+                              progress=progress.set)
     t_ms = outcome.result.iteration_time_s * 1e3
     m_ms = (outcome.measured_step_s or 0.0) * 1e3
     label = "what-if" if what_if else "replayed"
@@ -127,4 +154,4 @@ def _pct(value: float, ref: float) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry(main)

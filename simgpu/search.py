@@ -1,25 +1,29 @@
-"""``python -m simgpu.search``: find the fastest embedding sharding or parallel configuration.
+"""``simgpu search``: find the fastest embedding sharding or parallel configuration.
 
 ``sharding WORKLOAD`` ranks the plans the sharding planner proposes for a DLRM; ``parallelism
 WORKLOAD`` ranks the tensor / pipeline / data parallel splits, micro-batch sizes, recomputation and
-ZeRO stages of a Transformer that satisfy the job's rules, pruning those that break a rule or do
-not fit in memory before simulating any. Candidates run through the what-if runner (process pool or
-Dask, resumable); the top-k are written with their summaries and timelines.
+ZeRO stages of a Transformer. Candidates keep the workload's global batch (the same work) and are
+written in the workload's own keys (``batch_per_gpu`` or ``micro_batch``; ``global_batch`` or
+``grad_accumulation``); those that break a rule of the job or do not fit in GPU memory are pruned
+before any is simulated and counted by reason. Candidates run through the what-if runner (process
+pool or Dask; rows keyed by their job's content, so a rerun reuses what is unchanged); the top-k
+are written with their summaries and timelines.
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import sys
+import re
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from .config.loader import load_job
-from .errors import ConfigError, SimgpuError
+from .cli import ArgParser, check_out_dir, choice_list, entry, int_at_least, int_list, run_command, safe_name
+from .config.loader import Job, load_job, parse_override, read_yaml
+from .errors import ConfigError
 from .whatif.runner import run_study
 from .whatif.study import Study, StudySpec, Variant
 
@@ -34,7 +38,7 @@ def sharding_candidates(workload: str, overrides: Sequence[str] = ()) -> list[Va
     if job.workload.model.kind != "dlrm":
         raise ConfigError("sharding search needs a DLRM workload", file=job.workload_file, key="model.kind")
     world = World(job.workload.nodes, gpus_per_node(job), gpu_memory_gib=job.platform.gpu.memory_gib)
-    base = tuple(_parse(o) for o in overrides)
+    base = tuple(parse_override(o) for o in overrides)
     out = []
     for plan in propose_plans(job.workload, world, job.platform.gpu.memory_gib):
         swept = (("plan", plan.name),)
@@ -46,47 +50,117 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _given(data: dict[str, Any], section: str, key: str, overrides: Sequence[tuple[str, Any]]) -> bool:
+    """Whether the workload (after overrides) gives ``section.key`` a value."""
+    value = (data.get(section) or {}).get(key)
+    for k, v in overrides:
+        if k.removeprefix("workload.") == f"{section}.{key}":
+            value = v
+    return value is not None
+
+
 def parallelism_candidates(workload: str, overrides: Sequence[str] = (), *, tp: Sequence[int] | None = None,
                            pp: Sequence[int] | None = None, micro_batch: Sequence[int] | None = None,
                            recompute: Sequence[str] = ("none", "selective", "full"),
-                           zero: Sequence[int] = (0, 1)) -> tuple[list[Variant], list[dict[str, Any]]]:
-    """The parallel configurations that pass the job's rules, and those pruned (with why)."""
+                           zero: Sequence[int] | None = None) -> tuple[list[Variant], list[dict[str, Any]]]:
+    """The parallel configurations that pass the job's rules, and those pruned (with why).
+
+    Every candidate keeps the job's global batch; it is expressed in the keys the workload uses."""
     job = load_job(workload, overrides)
     if job.workload.model.kind != "transformer":
         raise ConfigError("parallelism search needs a Transformer workload", file=job.workload_file,
                           key="model.kind")
-    gpn = job.workload.gpus_per_node or job.platform.node.gpus
-    world = job.workload.nodes * gpn
-    tps = list(tp) if tp else [d for d in _divisors(gpn)]
-    pps = list(pp) if pp else [d for d in _divisors(world) if d <= job.workload.model.layers]
-    gb = job.workload.training.global_batch or job.workload.training.batch_per_gpu * world
+    data, _ = read_yaml(workload, "workload")
+    base = tuple(parse_override(o) for o in overrides)
+    w, tr, par = job.workload, job.workload.training, job.workload.parallelism
+    gpn = w.gpus_per_node or job.platform.node.gpus
+    world = w.nodes * gpn
+    dp0 = par.dp or world // (par.tp * par.pp * par.cp)
+    gb = tr.global_batch or tr.batch_per_gpu * dp0 * (tr.grad_accumulation or 1)
+    batch_key = "training.micro_batch" if _given(data, "training", "micro_batch", base) else "training.batch_per_gpu"
+    uses_ga = _given(data, "training", "grad_accumulation", base)
+    uses_gb = _given(data, "training", "global_batch", base)
+    sets_dp = _given(data, "parallelism", "dp", base)
+    fsdp = par.fsdp
+    tps = list(tp) if tp else _divisors(gpn)
+    pps = list(pp) if pp else [d for d in _divisors(world) if d <= w.model.layers]  # type: ignore[union-attr]
     mbs = list(micro_batch) if micro_batch else [1, 2, 4, 8]
-    base = tuple(_parse(o) for o in overrides)
+    zeros: list[int | None] = list(zero) if zero else ([None] if fsdp else [0, 1])
     keep: list[Variant] = []
     pruned: list[dict[str, Any]] = []
-    for t, p, m, r, z in itertools.product(tps, pps, mbs, recompute, zero):
-        if world % (t * p):
+    for t, p, m, r, z in itertools.product(tps, pps, mbs, recompute, zeros):
+        if world % (t * p * par.cp):
             continue
-        dp = world // (t * p)
-        name = f"tp{t} pp{p} dp{dp} mb{m} {r} z{z}"
-        swept = (("tp", t), ("pp", p), ("dp", dp), ("micro_batch", m), ("recompute", r), ("zero", z))
-        over = base + (("parallelism.tp", t), ("parallelism.pp", p), ("parallelism.dp", dp),
-                       ("parallelism.zero", z), ("training.micro_batch", m), ("training.global_batch", gb),
-                       ("training.recompute", r))
-        variant = Variant(name, over, swept)
+        dp = world // (t * p * par.cp)
+        name = f"tp{t} pp{p} dp{dp} mb{m} {r}" + (f" z{z}" if z is not None else "")
+        swept: tuple[tuple[str, Any], ...] = (("tp", t), ("pp", p), ("dp", dp), ("micro_batch", m), ("recompute", r))
+        if z is not None:
+            swept += (("zero", z),)
+        if gb % (m * dp):
+            pruned.append({"name": name, **dict(swept), "status": "invalid", "feasible": False,
+                           "why": f"training.global_batch: the global batch {gb} is not a multiple of micro_batch "
+                                  f"x dp = {m} x {dp}"})
+            continue
+        over: tuple[tuple[str, Any], ...] = (("parallelism.tp", t), ("parallelism.pp", p), (batch_key, m),
+                                             ("training.recompute", r))
+        if sets_dp:
+            over += (("parallelism.dp", dp),)
+        if z is not None:
+            over += (("parallelism.zero", z),)
+        if uses_gb:
+            over += (("training.global_batch", gb),)
+        elif uses_ga or gb != m * dp:
+            over += (("training.grad_accumulation", gb // (m * dp)),)
+        variant = Variant(name, base + over, swept)
         try:
-            load_job(workload, variant.as_args())  # the job's rules: divisibility, heads, layers
+            cand = load_job(workload, variant.as_args())  # the job's rules: divisibility, heads, layers, world
         except ConfigError as e:
             pruned.append({"name": name, **dict(swept), "status": "invalid", "feasible": False, "why": str(e)})
+            continue
+        why = memory_misfit(cand)
+        if why:
+            pruned.append({"name": name, **dict(swept), "status": "infeasible", "feasible": False, "why": why})
             continue
         keep.append(variant)
     return keep, pruned
 
 
-def _parse(item: str) -> tuple[str, Any]:
-    from .config.loader import parse_override
+def memory_misfit(job: Job) -> str | None:
+    """Why a Transformer job does not fit in GPU memory (the builder's own per-stage estimate, without
+    building its programs), or None."""
+    from .config.checks import gpus_per_node
+    from .workload.memory import stage_memory
+    from .workload.registry import World
+    from .workload.shapes import make_setup
 
-    return parse_override(item)
+    world = World(job.workload.nodes, gpus_per_node(job), job.platform.gpu.memory_gib)
+    try:
+        setup = make_setup(job.workload, world)
+    except (ValueError, TypeError):
+        return None
+    cap = job.platform.gpu.memory_gib * 2**30
+    for stage in range(setup.layout.pp):
+        need = stage_memory(setup, stage).total
+        if need > cap:
+            return (f"model: does not fit in GPU memory: stage {stage} needs {need / 2**30:.1f} GiB per GPU but a "
+                    f"{job.platform.gpu.name} has {job.platform.gpu.memory_gib:g} GiB")
+    return None
+
+
+def reasons(pruned: list[dict[str, Any]], limit: int = 6) -> list[tuple[int, str]]:
+    """The most common reasons candidates were pruned: (count, the first such message), messages
+    grouped with their numbers hidden and shown without the file."""
+    def strip(why: str) -> str:
+        return why.split(": ", 1)[1] if re.match(r"^\S+\.ya?ml(:\d+)?: ", why) else why
+
+    first: dict[str, str] = {}
+    counts: Counter[str] = Counter()
+    for p in pruned:
+        text = strip(str(p["why"]))
+        group = re.sub(r"\b\d+(\.\d+)?\b", "#", text)
+        first.setdefault(group, f"{text[:140]} (e.g. {p['name']})")
+        counts[group] += 1
+    return [(n, first[g]) for g, n in counts.most_common(limit)]
 
 
 def write_top(workload: str, variants: list[Variant], table: pd.DataFrame, out: Path, k: int) -> list[Path]:
@@ -106,55 +180,70 @@ def write_top(workload: str, variants: list[Variant], table: pd.DataFrame, out: 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m simgpu.search", description=__doc__.splitlines()[0])
+    return run_command(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    ap = ArgParser(prog="simgpu search", description=__doc__.splitlines()[0])
     ap.add_argument("space", choices=("sharding", "parallelism"))
     ap.add_argument("workload")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--top", type=int, default=3, help="write outputs of the k fastest")
-    ap.add_argument("--out", type=Path)
-    ap.add_argument("--workers", type=int)
+    ap.add_argument("--top", type=int_at_least(0), default=3, help="write outputs of the k fastest")
+    ap.add_argument("--out", type=Path, help="output folder (default out/search_<space>_<workload>)")
+    ap.add_argument("--workers", type=int_at_least(1), help="local processes (default: one per core)")
     ap.add_argument("--scheduler", help="Dask scheduler address")
-    ap.add_argument("--tp", type=lambda s: [int(x) for x in s.split(",")])
-    ap.add_argument("--pp", type=lambda s: [int(x) for x in s.split(",")])
-    ap.add_argument("--micro-batch", type=lambda s: [int(x) for x in s.split(",")])
-    ap.add_argument("--recompute", type=lambda s: s.split(","), default=["none", "selective", "full"])
-    ap.add_argument("--zero", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1])
+    ap.add_argument("--tp", type=int_list(1), help="tensor-parallel degrees to try, e.g. 1,2,4,8")
+    ap.add_argument("--pp", type=int_list(1), help="pipeline-parallel degrees to try")
+    ap.add_argument("--micro-batch", type=int_list(1), help="micro-batch sizes to try (default 1,2,4,8)")
+    ap.add_argument("--recompute", type=choice_list(("none", "selective", "full")),
+                    default=["none", "selective", "full"], help="recomputation modes to try")
+    ap.add_argument("--zero", type=int_list(0), help="ZeRO stages to try (default 0,1)")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
-    from .whatif.__main__ import ranking
-    from .whatif.runner import ROW_KEYS, text_progress
+    from .whatif.__main__ import finish_table, ranking
+    from .whatif.runner import text_progress
 
-    try:
-        pruned: list[dict[str, Any]] = []
-        if args.space == "sharding":
-            variants = sharding_candidates(args.workload, args.overrides)
-        else:
-            variants, pruned = parallelism_candidates(
-                args.workload, args.overrides, tp=args.tp, pp=args.pp, micro_batch=args.micro_batch,
-                recompute=args.recompute, zero=args.zero)
-        if not variants:
-            raise ConfigError("no candidate passes the job's rules", file=args.workload)
-        name = f"search_{args.space}_{Path(args.workload).stem}"
-        out = args.out or Path("out") / name
-        spec = StudySpec(name=name, base=str(args.workload))
-        study = Study(spec, str(args.workload), Path(args.workload), tuple(variants))
-        rows = run_study(study, out, workers=args.workers, scheduler=args.scheduler,
-                         progress=None if args.quiet else text_progress)
-        table = pd.DataFrame(rows + pruned)
-        for col in ROW_KEYS:
-            if col not in table:
-                table[col] = None
-        table["feasible"] = table["feasible"].fillna(False).astype(bool)
-        table.to_csv(out / "results.csv", index=False)
-        tops = write_top(args.workload, variants, table, out, args.top)
-    except SimgpuError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if args.zero and any(z > 3 for z in args.zero):
+        raise ConfigError(f"expected ZeRO stages among 0, 1, 2, 3, got {args.zero}", key="--zero")
+    if args.out:
+        check_out_dir(args.out)
+    pruned: list[dict[str, Any]] = []
+    if args.space == "sharding":
+        variants = sharding_candidates(args.workload, args.overrides)
+    else:
+        variants, pruned = parallelism_candidates(
+            args.workload, args.overrides, tp=args.tp, pp=args.pp, micro_batch=args.micro_batch,
+            recompute=args.recompute, zero=args.zero)
+    if not variants:
+        why = "; ".join(f"{n} x {r}" for n, r in reasons(pruned, 3)) or "no candidate fills the world"
+        raise ConfigError(f"none of {len(pruned)} candidates passes the job's rules: {why}; expected other "
+                          "--tp / --pp / --micro-batch values or --set overrides", file=args.workload)
+    name = f"search_{args.space}_{Path(args.workload).stem}"
+    out = args.out or Path("out") / safe_name(name)
+    check_out_dir(out)
+    spec = StudySpec(name=name, base=str(args.workload))
+    study = Study(spec, str(args.workload), Path(args.workload), tuple(variants))
+    stats: dict[str, int] = {}
+    rows = run_study(study, out, workers=args.workers, scheduler=args.scheduler,
+                     progress=None if args.quiet else text_progress, stats=stats)
+    swept = list(dict.fromkeys(k for v in variants for k, _ in v.swept))
+    table = finish_table(rows, swept)
+    table.to_csv(out / "results.csv", index=False)
+    if pruned:
+        pd.DataFrame(pruned).to_csv(out / "pruned.csv", index=False)
+    tops = write_top(args.workload, variants, table, out, args.top)
     print(ranking(table))
-    print(f"\n{len(variants)} candidates simulated, {len(pruned)} pruned by the job's rules; "
-          f"top {len(tops)} written to {', '.join(str(d) for d in tops)}")
+    if pruned:
+        print(f"\n{len(pruned)} candidates pruned by the job's rules (listed in {out / 'pruned.csv'}):")
+        for n, r in reasons(pruned):
+            print(f"  {n:>5} x {r}")
+    if stats.get("reused"):
+        print(f"\nreused {stats['reused']} of {len(table)} rows from {out / 'results.jsonl'} (their jobs are "
+              f"unchanged); computed {stats['computed']}")
+    print(f"\n{len(variants)} candidates ranked, {len(pruned)} pruned; "
+          + (f"top {len(tops)} written to {', '.join(str(d) for d in tops)}" if tops else "none written"))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry(main)

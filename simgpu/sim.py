@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -15,6 +15,7 @@ import numpy as np
 from .comm.planner import Planner
 from .config.checks import check_memory, gpus_per_node
 from .config.loader import Job, load_job
+from .config.platform import PlatformSpec
 from .engine import Engine, EngineOptions, SimResult
 from .engine.fold import FoldBroken, fold_blocker, local_shift_unit
 from .kernels.base import make_predictor
@@ -40,20 +41,25 @@ DEFAULT_KERNEL_MODEL = ("learned", "analytical")
 
 
 def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MODEL,
-             record_links: bool = False, fold: bool = True) -> SimResult:
+             record_links: bool = False, fold: bool = True,
+             on_stage: Callable[[str], None] | None = None) -> SimResult:
     """Simulate one training iteration of ``job``; ``kernel_model`` names a model or a chain of them.
 
     With ``fold`` (the default), identical ranks (data-parallel replicas, tensor-parallel ranks inside
     a node) are simulated once where that is exact (see :mod:`simgpu.engine.fold`): the records then
     cover the representative ranks only
     (:meth:`SimResult.expanded` gives every rank's) and ``meta["fold"]`` says by how much; where
-    it is not exact, every rank is simulated and ``meta["fold_note"]`` says why.
+    it is not exact, every rank is simulated and ``meta["fold_note"]`` says why. ``on_stage`` is
+    told what is being done (for a progress line).
     """
+    say = on_stage or (lambda _: None)
+    say("building the topology")
     p = job.platform
     topo = Topology(p, job.workload.nodes, gpus_per_node(job))
     note = "" if fold else "turned off"
     if fold and record_links:
         fold, note = False, "link intervals are recorded for every link"
+    say("building the programs")
     workload = build(job, fold=fold, topo=topo)
     if workload.replicas is not None:
         blocker = fold_blocker(topo, workload.replicas)
@@ -66,10 +72,12 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
     planner = Planner(topo, p.collectives, job.workload.comm.algorithm, job.workload.comm.protocol)
     options = EngineOptions(launch_s=p.host.launch_us * 1e-6, cpu_threads_per_node=p.host.cpu_threads,
                             overlap_slowdown=p.gpu.overlap_slowdown, record_links=record_links)
+    say(f"timing {len(workload.kernels):,} kernel shapes")
     durations, models = predictor.predict(workload.kernels)
     inside = True  # fold ranks inside nodes too
     while True:
         try:
+            say(f"simulating {len(workload.programs):,} ranks")
             result = Engine(topo, workload, durations, models, planner, options).run()
             break
         except FoldBroken as e:
@@ -97,9 +105,43 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
         gpu_memory_gib=p.gpu.memory_gib, memory_gib=[m.as_gib() for m in workload.memory],
         kernel_model_share={str(k): float(v) for k, v in share.items()}, seed=job.workload.seed,
         workload_file=job.workload_file, platform_file=job.platform_file,
-        fold=1 if reps is None else reps.factor, fold_note=note,
+        fold=1 if reps is None else reps.factor, fold_note=note, run=run_info(job, topo),
     )
     return result
+
+
+def run_info(job: Job, topo: Topology) -> dict[str, object]:
+    """What a run was: its overrides and seed, the platform figures that matter most, the files read
+    and the versions of the simulator, Python and the libraries that timed it."""
+    return {
+        "overrides": list(job.overrides),
+        "seed": job.workload.seed,
+        "platform": platform_figures(job.platform, topo),
+        "workload_file": job.workload_file, "platform_file": job.platform_file,
+        "versions": versions(),
+    }
+
+
+def platform_figures(p: PlatformSpec, topo: Topology) -> dict[str, object]:
+    """The platform's name, GPU, GPU memory, NIC speed and count, and the job's nodes and GPUs."""
+    return {"name": p.name, "gpu": p.gpu.name, "gpu_memory_gib": p.gpu.memory_gib,
+            "nic_gbps": p.network.nic_gbps, "nics_per_node": p.network.nics_per_node,
+            "nodes": topo.nodes, "gpus_per_node": topo.gpus_per_node, "gpus": topo.world}
+
+
+def versions() -> dict[str, str]:
+    """Versions of simgpu, Python, and of numpy, pandas, SimPy, torch and LightGBM where imported."""
+    import platform as python
+    import sys
+
+    from . import __version__
+
+    out = {"simgpu": __version__, "python": python.python_version()}
+    for name in ("numpy", "pandas", "simpy", "torch", "lightgbm"):
+        module = sys.modules.get(name)
+        if module is not None:
+            out[name] = str(getattr(module, "__version__", "?"))
+    return out
 
 
 def simulate_file(path: str | Path, overrides: Sequence[str] = (), **kwargs: object) -> SimResult:

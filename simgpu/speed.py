@@ -7,14 +7,15 @@ written), the simulated events, events per second and the peak resident memory.
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing as mp
 import resource
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from .cli import ArgParser, entry, run_command
+from .errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 #: one JSON line per recorded run: {"when": ..., "cases": {name: {"wall_s", "events", "peak_mib"}}}
@@ -181,7 +182,11 @@ def plot_scaling(path: Path, history: dict[str, dict[str, float]]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m simgpu.speed", description=__doc__.splitlines()[0])
+    return run_command(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    ap = ArgParser(prog="simgpu speed", description=__doc__.splitlines()[0])
     ap.add_argument("-k", default="", help="run only cases whose name contains this text")
     ap.add_argument("--no-record", action="store_true", help=f"do not append this run to {HISTORY.name}")
     ap.add_argument("--profile", action="store_true",
@@ -191,8 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.profile:
         name = next((n for n in CASES if args.k in n), None)
         if name is None:
-            print(f"no case matches {args.k!r}", file=sys.stderr)
-            return 2
+            raise ConfigError(f"no case matches {args.k!r}; expected part of a case name: {', '.join(CASES)}",
+                              key="-k")
         print(f"profile of {name}\n{profile(name)}")
         return 0
     ctx = mp.get_context("spawn")
@@ -227,4 +232,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry(main)

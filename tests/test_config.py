@@ -46,11 +46,11 @@ def run_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
 
 
 @pytest.mark.parametrize("change, key, words", [
-    ({"model.hiddn": 5}, "model.hiddn", "unknown key; expected one of: kind, "),
+    ({"model.hiddn": 5}, "model.hiddn", "unknown key; did you mean 'hidden'? expected one of: kind, "),
     ({"model.layers": None}, "model.layers", "missing required key"),
-    ({"model.layers": "many"}, "model.layers", "valid integer"),
+    ({"model.layers": "many"}, "model.layers", "expected a number, got 'many'"),
     ({"model.layers": -3}, "model.layers", "greater than 0"),
-    ({"model.kind": "lstm"}, "model", "kind"),
+    ({"model.kind": "lstm"}, "model.kind", "expected one of: 'dlrm', 'transformer'; got 'lstm'"),
     ({"training.precision": "fp4"}, "training.precision", "'fp32', 'tf32', 'bf16', 'fp16' or 'fp8'"),
     ({"parallelism.dp": 12}, "parallelism.dp", "does not match the world size"),
     ({"model.heads": 7}, "model", "divisible by heads"),
@@ -113,7 +113,8 @@ def test_override_is_validated_like_the_file(tmp_path, capsys):
     assert "key.path=value" in err
     # keys under a named entry (a protocol) are listed from that entry's schema
     err = run_error(capsys, [str(GPT), "--set", "platform.collectives.protocols.simple.stepnet_us=1"])
-    assert "collectives.protocols.simple.stepnet_us: unknown key; expected one of: base_us," in err
+    assert ("collectives.protocols.simple.stepnet_us: unknown key; did you mean 'step_net_us'? "
+            "expected one of: base_us,") in err
     assert "step_net_us" in err
 
 

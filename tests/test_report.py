@@ -372,9 +372,10 @@ def test_timeline_many_ranks_and_empty(tmp_path: Path) -> None:
     ]
     fig = build_timeline_figure(make_result(rows, iteration_ms=6), show_cpu=True)
     ax = fig.axes[0]
-    assert "first 16 of 40 ranks" in ax.get_title()
-    assert len(ax.get_yticks()) == 32
+    assert "24 of 40 ranks shown: 0, 2, 3, 5, ..., 39" in ax.get_title()
+    assert len(ax.get_yticks()) == 48  # 24 ranks x compute, comm
     assert ax.get_yticklabels()[0].get_text() == "r0 compute"
+    assert ax.get_yticklabels()[-1].get_text() == "r39 comm"
 
     empty = make_result([], iteration_ms=1, gpus=1)
     plot_timeline(empty, tmp_path / "empty.png")
@@ -425,3 +426,17 @@ def test_merge_close_intervals_per_row() -> None:
         (1, 0.0, 1.0),
         (1, 5.0, 6.0),
     ]
+
+
+@pytest.mark.parametrize("ranks", [1, 8, 64, 1024])
+def test_timeline_stays_legible_at_every_size(ranks: int) -> None:
+    from simgpu.report.gantt import DPI, LABEL_PT, build_timeline_figure
+
+    rows = [rec(r, s, 0.001 * (r % 7), 1 + 0.001 * (r % 5), category=c)
+            for r in range(ranks) for s, c in (("compute", "gemm"), ("comm", "all_reduce"), ("copy", "memcpy"))]
+    fig = build_timeline_figure(make_result(rows, iteration_ms=3, gpus=ranks))
+    width, height = fig.get_size_inches() * DPI
+    assert width <= 1600 and height <= 2400
+    labels = fig.axes[0].get_yticklabels()
+    assert 1 <= len(labels) <= 48 and all(t.get_fontsize() >= LABEL_PT for t in labels)
+    assert labels[0].get_text() == "r0 compute" and labels[-1].get_text() == f"r{ranks - 1} copy"

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from conftest import ROOT
 
-from simgpu.search import main, parallelism_candidates, sharding_candidates
+from simgpu.search import main, parallelism_candidates, reasons, sharding_candidates
 
 DLRM = str(ROOT / "workloads" / "dlrm_2x_dgx_a100.yaml")
 GPT = str(ROOT / "workloads" / "gpt_2x_dgx_h100.yaml")
@@ -42,3 +42,42 @@ def test_parallelism_candidates_respect_the_rules():
 def test_search_rejects_the_wrong_model_kind(capsys):
     assert main(["sharding", GPT, "--quiet"]) == 2
     assert "needs a DLRM" in capsys.readouterr().err
+
+
+TRANSFORMERS = [p for p in sorted((ROOT / "workloads").glob("*.yaml")) if "kind: transformer" in p.read_text()]
+
+
+@pytest.mark.parametrize("path", TRANSFORMERS, ids=[p.stem for p in TRANSFORMERS])
+def test_parallelism_search_works_out_of_the_box(path):
+    keep, pruned = parallelism_candidates(str(path))
+    assert keep, reasons(pruned)
+    text = path.read_text()
+    for v in keep:
+        keys = {k for k, _ in v.overrides}
+        # the workload's own batch keys, never both names of the micro-batch
+        assert ("training.micro_batch" in keys) == ("micro_batch:" in text)
+        assert not {"training.micro_batch", "training.batch_per_gpu"} <= keys
+        assert not ({"training.global_batch", "training.grad_accumulation"} <= keys)
+
+
+def test_candidates_keep_the_global_batch():
+    from simgpu import load_job
+
+    keep, _ = parallelism_candidates(GPT, micro_batch=[1, 2], recompute=["none"], zero=[0])
+    totals = set()
+    for v in keep:
+        t = load_job(GPT, v.as_args()).workload.training
+        totals.add(t.global_batch or t.batch_per_gpu * (t.grad_accumulation or 1) * dict(v.swept)["dp"])
+    assert len(keep) > 4 and totals == {32}
+
+
+def test_pruned_candidates_are_summarised_by_reason(tmp_path, capsys):
+    out = tmp_path / "s"
+    assert main(["parallelism", GPT, "--set", "model.layers=2", "--set", "model.seq_len=256", "--tp", "1,2",
+                 "--pp", "1,4", "--micro-batch", "2,3", "--recompute", "none", "--zero", "0", "--top", "1",
+                 "--workers", "1", "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "candidates pruned by the job's rules" in printed
+    assert "x model.layers: 2 layers do not divide" in printed
+    assert printed.count("not a multiple of micro_batch") == 1  # once, with its count, not per candidate
+    assert (out / "pruned.csv").is_file() and (out / "top1" / "summary.json").is_file()

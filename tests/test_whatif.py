@@ -46,12 +46,12 @@ def test_bad_study_files(tmp_path):
 
 def test_study_runs_records_failures_and_resumes(tmp_path, capsys):
     p = study_file(tmp_path, grid={"platform.network.nic_gbps": [100, 400]},
-                   variants=[{"name": "typo", "set": {"model.layerz": 2}},
+                   variants=[{"name": "typo", "set": {"parallelism.dp": 3}},
                              {"name": "huge", "set": {"training.batch_per_gpu": 4096}}])
     out = tmp_path / "out"
     assert main([str(p), "--out", str(out), "--workers", "2", "--quiet"]) == 0
     table = pd.read_csv(out / "results.csv").set_index("name")
-    assert table.loc["typo", "status"] == "invalid" and "model.layerz" in table.loc["typo", "why"]
+    assert table.loc["typo", "status"] == "invalid" and "parallelism.dp" in table.loc["typo", "why"]
     assert table.loc["huge", "status"] == "infeasible" and "does not fit" in table.loc["huge", "why"]
     ok = table[table["status"] == "ok"]
     assert len(ok) == 2 and (ok["iteration_time_ms"] > 0).all()
@@ -80,3 +80,84 @@ def test_dask_local_cluster(tmp_path):
 def test_shipped_study_is_valid():
     study = load_study(ROOT / "workloads" / "studies" / "faster_nic.yaml")
     assert len(study.variants) == 8 and study.base.is_file()
+
+
+def _table(n: int) -> pd.DataFrame:
+    return pd.DataFrame({"name": [f"variant {i}" for i in range(n)], "feasible": True,
+                         "a": [i % 4 + 1 for i in range(n)], "b": [i // 4 for i in range(n)],
+                         "iteration_time_ms": [10.0 + i for i in range(n)], "compute_ms": 8.0,
+                         "exposed_communication_ms": 1.0, "idle_ms": 1.0})
+
+
+@pytest.mark.parametrize("n, pages", [(5, 1), (48, 1), (300, 4)])
+def test_bars_wrap_and_paginate(tmp_path, n, pages):
+    import struct
+
+    from simgpu.whatif.plots import bars
+
+    paths = bars(_table(n), tmp_path / "bars.png", "t")
+    assert len(paths) == pages and paths[0] == tmp_path / "bars.png"
+    for p in paths:
+        width, _ = struct.unpack(">II", p.read_bytes()[16:24])
+        assert width <= 13 * 120
+    assert len(bars(_table(5), tmp_path / "bars.png", "t")) == 1
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["bars.png"]  # stale pages removed
+
+
+def test_lines_never_reuse_a_colour(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from simgpu.whatif import plots
+
+    seen = []
+    real = plots.plt.subplots
+
+    def spy(*a, **k):
+        fig, ax = real(*a, **k)
+        seen.append(ax)
+        return fig, ax
+
+    plots.plt.subplots = spy
+    try:
+        assert plots.lines(_table(100), ["a", "b"], tmp_path / "lines.png", "t")
+    finally:
+        plots.plt.subplots = real
+    solid = [ln for ln in seen[0].lines if ln.get_linestyle() == "-"]
+    assert len(solid) == 25
+    assert len({tuple(plt.matplotlib.colors.to_rgba(ln.get_color())) for ln in solid}) == 25
+
+
+def test_variants_that_differ_in_work_are_ranked_by_throughput():
+    from simgpu.whatif.__main__ import ranking
+
+    table = pd.DataFrame({"name": ["small batch", "big batch"], "feasible": True, "status": "ok", "why": "",
+                          "iteration_time_ms": [10.0, 15.0], "samples_per_s": [1000.0, 2000.0],
+                          "samples": [10, 30], "exposed_communication_ms": 1.0, "mfu": 0.5})
+    text = ranking(table)
+    assert "ranked by throughput" in text
+    assert text.index("big batch") < text.index("small batch")
+    same = table.assign(samples=10, samples_per_s=[1000.0, 666.7])
+    assert "ranked by throughput" not in ranking(same)
+    assert ranking(same).index("small batch") < ranking(same).index("big batch")
+
+
+def test_many_failures_are_summarised_by_reason():
+    from simgpu.whatif.__main__ import ranking
+
+    bad = pd.DataFrame({"name": [f"v{i}" for i in range(30)], "feasible": False, "status": "invalid",
+                        "why": [f"w.yaml: parallelism.dp: dp={i} does not match the world size" for i in range(30)],
+                        "iteration_time_ms": None, "samples_per_s": None, "samples": None,
+                        "exposed_communication_ms": None, "mfu": None})
+    text = ranking(bad)
+    assert "30 variants did not run, by reason:" in text and text.count("does not match") == 1
+
+
+def test_a_base_value_the_grid_replaces_is_not_an_error(tmp_path):
+    base = tmp_path / "b.yaml"
+    base.write_text(BASE.read_text().replace("nodes: 1", "nodes: 0"))
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump({"name": "s", "base": str(base), "grid": {"nodes": [1, 2]}}))
+    assert len(load_study(p).variants) == 2
+    p.write_text(yaml.safe_dump({"name": "s", "base": str(base), "grid": {"platform.network.nic_gbps": [100]}}))
+    with pytest.raises(ConfigError, match="nodes"):
+        load_study(p)

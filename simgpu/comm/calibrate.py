@@ -12,9 +12,7 @@ alone unless ``--out`` names it).
 
 from __future__ import annotations
 
-import argparse
 import re
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +21,11 @@ from typing import Any
 import numpy as np
 import yaml
 
+from ..cli import ArgParser, Progress, check_input_file, check_out_file, entry, int_at_least, run_command
 from ..config.loader import load_platform, parse_override, platform_path
 from ..config.platform import PlatformSpec
-from ..errors import ConfigError, SimgpuError
+from ..config.yamlio import read_text
+from ..errors import ConfigError
 from ..platform.topology import Topology
 from .collective import layout, request, simulate_collective
 from .planner import Planner
@@ -45,6 +45,18 @@ def parse_nccl_tests(text: str) -> tuple[np.ndarray, np.ndarray]:
             sizes.append(int(m.group(1)))
             times.append(float(m.group(6)))
     return np.array(sizes, dtype=np.int64), np.array(times)
+
+
+def ops_of_rows(text: str) -> tuple[str, ...]:
+    """The collectives whose nccl-tests rows look like the first data row of ``text``: with a reduction
+    (``redop`` sum, max, ...) or without (``none``), and with a root (``root`` >= 0) or not."""
+    for line in text.splitlines():
+        m = ROW.match(line)
+        if m and not line.lstrip().startswith("#"):
+            reduces, rooted = m.group(4) != "none", int(m.group(5)) >= 0
+            return {(True, False): ("all_reduce", "reduce_scatter", "send_recv"), (True, True): ("reduce",),
+                    (False, False): ("all_gather", "all_to_all"), (False, True): ("broadcast",)}[(reduces, rooted)]
+    return ()
 
 
 @dataclass(frozen=True)
@@ -191,35 +203,42 @@ def write_platform(platform_ref: str, params: dict[str, Any], out: Path) -> None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m simgpu.comm.calibrate", description=__doc__.splitlines()[0])
+    return run_command(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    ap = ArgParser(prog="simgpu calibrate", description=__doc__.splitlines()[0])
     ap.add_argument("measurements", help="nccl-tests output (text)")
     ap.add_argument("--platform", required=True)
     ap.add_argument("--op", default="all_reduce",
                     choices=("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce",
                              "send_recv"))
-    ap.add_argument("--nodes", type=int, default=1)
-    ap.add_argument("--gpus-per-node", type=int)
+    ap.add_argument("--nodes", type=int_at_least(1), default=1)
+    ap.add_argument("--gpus-per-node", type=int_at_least(1))
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="set a platform key before fitting (and in the written file), e.g. network.nic_gbps=200")
     ap.add_argument("--out", type=Path, help="write the calibrated platform here")
     args = ap.parse_args(argv)
-    try:
-        path = Path(args.measurements)
-        if not path.is_file():
-            raise ConfigError("measurements file not found", file=str(path))
-        over = [(k.removeprefix("platform."), v) for k, v in map(parse_override, args.overrides)]
-        layout(load_platform(args.platform, over)[0], args.nodes, args.gpus_per_node)
-        sizes, times = parse_nccl_tests(path.read_text())
-        if len(sizes) < 3:
-            raise ConfigError("expected at least 3 nccl-tests data rows (size count type redop root time ...)",
-                              file=str(path))
+    if args.out:
+        check_out_file(args.out, "--out")
+    path = check_input_file(args.measurements, "measurements")
+    text = read_text(path, "measurements")
+    over = [(k.removeprefix("platform."), v) for k, v in map(parse_override, args.overrides)]
+    layout(load_platform(args.platform, over)[0], args.nodes, args.gpus_per_node)
+    sizes, times = parse_nccl_tests(text)
+    if len(sizes) < 3:
+        raise ConfigError("expected at least 3 nccl-tests data rows (size count type redop root time ...)",
+                          file=str(path))
+    ops = ops_of_rows(text)
+    if ops and args.op not in ops:
+        raise ConfigError(f"--op {args.op} does not match the rows, which are of {' or '.join(ops)} (by their "
+                          f"redop and root columns); expected --op {ops[0]}", file=str(path), key="--op")
+    with Progress() as progress:
+        progress.set(f"fitting {args.platform} to {len(sizes)} sizes of {args.op}")
         result = fit(args.platform, args.op, sizes, times, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                      overrides=over)
-        if args.out:
-            write_platform(args.platform, {**dict(over), **result.params}, args.out)
-    except SimgpuError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if args.out:
+        write_platform(args.platform, {**dict(over), **result.params}, args.out)
     print(f"{len(sizes)} sizes, {args.op} on {args.platform} ({args.nodes} node(s))")
     for k, v in result.params.items():
         print(f"  {k} = {v}")
@@ -230,4 +249,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry(main)

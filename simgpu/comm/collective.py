@@ -24,7 +24,7 @@ def layout(platform: PlatformSpec, nodes: int, gpus_per_node: int | None) -> int
     make fewer than 2 GPUs."""
     if nodes < 1:
         raise ConfigError(f"expected --nodes >= 1, got {nodes}", key="--nodes")
-    gpn = gpus_per_node or platform.node.gpus
+    gpn = platform.node.gpus if gpus_per_node is None else gpus_per_node
     if not 1 <= gpn <= platform.node.gpus:
         raise ConfigError(f"expected --gpus-per-node in 1..{platform.node.gpus}, got {gpn}", key="--gpus-per-node")
     if nodes * gpn < 2:

@@ -29,7 +29,8 @@ def check_job(job: Job) -> None:
     w, p, f = job.workload, job.platform, job.workload_file
     if w.gpus_per_node is not None and w.gpus_per_node > p.node.gpus:
         raise ConfigError(f"{w.gpus_per_node} GPUs per node requested but a {p.name} node has "
-                          f"{p.node.gpus}", file=f, key="gpus_per_node")
+                          f"{p.node.gpus}; expected at most {p.node.gpus}", file=f, key="gpus_per_node")
+    check_world(w.nodes, gpus_per_node(job), file=f)
     check_parallelism(w, w.nodes, gpus_per_node(job), file=f)
     if w.training.precision not in p.gpu.peak_tflops:
         raise ConfigError(
@@ -38,6 +39,7 @@ def check_job(job: Job) -> None:
     if w.model.kind == "dlrm":
         check_dlrm(w, w.nodes, gpus_per_node(job), file=f)
     check_transformer(w, world_size(job), file=f)
+    check_size(job)
 
 
 def check_dlrm(spec: WorkloadSpec, nodes: int, gpus_per_node: int, file: str | None = None) -> None:
@@ -88,9 +90,10 @@ def check_parallelism(spec: WorkloadSpec, nodes: int, gpus_per_node: int, file: 
                                   ("sp", par.sp, False), ("zero", par.zero_stage, 0)):
             if value != plain:
                 raise ConfigError(f"{key}={value} applies to transformer models; a {spec.model.kind} model "
-                                  f"expects {plain}", file=file, key=f"parallelism.{key}")
+                                  f"expected {plain}", file=file, key=f"parallelism.{key}")
     if world % mp:
-        raise ConfigError(f"tp*pp*cp = {par.tp}*{par.pp}*{par.cp} = {mp} does not divide the world size: {where}",
+        raise ConfigError(f"tp*pp*cp = {par.tp}*{par.pp}*{par.cp} = {mp} does not divide the world size: {where}; "
+                          f"expected a divisor of {world}",
                           file=file, key="parallelism.tp" if par.tp > 1 else "parallelism.pp" if par.pp > 1
                           else "parallelism.cp")
     if par.dp is not None and par.dp * mp != world:
@@ -135,7 +138,7 @@ def check_transformer(spec: WorkloadSpec, world: int, file: str | None = None) -
     if cp > 1 and md.attention != "flash":
         fail("model.attention", "context parallelism runs flash attention; expected attention: flash")
     if ep > 1 and md.moe is None:
-        fail("parallelism.ep", f"ep={ep} splits experts, but the model has none (model.moe)")
+        fail("parallelism.ep", f"ep={ep} splits experts, but the model has none; expected ep: 1 or a model.moe section")
     if md.moe is not None:
         if md.moe.experts % ep:
             fail("model.moe.experts", f"{md.moe.experts} experts do not split over ep={ep}")
@@ -145,7 +148,7 @@ def check_transformer(spec: WorkloadSpec, world: int, file: str | None = None) -
         fail("parallelism.ep", f"ep={ep} must divide dp={dp} (experts are sharded over data-parallel ranks)")
     if tr.global_batch is not None and tr.global_batch % (tr.batch_per_gpu * dp):
         fail("training.global_batch", f"global_batch {tr.global_batch} is not a multiple of micro_batch x dp = "
-                                      f"{tr.batch_per_gpu} x {dp}")
+                                      f"{tr.batch_per_gpu} x {dp}; expected a multiple of {tr.batch_per_gpu * dp}")
     if par.pp_schedule == "interleaved":
         m = tr.global_batch // (tr.batch_per_gpu * dp) if tr.global_batch else tr.grad_accumulation or 1
         if m % pp:
@@ -166,3 +169,90 @@ def check_memory(job: Job, workload: Workload) -> None:
             f"does not fit in GPU memory: rank {worst} needs {need.total / 2**30:.1f} GiB ({parts} GiB) "
             f"but a {job.platform.gpu.name} has {job.platform.gpu.memory_gib:g} GiB; expected a smaller "
             f"model.* or {remedies}, or more GPUs", file=job.workload_file, key="model")
+
+
+#: The largest job simulated: beyond it building the topology alone takes minutes (about 0.25 ms
+#: and 2.3 KB per GPU) and no case has been validated.
+MAX_GPUS = 65_536
+#: Memory the simulation takes, at least, per GPU of the job (topology, routes, comm state), per op of
+#: a simulated rank's program (the op, its records and events), and per pair of ranks of an
+#: all-to-all (one flow each); measured on the shipped workloads, rounded down.
+BYTES_PER_GPU, BYTES_PER_OP, BYTES_PER_FLOW = 12_000, 500, 100
+#: Ops of one Transformer block's forward and backward for one micro-batch, at least.
+OPS_PER_BLOCK = 30
+#: Ops of a DLRM rank's program apart from its tables, at least.
+OPS_PER_DLRM_RANK = 50
+
+
+def available_memory() -> int:
+    """Bytes of memory this machine can give a run (MemAvailable, else all physical memory)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            lines = f.read().splitlines()
+        for line in lines:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 2**40
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:,.3g} GiB" if n < 2**70 else f"{n / 2**30:.2e} GiB"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:,.0f} min"
+
+
+def check_world(nodes: int, gpus: int, *, file: str | None = None, key: str = "nodes",
+                nodes_key: str | None = None) -> None:
+    """Refuse a world of ``nodes`` x ``gpus`` GPUs larger than :data:`MAX_GPUS` or than memory allows,
+    before anything is allocated; the message gives the estimate."""
+    world = nodes * gpus
+    need = world * BYTES_PER_GPU
+    if world > MAX_GPUS or need > available_memory():
+        raise ConfigError(
+            f"{nodes:,} node(s) x {gpus} GPUs = {world:,} GPUs would take about {_gib(need)} of memory and "
+            f"{_duration(world * 0.25e-3)} to build the topology alone; expected at most {MAX_GPUS:,} GPUs "
+            f"({MAX_GPUS // max(gpus, 1):,} nodes of {gpus})", file=file, key=key)
+
+
+def check_size(job: Job) -> None:
+    """Refuse a job whose simulation would need more memory than this machine has, before building
+    it: the estimate is a lower bound (ops of the representative ranks only), named by its
+    largest factor."""
+    w, f = job.workload, job.workload_file
+    gpn = gpus_per_node(job)
+    check_world(w.nodes, gpn, file=f)
+    world = w.nodes * gpn
+    md, tr, par = w.model, w.training, w.parallelism
+    if isinstance(md, TransformerModel):
+        dp = par.dp or max(world // (par.tp * par.pp * par.cp), 1)
+        micro = (tr.global_batch // max(tr.batch_per_gpu * dp, 1) if tr.global_batch
+                 else tr.grad_accumulation or 1)
+        blocks = -(-md.layers // par.pp)
+        ops = OPS_PER_BLOCK * blocks * max(micro, 1) * par.pp  # one rank per stage, at least
+        flows = 0
+        factors = {"model.layers": blocks, "training.global_batch" if tr.global_batch else
+                   "training.grad_accumulation": micro}
+        what = f"{blocks:,} blocks per stage x {micro:,} micro-batches x {par.pp} stage(s)"
+    elif isinstance(md, DLRMModel):
+        ops = world * (OPS_PER_DLRM_RANK + md.table_count)
+        flows = world * (world - 1)
+        factors = {"model.tables": md.table_count, "nodes": world}
+        what = f"{world:,} ranks x {md.table_count:,} tables, {flows:,} all-to-all flows"
+    else:
+        return
+    need = world * BYTES_PER_GPU + ops * BYTES_PER_OP + flows * BYTES_PER_FLOW
+    have = available_memory()
+    if need > have:
+        key = max(factors, key=lambda k: factors[k])
+        raise ConfigError(
+            f"simulating this job needs about {_gib(need)} of memory at least ({ops:,} ops: {what}) but this "
+            f"machine has {_gib(have)} available; expected a smaller {key}", file=f, key=key)

@@ -8,6 +8,7 @@ the dotted key, the line where known, and what was expected.
 
 from __future__ import annotations
 
+import difflib
 import types
 import typing
 from collections.abc import Sequence
@@ -19,8 +20,10 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from ..errors import ConfigError
+from .base import kind_error
 from .platform import PlatformSpec
 from .workload import WorkloadSpec
+from .yamlio import DuplicateKey, load_yaml_value, read_yaml
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -30,47 +33,13 @@ REPO_PLATFORMS = Path(__file__).resolve().parents[2] / "platforms"
 
 @dataclass(frozen=True)
 class Job:
-    """A validated workload with its platform."""
+    """A validated workload with its platform, and the ``--set`` overrides that made it."""
 
     workload: WorkloadSpec
     platform: PlatformSpec
     workload_file: str
     platform_file: str
-
-
-def read_yaml(path: str | Path, what: str) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
-    """Parse a YAML mapping; return it with the line number (1-based) of every key path."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{what} file not found", file=str(path))
-    text = p.read_text()
-    try:
-        data = yaml.safe_load(text)
-        node = yaml.compose(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        problem = getattr(e, "problem", None) or str(e)
-        raise ConfigError(f"malformed YAML: {problem}", file=str(path), line=line) from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"expected a mapping of keys at the top level, got {type(data).__name__}",
-                          file=str(path))
-    lines: dict[tuple[str, ...], int] = {}
-    _collect_lines(node, (), lines)
-    return data, lines
-
-
-def _collect_lines(node: Any, prefix: tuple[str, ...], out: dict[tuple[str, ...], int]) -> None:
-    if isinstance(node, yaml.MappingNode):
-        for k, v in node.value:
-            key = prefix + (str(k.value),)
-            out[key] = k.start_mark.line + 1
-            _collect_lines(v, key, out)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, v in enumerate(node.value):
-            key = prefix + (str(i),)
-            out[key] = v.start_mark.line + 1
-            _collect_lines(v, key, out)
+    overrides: tuple[str, ...] = ()
 
 
 def apply_override(data: dict[str, Any], path: str, value: Any, file: str) -> None:
@@ -81,7 +50,8 @@ def apply_override(data: dict[str, Any], path: str, value: Any, file: str) -> No
         last = i == len(parts) - 1
         if isinstance(cur, list):
             if not part.isdigit() or int(part) >= len(cur):
-                raise ConfigError(f"--set: index {part!r} is not an item of a list of {len(cur)}",
+                raise ConfigError(f"--set: index {part!r} is not an item of a list of {len(cur)}; expected an index "
+                                  f"below {len(cur)}",
                                   file=file, key=".".join(parts[: i + 1]))
             if last:
                 cur[int(part)] = value
@@ -95,33 +65,45 @@ def apply_override(data: dict[str, Any], path: str, value: Any, file: str) -> No
                     cur[part] = {}
                 cur = cur[part]
         else:
-            raise ConfigError(f"--set: cannot set a key inside a {type(cur).__name__}",
+            raise ConfigError(f"--set: cannot set a key inside a {type(cur).__name__}; expected a path through "
+                              "mappings and lists",
                               file=file, key=".".join(parts[:i]))
 
 
 def parse_override(item: str) -> tuple[str, Any]:
     """``key.path=value`` with the value read as YAML (numbers, booleans, lists)."""
     if "=" not in item:
-        raise ConfigError(f"--set expects key.path=value, got {item!r}")
+        raise ConfigError(f"--set: expected key.path=value, got {item!r}")
     key, raw = item.split("=", 1)
     key = key.strip()
     if not key:
-        raise ConfigError(f"--set expects key.path=value, got {item!r}")
+        raise ConfigError(f"--set: expected key.path=value, got {item!r}")
     try:
-        return key, yaml.safe_load(raw)
-    except yaml.YAMLError:
+        return key, load_yaml_value(raw)
+    except (yaml.YAMLError, DuplicateKey):
         return key, raw
 
 
 def validate(model: type[M], data: dict[str, Any], file: str,
              lines: dict[tuple[str, ...], int] | None = None) -> M:
-    """Validate ``data`` against ``model``, turning the first problem into one ConfigError."""
+    """Validate ``data`` against ``model``, turning the first problem into one ConfigError.
+
+    An unknown key is reported before anything else: a misspelt key also leaves the right one
+    missing, and the misspelling is what the user has to fix."""
+    wrong = kind_error(model, data)
+    if wrong is not None:
+        at, why = wrong
+        raise ConfigError(why, file=file, key=".".join(str(p) for p in at),
+                          line=(lines or {}).get(tuple(str(p) for p in at))) from None
     try:
         return model.model_validate(data)
     except ValidationError as e:
         errors = e.errors(include_url=False)
+        errors.sort(key=lambda err: err["type"] != "extra_forbidden")
         first = errors[0]
         loc = _data_loc(first["loc"], data)
+        if first["type"] in ("union_tag_not_found", "union_tag_invalid"):
+            loc = [*loc, "kind"]
         key = ".".join(str(p) for p in loc) or None
         line = (lines or {}).get(tuple(str(p) for p in loc))
         if line is None and lines and loc:
@@ -154,17 +136,36 @@ def _message(model: type[BaseModel], err: Any, loc: tuple[int | str, ...]) -> st
     owner = _model_at(model, loc[:-1])
     field = loc[-1] if loc else None
     if etype == "extra_forbidden":
-        known = ", ".join(owner.model_fields) if owner else "?"
-        return f"unknown key; expected one of: {known}"
-    desc = ""
+        known = list(owner.model_fields) if owner else []
+        close = difflib.get_close_matches(str(field), known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return f"unknown key; {hint}expected one of: {', '.join(known) or '?'}"
+    if etype in ("union_tag_not_found", "union_tag_invalid"):
+        tags = err.get("ctx", {}).get("expected_tags") or ", ".join(
+            t for t in (_tag(c) for c in _unwrap_models(_annotation_at(model, loc))) if t)
+        got = err.get("ctx", {}).get("tag")
+        return (f"expected one of: {tags}; got {got!r}" if etype == "union_tag_invalid"
+                else f"missing required key; expected which model it is, one of: {tags}")
+    desc = d = ""
     if owner is not None and isinstance(field, str) and field in owner.model_fields:
-        d = owner.model_fields[field].description
+        d = owner.model_fields[field].description or ""
         desc = f" ({d})" if d else ""
     if etype == "missing":
-        return f"missing required key{desc}"
+        return f"missing required key; expected {d or 'a value'}"
+    if etype == "value_error":  # a rule of the section: its own words say what is expected
+        return f"{str(err['msg']).removeprefix('Value error, ')}"
     got = err.get("input")
     got_s = repr(got) if not isinstance(got, dict | list) else type(got).__name__
     return f"{err['msg']}{desc}; got {got_s}"
+
+
+def _annotation_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> Any:
+    """The annotation of the field at ``loc`` (a path of field names), or None."""
+    owner = _model_at(model, loc[:-1]) if loc else None
+    field = loc[-1] if loc else None
+    if owner is None or not isinstance(field, str) or field not in owner.model_fields:
+        return None
+    return owner.model_fields[field].annotation
 
 
 def _model_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> type[BaseModel] | None:
@@ -244,6 +245,9 @@ def load_platform(ref: str, overrides: Sequence[tuple[str, Any]] = (), relative_
                   ) -> tuple[PlatformSpec, str]:
     """Read and validate a platform by name or path, with ``(key, value)`` overrides applied."""
     path = platform_path(ref, relative_to)
+    if path.is_dir() and not (path / "platform.yaml").is_file():
+        raise ConfigError(f"platform {ref!r} is a folder; expected a platform YAML file or one of: "
+                          f"{', '.join(known_platforms())}", file=str(path))
     if not path.is_file():
         raise ConfigError(f"platform {ref!r} not found; expected a YAML path or one of: "
                           f"{', '.join(known_platforms())}", file=str(path))
@@ -251,6 +255,13 @@ def load_platform(ref: str, overrides: Sequence[tuple[str, Any]] = (), relative_
     for k, v in overrides:
         apply_override(data, k, v, str(path))
     return validate(PlatformSpec, data, str(path), lines), str(path)
+
+
+def check_name(name: str, file: str, line: int | None = None) -> None:
+    """A name from a file names an output folder: refuse one that is a path, or empty."""
+    if not name.strip() or "/" in name or "\\" in name or name.strip(". ") == "" or "\x00" in name:
+        raise ConfigError(f"expected a short name (it names the output folder), not a path; got {name!r}",
+                          file=file, key="name", line=line)
 
 
 def load_job(workload: str | Path, overrides: Sequence[str] = ()) -> Job:
@@ -270,8 +281,12 @@ def load_job(workload: str | Path, overrides: Sequence[str] = ()) -> Job:
     if not isinstance(ref, str):
         raise ConfigError("missing or invalid key; expected a platform name or path to a platform YAML",
                           file=wfile, key="platform", line=lines.get(("platform",)))
+    if "nodes" not in data:
+        raise ConfigError("missing required key; expected the number of nodes of the platform the job uses "
+                          "(nodes: 1 for one machine)", file=wfile, key="nodes")
     spec = validate(WorkloadSpec, data, wfile, lines)
+    check_name(spec.name, wfile, lines.get(("name",)))
     platform, pfile = load_platform(ref, plat_over, relative_to=Path(wfile).parent)
-    job = Job(spec, platform, wfile, pfile)
+    job = Job(spec, platform, wfile, pfile, tuple(overrides))
     check_job(job)
     return job

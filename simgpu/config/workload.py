@@ -388,7 +388,7 @@ class Parallelism(Spec):
     @model_validator(mode="after")
     def _zero_or_fsdp(self) -> Parallelism:
         if self.fsdp and self.zero not in (0, 3):
-            raise ValueError(f"fsdp is ZeRO stage 3; it contradicts zero: {self.zero}")
+            raise ValueError(f"fsdp is ZeRO stage 3; it contradicts zero: {self.zero}; expected zero: 3 or no fsdp")
         return self
 
     @property

@@ -69,15 +69,30 @@ FALLBACK_COLORS = (
 LINK_COLOR = "#555555"
 #: Drawing order of streams within a rank.
 STREAM_ORDER = ("cpu", "compute", "comm", "copy")
-#: Above this many ranks only the first :data:`RANKS_WHEN_MANY` are drawn.
-MAX_DRAWN_RANKS = 32
-RANKS_WHEN_MANY = 16
-#: Figure geometry in inches.
+#: At most this many rank rows (a rank and one of its streams each) are drawn; beyond it the ranks
+#: drawn are a sample spread evenly from the first to the last, so that 1 or 10,000 ranks give a
+#: picture of the same bounded size with labels of :data:`LABEL_PT`.
+MAX_RANK_ROWS = 48
+#: Size of every label, points (never smaller).
+LABEL_PT = 8
+#: Figure geometry in inches: at most 1.6 + 0.28 * (48 + 24 link rows) = 22 in high.
 ROW_HEIGHT_IN = 0.28
 MIN_HEIGHT_IN = 3.0
 MAX_HEIGHT_IN = 40.0
 WIDTH_IN = 16.0
 DPI = 100
+
+
+def sample_ranks(ranks: Sequence[int], streams: int, max_rows: int = MAX_RANK_ROWS) -> list[int]:
+    """The ranks drawn: all of them when their rows fit in ``max_rows``, else as many as fit spread
+    evenly from the first to the last (the first and the last always among them)."""
+    fit = max(1, max_rows // max(streams, 1))
+    if len(ranks) <= fit:
+        return list(ranks)
+    if fit == 1:
+        return [ranks[0]]
+    picks = np.unique(np.linspace(0, len(ranks) - 1, fit).round().astype(int))
+    return [ranks[i] for i in picks]
 
 
 def category_color(category: str) -> str:
@@ -150,12 +165,14 @@ def build_timeline_figure(
     rec = result.records
     t_ms = float(result.iteration_time_s) * 1e3
     all_ranks = sorted(int(r) for r in pd.unique(rec["rank"])) if len(rec) else []
-    drawn_ranks = all_ranks[:RANKS_WHEN_MANY] if len(all_ranks) > MAX_DRAWN_RANKS else all_ranks
-
     streams_present = {str(s) for s in pd.unique(rec["stream"])} if len(rec) else set()
     if not show_cpu:
         streams_present.discard("cpu")
     streams = sorted(streams_present, key=_stream_key)
+    drawn_ranks = sample_ranks(all_ranks, len(streams))
+    if len(drawn_ranks) < len(all_ranks):  # no row for a stream none of the drawn ranks uses
+        used = {str(x) for x in pd.unique(rec.loc[rec["rank"].isin(drawn_ranks), "stream"])}
+        streams = [x for x in streams if x in used]
 
     row_of: dict[tuple[int, str], int] = {}
     labels: list[str] = []
@@ -230,19 +247,21 @@ def build_timeline_figure(
     ax.set_xlim(0.0, t_ms if t_ms > 0 else 1.0)
     ax.set_ylim(max(len(labels), 1) - 0.5, -0.5)  # first row (rank 0) at the top
     ax.set_yticks(range(len(labels)))
-    ax.set_yticklabels(labels, fontsize=7 if len(labels) > 48 else 8)
+    ax.set_yticklabels(labels, fontsize=LABEL_PT)
     ax.set_xlabel("time (ms)")
     ax.grid(axis="x", linewidth=0.3, alpha=0.5)
     meta: dict[str, Any] = result.meta
     where = f"{meta.get('workload', 'workload')} on {meta.get('platform', 'platform')}"
     title = f"{where}: iteration {t_ms:.3f} ms"
     if len(drawn_ranks) < len(all_ranks):
-        title += f"  (first {len(drawn_ranks)} of {len(all_ranks)} ranks shown)"
+        shown = ", ".join(str(r) for r in drawn_ranks[:4])
+        shown += f", ..., {drawn_ranks[-1]}" if len(drawn_ranks) > 4 else ""
+        title += f"  ({len(drawn_ranks)} of {len(all_ranks)} ranks shown: {shown})"
     if result.replicas is not None:
         title += f"\nrepresentative ranks, each standing for {result.replicas.factor} identical ranks"
     ax.set_title(title)
     if legend:
-        ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
+        ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=LABEL_PT, frameon=False)
     fig.tight_layout()
     return fig
 
@@ -258,7 +277,8 @@ def plot_timeline(
     """Draw the Gantt chart of ``result`` and write it as a PNG to ``path``.
 
     Rows: one per (rank, stream), streams in the order compute, comm, copy (``cpu`` first when
-    ``show_cpu``), rank 0 at the top; for more than 32 ranks only the first 16 are drawn. With
+    ``show_cpu``), rank 0 at the top; at most :data:`MAX_RANK_ROWS` of them, the ranks sampled
+    evenly when there are more (see :func:`sample_ranks`). With
     ``show_links`` and link records present, the ``max_link_rows`` busiest links follow as extra rows.
     """
     fig = build_timeline_figure(result, show_cpu=show_cpu, show_links=show_links, max_link_rows=max_link_rows)

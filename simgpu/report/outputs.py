@@ -10,6 +10,10 @@ start.
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from os import PathLike
 from pathlib import Path
 from typing import Any, Literal
@@ -22,8 +26,8 @@ from simgpu.report.chrome_trace import US_DECIMALS, stream_tids, write_chrome_tr
 from simgpu.report.gantt import plot_timeline
 from simgpu.report.summary import summarize
 
-RecordsFormat = Literal["csv", "parquet"]
-RECORDS_FORMATS: tuple[str, ...] = ("csv", "parquet")
+RecordsFormat = Literal["csv", "parquet", "none"]
+RECORDS_FORMATS: tuple[str, ...] = ("csv", "parquet", "none")
 
 
 def summary_json(summary: dict[str, Any]) -> str:
@@ -59,30 +63,65 @@ def write_outputs(
     *,
     links: bool = False,
     records_format: RecordsFormat = "csv",
+    trace: bool = True,
+    window_s: tuple[float, float] | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, Path]:
-    """Write the four outputs of ``result`` into ``out_dir`` (created if missing).
+    """Write the outputs of ``result`` into ``out_dir`` (created if missing).
 
-    Returns the written paths under the keys ``summary``, ``timeline``, ``trace`` and ``records``.
-    ``links`` adds the busiest links to the timeline (the trace includes link records whenever the
-    result has them); ``records_format`` is ``"csv"`` or ``"parquet"``.
+    Returns the written paths under the keys ``summary``, ``timeline``, ``trace`` and ``records``
+    (those written). ``links`` adds the busiest links to the timeline (the trace includes link
+    records whenever the result has them); ``records_format`` is ``"csv"``, ``"parquet"`` or
+    ``"none"``; ``trace`` False writes no trace; ``window_s`` (start, end) keeps only the intervals
+    that overlap it in the trace and the records (the summary and the timeline cover the whole
+    iteration). ``progress`` is told which file is being written.
     """
     if records_format not in RECORDS_FORMATS:
         valid = ", ".join(RECORDS_FORMATS)
         raise ValueError(f"records_format must be one of {valid}, got {records_format!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {
-        "summary": out / "summary.json",
-        "timeline": out / "timeline.png",
-        "trace": out / "trace.json",
-        "records": out / f"records.{records_format}",
-    }
-    paths["summary"].write_text(summary_json(summarize(result)), encoding="utf-8")
-    plot_timeline(result, paths["timeline"], show_links=links)
-    write_chrome_trace(result, paths["trace"])
-    table = records_table(result)
-    if records_format == "parquet":
-        table.to_parquet(paths["records"], index=False)
-    else:
-        table.to_csv(paths["records"], index=False)
+    say = progress or (lambda _: None)
+    paths = {"summary": out / "summary.json", "timeline": out / "timeline.png"}
+    with _whole(paths["summary"]) as tmp:
+        tmp.write_text(summary_json(summarize(result)), encoding="utf-8")
+    say("drawing timeline.png")
+    with _whole(paths["timeline"]) as tmp:
+        plot_timeline(result, tmp, show_links=links)
+    part = result if window_s is None else windowed(result, *window_s)
+    if trace:
+        paths["trace"] = out / "trace.json"
+        say("writing trace.json")
+        with _whole(paths["trace"]) as tmp:
+            write_chrome_trace(part, tmp)
+    if records_format != "none":
+        paths["records"] = out / f"records.{records_format}"
+        say(f"writing {paths['records'].name}")
+        table = records_table(part)
+        with _whole(paths["records"]) as tmp:
+            if records_format == "parquet":
+                table.to_parquet(tmp, index=False)
+            else:
+                table.to_csv(tmp, index=False)
     return paths
+
+
+@contextmanager
+def _whole(path: Path) -> Iterator[Path]:
+    """A temporary name to write ``path`` under, renamed to it once written: an interrupted run
+    leaves no file half-written (the older one, if any, stays as it was)."""
+    tmp = path.with_name(f".{path.name}.part")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def windowed(result: SimResult, start_s: float, end_s: float) -> SimResult:
+    """``result`` with only the intervals that overlap [start_s, end_s]."""
+    def keep(df: pd.DataFrame) -> pd.DataFrame:
+        return df[(df["end_s"] >= start_s) & (df["start_s"] <= end_s)].reset_index(drop=True)
+
+    links = result.link_records
+    return replace(result, records=keep(result.records), link_records=None if links is None else keep(links))

@@ -395,4 +395,6 @@ def summarize(result: SimResult) -> dict[str, Any]:
     })
     if "fold" in meta:  # how many identical ranks each simulated rank stood for
         out["fold"] = {"replicas": int(meta["fold"]), "note": str(meta.get("fold_note", ""))}
+    if meta.get("run"):  # overrides, seed, platform figures, versions
+        out["run"] = _jsonable(meta["run"])
     return out

@@ -39,9 +39,14 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         lines.append(f"folded  each simulated rank stands for {fold['replicas']} identical ranks; the timeline "
                      f"shows the representatives" + (f" ({fold['note']})" if fold.get("note") else ""))
 
+    run = summary.get("run") or {}
+    if run.get("overrides"):
+        lines.append("overrides  " + "  ".join(str(o) for o in run["overrides"]))
+
     b = summary.get("breakdown_ms") or {}
     lines.append("")
-    lines.append("breakdown (mean over ranks)")
+    lines.append("breakdown (mean over ranks; % of the iteration time: compute + exposed comm + idle = 100%, "
+                 "communication overlaps compute)")
     for key, label in (
         ("compute", "compute"),
         ("communication", "communication"),
@@ -70,14 +75,14 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     cats = list((summary.get("categories_ms") or {}).items())
     if cats:
         lines.append("")
-        lines.append("top categories (ms, mean over ranks)")
+        lines.append("top categories (ms, mean over ranks; % of the iteration time, categories overlap)")
         for name, ms in cats[:5]:
             lines.append(f"  {name:<20}{_f(ms):>12}  {_pct(ms, t)}")
 
     links = summary.get("busiest_links") or []
     if links:
         lines.append("")
-        lines.append("busiest links")
+        lines.append("busiest links (util: mean share of the link's bandwidth over the iteration)")
         lines.append(f"  {'link':<32}{'kind':<12}{'util':>8}{'GB':>10}{'busy ms':>12}")
         for lk in links[:5]:
             util = lk.get("utilisation")
@@ -93,7 +98,7 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         cap = mem.get("capacity")
         head = f"memory per GPU (max rank {mem.get('rank')})  {_f(mem.get('total'), '.2f')} GiB"
         if cap:
-            head += f" of {_f(cap, '.1f')} GiB ({_pct(mem.get('total'), cap).strip()})"
+            head += f" of {_f(cap, '.1f')} GiB ({_pct(mem.get('total'), cap).strip()} of the GPU's memory)"
         lines.append(head)
         usage = mem.get("usage") or {}
         if usage:
@@ -102,8 +107,11 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     models = summary.get("kernel_models") or {}
     if models:
         lines.append("")
-        lines.append("kernel models  " + ", ".join(f"{k} {100 * float(v):.1f}%" for k, v in models.items()))
+        lines.append("kernel models (share of kernel time)  "
+                     + ", ".join(f"{k} {100 * float(v):.1f}%" for k, v in models.items()))
 
     lines.append("")
-    lines.append(f"seed {summary.get('seed')}   events {summary.get('events')}")
+    versions = run.get("versions") or {}
+    tail = f"   simgpu {versions['simgpu']}" if "simgpu" in versions else ""
+    lines.append(f"seed {summary.get('seed')}   events {summary.get('events')}{tail}")
     return "\n".join(lines) + "\n"

@@ -36,7 +36,8 @@ class ExecutionTrace:
 def parse_et(doc: Any, file: str) -> ExecutionTrace:
     """The :class:`ExecutionTrace` of a parsed ET document."""
     if not is_execution_trace(doc):
-        raise ConfigError("not a PyTorch Execution Trace (no 'schema' and 'nodes')", file=file)
+        raise ConfigError("not a PyTorch Execution Trace (no 'schema' and 'nodes'); expected an Execution Trace "
+                          "JSON", file=file)
     pid = doc.get("pid")
     et = ExecutionTrace(file, pid if isinstance(pid, int) else None)
     for node in doc["nodes"]:

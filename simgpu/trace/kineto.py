@@ -137,10 +137,14 @@ def read_document(path: str | Path) -> tuple[Any, bool]:
     try:
         raw = p.read_bytes()
     except OSError as e:
-        raise ConfigError(f"cannot read the trace: {e.strerror or e}", file=str(path)) from None
+        raise ConfigError(f"cannot read the trace: {e.strerror or e}; expected a readable PyTorch profiler "
+                          "(Kineto) JSON trace", file=str(path)) from None
     cut = False
     if raw[:2] == b"\x1f\x8b":
-        raw, cut = _gunzip(raw)
+        raw, cut, bad = _gunzip(raw)
+        if bad is not None and not raw.strip():
+            raise ConfigError(f"corrupt gzip data ({bad}); expected a gzip-compressed PyTorch profiler (Kineto) "
+                              "JSON trace", file=str(path))
     text = raw.decode("utf-8", errors="replace")
     if not text.strip():
         raise ConfigError("the file is empty; expected a PyTorch profiler (Kineto) JSON trace", file=str(path))
@@ -154,20 +158,21 @@ def read_document(path: str | Path) -> tuple[Any, bool]:
     return doc, True
 
 
-def _gunzip(raw: bytes) -> tuple[bytes, bool]:
-    """Decompress gzip data (every member); a cut stream gives what precedes the cut and True."""
+def _gunzip(raw: bytes) -> tuple[bytes, bool, str | None]:
+    """Decompress gzip data (every member); a cut or corrupt stream gives what precedes the damage,
+    True, and for corrupt data what zlib found wrong."""
     out: list[bytes] = []
     data = raw
     while data:
         d = zlib.decompressobj(16 + zlib.MAX_WBITS)
         try:
             out.append(d.decompress(data))
-        except zlib.error:
-            return b"".join(out), True
+        except zlib.error as e:
+            return b"".join(out), True, str(e).removeprefix("Error -3 while decompressing data: ")
         if not d.eof:
-            return b"".join(out), True
+            return b"".join(out), True, None
         data = d.unused_data.lstrip(b"\x00")
-    return b"".join(out), False
+    return b"".join(out), False, None
 
 
 def _skip(text: str, i: int) -> int:
@@ -266,7 +271,8 @@ def parse_kineto(doc: Any, file: str, *, truncated: bool = False) -> RankTrace:
                           "its Kineto trace (simgpu replay TRACE ET) or with --et", file=file)
     events = doc.get("traceEvents") if isinstance(doc, dict) else doc
     if not isinstance(events, list) or (events and not any(isinstance(e, dict) and "ph" in e for e in events[:200])):
-        raise ConfigError("not a PyTorch profiler (Kineto) trace: no traceEvents list of trace events", file=file)
+        raise ConfigError("not a PyTorch profiler (Kineto) trace: no traceEvents list of trace events; expected a "
+                          "trace written by torch.profiler", file=file)
     header: dict[str, Any] = doc if isinstance(doc, dict) else {}
     warn: Counter[str] = Counter()
     if truncated:
@@ -361,7 +367,8 @@ def parse_kineto(doc: Any, file: str, *, truncated: bool = False) -> RankTrace:
     pgs = [pg for pg in raw_pgs if isinstance(pg, dict)] if isinstance(raw_pgs, list) else []
     gpu_name = _gpu_name(header.get("deviceProperties"), devices.most_common(1)[0][0] if devices else 0)
     if not gpu and not calls:
-        raise ConfigError("the trace holds no CUDA runtime calls and no GPU activities to replay", file=file)
+        raise ConfigError("the trace holds no CUDA runtime calls and no GPU activities to replay; expected a trace "
+                          "of a program that ran on a GPU", file=file)
     calls.sort(key=lambda c: (c.ts, c.end))
     gpu.sort(key=lambda g: (g.ts, g.end))
     spans.sort(key=lambda s: (s.tid, s.ts, -s.end))

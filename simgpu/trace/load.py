@@ -32,11 +32,13 @@ def load_traces(paths: Sequence[str | Path], et_paths: Sequence[str | Path] = ()
         if is_execution_trace(doc):
             ets.append(parse_et(doc, str(path)))
         elif str(path) in {str(e) for e in et_paths}:
-            raise ConfigError("not a PyTorch Execution Trace (no 'schema' and 'nodes')", file=str(path))
+            raise ConfigError("not a PyTorch Execution Trace (no 'schema' and 'nodes'); expected an Execution "
+                              "Trace JSON after --et", file=str(path))
         else:
             traces.append(parse_kineto(doc, str(path), truncated=cut))
     if not traces:
-        raise ConfigError("no Kineto trace among the files given (only Execution Traces)",
+        raise ConfigError("no Kineto trace among the files given (only Execution Traces); expected a PyTorch "
+                          "profiler trace per rank",
                           file=str(paths[0]) if paths else None)
     paired: dict[int, ExecutionTrace] = {}
     for et in ets:

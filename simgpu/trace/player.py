@@ -33,6 +33,7 @@ from ..errors import ConfigError
 from ..kernels import measured  # noqa: F401  (registers the "measured" model)
 from ..kernels.base import make_predictor
 from ..platform.topology import Topology
+from ..sim import platform_figures, versions
 from ..workload.graph import CollectiveCall, KernelTable, MemoryEstimate, Op, Program, Workload
 from .build import Item, RankProgram, build_program
 from .et import ExecutionTrace
@@ -118,6 +119,8 @@ def replay_programs(programs: Sequence[RankProgram], options: ReplayOptions) -> 
         platform=p.name, gpu=p.gpu.name, nodes=topo.nodes, gpus=world,
         kernel_model_share={str(k): float(v) for k, v in share.items()}, measured_step_time_ms=measured_s * 1e3,
         trace_files=[x.file for x in programs], traced_gpu=programs[0].gpu, step=chosen,
+        run={"traces": [x.file for x in programs], "what_if": options.what_if, "world": world,
+             "platform": platform_figures(p, topo), "versions": versions()},
     )
     return ReplayOutcome(result, steps, chosen, measured_s, warn, errors, list(programs))
 
@@ -271,7 +274,8 @@ def _choose_step(steps: pd.DataFrame, wanted: int | None) -> int | None:
     if wanted is not None:
         if wanted not in set(steps["step"]):
             known = ", ".join(str(s) for s in steps["step"]) or "none"
-            raise ConfigError(f"no ProfilerStep#{wanted} in the traces; steps: {known}", key="step")
+            raise ConfigError(f"no ProfilerStep#{wanted} in the traces; expected one of the steps: {known}",
+                              key="--step")
         return wanted
     pool = steps[steps["complete"]] if steps["complete"].any() else steps
     if not len(pool):

@@ -6,10 +6,10 @@ the exit status is non-zero when any suite is above its thresholds. ``--only NAM
 
 from __future__ import annotations
 
-import argparse
 import importlib
-import sys
 from collections.abc import Sequence
+
+from ..cli import ArgParser, entry, run_command
 
 #: suite name -> (module with ``main(argv) -> int``, its arguments); modules not present are skipped
 SUITES: dict[str, tuple[str, list[str]]] = {
@@ -23,7 +23,11 @@ SUITES: dict[str, tuple[str, list[str]]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m simgpu.validate", description=__doc__.splitlines()[0])
+    return run_command(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    ap = ArgParser(prog="simgpu validate", description=__doc__.splitlines()[0])
     ap.add_argument("--only", choices=sorted(SUITES), action="append", help="run only these suites")
     args = ap.parse_args(argv)
     status = 0
@@ -41,4 +45,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry(main)

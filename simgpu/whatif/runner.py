@@ -2,27 +2,60 @@
 
 Each variant is simulated independently and becomes one flat row (iteration time, throughput, MFU,
 the compute / exposed communication / idle breakdown, memory, feasible or why not). Rows are
-appended to ``results.jsonl`` as they finish, so a study that was interrupted resumes where it
-stopped; a variant that fails is recorded with its error and the others go on.
+appended to ``results.jsonl`` as they finish, each keyed by a hash of the job it simulated (the
+resolved workload and platform after overrides, the kernel models' manifest and the simulator's
+version), so a study that was interrupted resumes where it stopped and a rerun after the base
+workload or the platform changed recomputes exactly the rows whose job changed. A variant that
+fails is recorded with its error and the others go on. Ctrl-C stops the workers at once; every
+row already written is whole.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import signal
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
-from ..errors import ConfigError, SimgpuError
+from ..errors import ConfigError, Interrupted, SimgpuError
 from .study import Study, Variant
 
-ROW_KEYS = ("id", "name", "status", "feasible", "why", "iteration_time_ms", "samples_per_s", "tokens_per_s",
-            "mfu", "compute_ms", "communication_ms", "exposed_communication_ms", "idle_ms", "memory_gib",
+ROW_KEYS = ("id", "key", "name", "status", "feasible", "why", "iteration_time_ms", "samples_per_s", "tokens_per_s",
+            "samples", "mfu", "compute_ms", "communication_ms", "exposed_communication_ms", "idle_ms", "memory_gib",
             "gpus", "wall_s")
+
+
+def interrupted(done: int, total: int, path: Path) -> Interrupted:
+    return Interrupted(f"interrupted: {done} of {total} variants done and kept in {path}; run the same command "
+                       "again to resume")
+
+
+def job_key(base: str | Path, variant: Variant) -> str:
+    """A hash of the job ``variant`` simulates: the validated workload and platform after its overrides,
+    the platform's kernel-model manifest and the simulator's version; for a variant that does not
+    load, of the files' text, its overrides and the error."""
+    from .. import __version__
+    from ..config.loader import load_job
+
+    parts: dict[str, Any] = {"simgpu": __version__}
+    try:
+        job = load_job(base, variant.as_args())
+    except ConfigError as e:
+        parts.update(base=Path(base).read_bytes().hex(), overrides=variant.as_args(), error=str(e))
+    else:
+        parts.update(workload=job.workload.model_dump(mode="json"), platform=job.platform.model_dump(mode="json"))
+        manifest = Path(job.platform_file).with_suffix("") / "models" / "manifest.json"
+        if manifest.is_file():
+            parts["models"] = hashlib.sha256(manifest.read_bytes()).hexdigest()
+    blob = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def run_variant(base: str, variant: Variant) -> dict[str, Any]:
@@ -44,9 +77,10 @@ def run_variant(base: str, variant: Variant) -> dict[str, Any]:
     else:
         b = summary["breakdown_ms"]
         mem = summary.get("memory_gib") or {}
+        sps = summary["throughput"].get("samples_per_s")
         row.update(status="ok", feasible=True, why="", iteration_time_ms=summary["iteration_time_ms"],
-                   samples_per_s=summary["throughput"].get("samples_per_s"),
-                   tokens_per_s=summary["throughput"].get("tokens_per_s"), mfu=summary.get("mfu"),
+                   samples_per_s=sps, tokens_per_s=summary["throughput"].get("tokens_per_s"),
+                   samples=round(sps * summary["iteration_time_ms"] / 1e3) if sps else None, mfu=summary.get("mfu"),
                    compute_ms=b["compute"], communication_ms=b["communication"],
                    exposed_communication_ms=b["exposed_communication"], idle_ms=b["idle"],
                    memory_gib=mem.get("total") if isinstance(mem, dict) else None,
@@ -55,25 +89,54 @@ def run_variant(base: str, variant: Variant) -> dict[str, Any]:
     return row
 
 
+def _quiet_worker() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+
+
+def _run_one(args: tuple[str, Variant]) -> dict[str, Any]:
+    return run_variant(*args)
+
+
 def _pool(base: str, todo: list[Variant], workers: int) -> Iterator[dict[str, Any]]:
-    if workers <= 1:
+    if workers <= 1 or len(todo) <= 1:
         for v in todo:
             yield run_variant(base, v)
         return
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(run_variant, base, v) for v in todo]
-        for f in as_completed(futures):
-            yield f.result()
+    import multiprocessing as mp
+
+    pool = mp.get_context().Pool(min(workers, len(todo)), initializer=_quiet_worker)
+    try:
+        yield from pool.imap_unordered(_run_one, [(base, v) for v in todo])
+        pool.close()
+    finally:
+        pool.terminate()  # at once: on Ctrl-C no worker goes on computing
+        pool.join()
+
+
+def check_scheduler(address: str, timeout_s: float = 3.0) -> None:
+    """Fail fast when no Dask scheduler answers at ``address`` (``tcp://host:port``)."""
+    url = urlparse(address if "://" in address else f"tcp://{address}")
+    if url.hostname is None or url.port is None:
+        raise ConfigError(f"expected a Dask scheduler address such as tcp://127.0.0.1:8786, got {address!r}",
+                          key="--scheduler")
+    try:
+        socket.create_connection((url.hostname, url.port), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConfigError(f"no Dask scheduler answers at {address} ({e.strerror or e}); expected a running "
+                          "scheduler (dask scheduler) or no --scheduler to run locally", key="--scheduler") from None
 
 
 def _dask(base: str, todo: list[Variant], address: str) -> Iterator[dict[str, Any]]:
     from distributed import Client
     from distributed import as_completed as dask_completed
 
-    with Client(address) as client:
+    with Client(address, timeout="10s") as client:
         futures = client.map(run_variant, [base] * len(todo), todo, pure=False)
-        for f in dask_completed(futures):
-            yield f.result()
+        try:
+            for f in dask_completed(futures):
+                yield f.result()
+        finally:
+            client.cancel(futures)
 
 
 def load_rows(path: Path) -> list[dict[str, Any]]:
@@ -81,36 +144,58 @@ def load_rows(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     rows = []
-    for line in path.read_text().splitlines():
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(row, dict):
+            rows.append(row)
     return rows
 
 
 def run_study(study: Study, out: Path, *, workers: int | None = None, scheduler: str | None = None,
-              progress: Callable[[int, int, dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-    """Simulate every variant not yet in ``out/results.jsonl``; return all rows in study order."""
-    out.mkdir(parents=True, exist_ok=True)
+              progress: Callable[[int, int, dict[str, Any]], None] | None = None,
+              stats: dict[str, int] | None = None) -> list[dict[str, Any]]:
+    """Simulate every variant whose job is not yet in ``out/results.jsonl``; return all rows in study
+    order. ``stats`` (if given) receives how many rows were ``reused`` and ``computed``. Ctrl-C
+    raises :class:`Interrupted` after stopping the workers."""
+    if workers is not None and workers < 1:
+        raise ConfigError(f"expected --workers >= 1, got {workers}", key="--workers")
+    if scheduler:
+        check_scheduler(scheduler)
+    base = str(study.base)
+    keys = {v.id: job_key(base, v) for v in study.variants}
     path = out / "results.jsonl"
-    done = {r["id"]: r for r in load_rows(path)}
+    old = {r["key"]: r for r in load_rows(path) if "key" in r}
+    done: dict[str, dict[str, Any]] = {}
+    for v in study.variants:
+        if keys[v.id] in old:
+            done[v.id] = {**old[keys[v.id]], "id": v.id, "name": v.name, **dict(v.swept)}
     todo = [v for v in study.variants if v.id not in done]
+    if stats is not None:
+        stats.update(reused=len(done), computed=len(todo))
     workers = workers if workers is not None else max(1, min(len(todo), os.cpu_count() or 1))
-    rows: Iterable[dict[str, Any]] = (_dask(str(study.base), todo, scheduler) if scheduler
-                                      else _pool(str(study.base), todo, workers))
-    with path.open("a") as f:
-        for i, row in enumerate(rows, 1):
-            f.write(json.dumps(row, default=str) + "\n")
-            f.flush()
-            done[row["id"]] = row
-            if progress:
-                progress(i, len(todo), row)
+    rows: Iterable[dict[str, Any]] = (_dask(base, todo, scheduler) if scheduler else _pool(base, todo, workers))
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        with path.open("a", encoding="utf-8") as f:
+            for i, row in enumerate(rows, 1):
+                row["key"] = keys[row["id"]]
+                f.write(json.dumps(row, default=str) + "\n")
+                f.flush()
+                done[row["id"]] = row
+                if progress:
+                    progress(i, len(todo), row)
+    except KeyboardInterrupt:
+        raise interrupted(len(done), len(study.variants), path) from None
     return [done[v.id] for v in study.variants]
 
 
 def text_progress(i: int, n: int, row: dict[str, Any]) -> None:
-    """A one-line progress bar on stderr."""
+    """A one-line progress bar on stderr, drawn only on a terminal (no ``\\r`` into logs)."""
+    if not sys.stderr.isatty():
+        return
     width = 30
     filled = int(width * i / max(n, 1))
     t = row.get("iteration_time_ms")

@@ -9,6 +9,7 @@ that was interrupted resumes.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import itertools
 import json
@@ -19,7 +20,7 @@ from typing import Any
 from pydantic import Field
 
 from ..config.base import Spec
-from ..config.loader import read_yaml, validate
+from ..config.loader import check_name, read_yaml, validate
 from ..errors import ConfigError
 
 
@@ -85,20 +86,88 @@ def expand(spec: StudySpec) -> list[Variant]:
     dup = {i for i in ids if ids.count(i) > 1}
     if dup:
         names = [v.name for v in out if v.id in dup]
-        raise ConfigError(f"variants with identical overrides: {', '.join(names[:4])}", key="variants")
+        raise ConfigError(f"variants with identical overrides: {', '.join(names[:4])}; expected each variant to "
+                          "differ", key="variants")
     return out
 
 
 def load_study(path: str | Path) -> Study:
+    """Read a study file, check that its base exists and that every override names a key of the
+    workload or platform with a value of the right kind, before any variant runs."""
     data, lines = read_yaml(path, "study")
     spec = validate(StudySpec, data, str(path), lines)
+    check_name(spec.name, str(path), lines.get(("name",)))
     for key, values in spec.grid.items():
         if not values:
-            raise ConfigError("expected a non-empty list of values", file=str(path), key=f"grid.{key}")
+            raise ConfigError("expected a non-empty list of values", file=str(path), key=f"grid.{key}",
+                              line=lines.get(("grid", key)))
     base = Path(spec.base)
     if not base.is_absolute():
         rel = Path(path).parent / base
-        base = rel if rel.is_file() else base
+        base = rel if rel.exists() else base
+    if base.is_dir():
+        raise ConfigError(f"base workload {spec.base!r} is a folder; expected a workload YAML file",
+                          file=str(path), key="base", line=lines.get(("base",)))
     if not base.is_file():
-        raise ConfigError(f"base workload {spec.base!r} not found", file=str(path), key="base")
-    return Study(spec, str(path), base, tuple(expand(spec)))
+        raise ConfigError(f"base workload {spec.base!r} not found; expected a workload YAML, relative to the study "
+                          "file or absolute", file=str(path), key="base",
+                          line=lines.get(("base",)))
+    check_overrides(spec, base, str(path), lines)
+    try:
+        variants = expand(spec)
+    except ConfigError as e:
+        raise ConfigError(e.message, file=str(path), key=e.key, line=lines.get(("variants",))) from None
+    return Study(spec, str(path), base, tuple(variants))
+
+
+def _related(error_key: str | None, key: str) -> bool:
+    target = key.removeprefix("platform.").removeprefix("workload.")
+    return error_key is not None and (error_key == target or target.startswith(error_key + ".")
+                                      or error_key.startswith(target + "."))
+
+
+def check_overrides(spec: StudySpec, base: Path, file: str, lines: dict[tuple[str, ...], int]) -> None:
+    """Each override of the study applied alone to the base: an unknown key, or a value refused for
+    that key itself (of the wrong kind, out of range), is an error of the study file. The base
+    with the common ``set`` must itself be valid where no variant changes it. Rules that tie keys
+    together are left to the variants, where a combination may break them."""
+    common = list(spec.set.items())
+    where: list[tuple[tuple[str, ...], str, Any]] = [(("set", k), k, v) for k, v in common]
+    varied: list[tuple[tuple[str, ...], str, Any]] = [(("grid", k), k, v) for k, vs in spec.grid.items() for v in vs]
+    varied += [(("variants", str(i), "set", k), k, v) for i, var in enumerate(spec.variants)
+               for k, v in var.set.items()]
+    wdata, _ = read_yaml(base, "workload")
+    for at, key, value in where + varied:
+        try:
+            _validate_one(wdata, common, key, value, str(base))
+        except ConfigError as e:
+            if _related(e.key, key):
+                raise ConfigError(f"{json.dumps(value, default=str)}: {e.message}", file=file, key=".".join(at),
+                                  line=lines.get(at)) from None
+    try:
+        _validate_one(wdata, common, None, None, str(base))
+    except ConfigError as e:
+        if not any(_related(e.key, key) for _, key, _ in varied):
+            raise
+
+
+def _validate_one(wdata: dict[str, Any], common: list[tuple[str, Any]], key: str | None, value: Any,
+                  wfile: str) -> None:
+    """Validate the base workload's data with ``common`` and ``key = value`` applied: the workload's
+    schema, or for a platform key the platform's (both for ``key`` None)."""
+    from ..config.loader import apply_override, load_platform
+    from ..config.workload import WorkloadSpec
+
+    data = copy.deepcopy(wdata)
+    plat: list[tuple[str, Any]] = []
+    for k, v in [*common, *([(key, value)] if key is not None else [])]:
+        if k.startswith("platform."):
+            plat.append((k.removeprefix("platform."), v))
+        else:
+            apply_override(data, k.removeprefix("workload."), v, wfile)
+    if key is None or not key.startswith("platform."):
+        validate(WorkloadSpec, data, wfile)
+    if key is None or key.startswith("platform."):
+        ref = data.get("platform")
+        if isinstance(ref, str):
+            load_platform(ref, plat, relative_to=Path(wfile).parent)
