@@ -21,7 +21,6 @@ default) of models fitted on the other GPUs.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .cli import ArgParser, entry, run_command
 from .errors import ConfigError, SimgpuError
 from .kernels import datasets, store
 from .kernels.learned import (
@@ -251,7 +251,11 @@ def fittable_platforms() -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m simgpu.fit", description=__doc__.splitlines()[0])
+    return run_command(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    ap = ArgParser(prog="python -m simgpu.fit", description=__doc__.splitlines()[0])
     what = ap.add_mutually_exclusive_group(required=True)
     what.add_argument("--platform", help="platform name or YAML path whose measurements to fit")
     what.add_argument("--all", action="store_true",
@@ -290,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             known = measured_platforms()
             bad = [g for g in gpus if g not in known]
             if bad:
-                raise ConfigError(f"not a measured platform: {', '.join(bad)}; measured: {', '.join(known)}",
+                raise ConfigError(f"not a measured platform: {', '.join(bad)}; expected one of: {', '.join(known)}",
                                   key="--gpu-leave-out")
             left = gpu_leave_out(gpus, fams)
             print("Each GPU left out of training (one model over the other measured GPUs):\n" + format_table(left))
@@ -313,4 +317,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry(main)

@@ -530,7 +530,10 @@ CONSOLE = [
     case("speed-no-case", "simgpu", "speed -k nonexistent --profile", "-k", "no case matches", "expected"),
     case("speed-unknown-option", "simgpu", "speed --fast", "unrecognized arguments: --fast"),
     case("fit-threads-word", "simgpu", "fit --platform cpu_host --threads x", "--threads", "expected an integer"),
-    case("fit-nothing-to-fit", "simgpu", "fit", "one of the arguments --platform --neusight is required"),
+    case("fit-nothing-to-fit", "simgpu", "fit", "one of the arguments --platform --all", "is required"),
+    case("fit-leave-out-unknown", "simgpu", "fit --gpu-leave-out dgx_h100,nope", "--gpu-leave-out",
+         "not a measured platform: nope", "expected one of: dgx_a100"),
+    case("fit-leave-out-cpu", "simgpu", "fit --gpu-leave-out cpu_host", "--gpu-leave-out", "not a measured platform"),
     case("bench-device", "simgpu", "bench --device gpu --out {tmp}/b", "--device", "invalid choice: 'gpu'"),
 ]
 

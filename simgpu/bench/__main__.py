@@ -9,16 +9,16 @@ the cases and how many are left without measuring.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..cli import ArgParser, entry, run_command
 from ..errors import ConfigError, SimgpuError
 
 
-def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m simgpu.bench", description=__doc__.splitlines()[0])
+def parser() -> ArgParser:
+    ap = ArgParser(prog="python -m simgpu.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=("cpu", "cuda"), required=True, help="where the ops run")
     ap.add_argument("--ops", default="all", help="comma list of op groups or 'all' (see --list)")
     ap.add_argument("--out", required=True, help="output folder, e.g. platforms/<name>/microbench/")
@@ -37,6 +37,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = parser().parse_args(argv)
     try:
         import dataclasses
@@ -91,4 +95,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry(main)

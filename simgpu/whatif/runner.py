@@ -51,11 +51,22 @@ def job_key(base: str | Path, variant: Variant) -> str:
         parts.update(base=Path(base).read_bytes().hex(), overrides=variant.as_args(), error=str(e))
     else:
         parts.update(workload=job.workload.model_dump(mode="json"), platform=job.platform.model_dump(mode="json"))
-        manifest = Path(job.platform_file).with_suffix("") / "models" / "manifest.json"
-        if manifest.is_file():
-            parts["models"] = hashlib.sha256(manifest.read_bytes()).hexdigest()
+        parts["models"] = [hashlib.sha256(m.read_bytes()).hexdigest() for m in _model_manifests(job)]
     blob = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _model_manifests(job: Any) -> list[Path]:
+    """The manifests of the kernel models that time ``job``: its platform file's own, those its GPU's
+    ``kernel_models`` names, and the models fitted across GPUs."""
+    from ..kernels import store
+    from ..kernels.learned import TRANSFER
+
+    folders = [Path(job.platform_file).with_suffix("")]
+    if job.platform.gpu.kernel_models:
+        folders.append(store.platforms_root() / job.platform.gpu.kernel_models)
+    folders.append(store.platforms_root() / TRANSFER)
+    return [m for f in folders if (m := f / "models" / store.MANIFEST).is_file()]
 
 
 def run_variant(base: str, variant: Variant) -> dict[str, Any]:
