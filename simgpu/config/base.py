@@ -31,34 +31,30 @@ def _kinds(tp: Any) -> set[type]:
     return {tp} if tp in (int, float, bool, str) else set()
 
 
-def _items(tp: Any) -> tuple[Any, ...] | None:
-    """The item annotations of a list or tuple annotation (one for a list), else None."""
+def _first(tp: Any, leaf: typing.Callable[[Any, tuple[Any, ...]], Any]) -> Any:
+    """``leaf(origin, args)`` of the first member of ``tp`` (through ``Annotated`` and unions) for
+    which it is not None, else None."""
     origin = typing.get_origin(tp)
     if origin is typing.Annotated:
-        return _items(typing.get_args(tp)[0])
+        return _first(typing.get_args(tp)[0], leaf)
     if origin in (typing.Union, types.UnionType):
         for a in typing.get_args(tp):
-            found = _items(a)
+            found = _first(a, leaf)
             if found is not None:
                 return found
         return None
-    if origin in (list, tuple):
-        return tuple(a for a in typing.get_args(tp) if a is not Ellipsis)
-    return None
+    return leaf(origin, typing.get_args(tp))
+
+
+def _items(tp: Any) -> tuple[Any, ...] | None:
+    """The item annotations of a list or tuple annotation (one for a list), else None."""
+    return _first(tp, lambda origin, args: tuple(a for a in args if a is not Ellipsis)
+                  if origin in (list, tuple) else None)
 
 
 def _dict_values(tp: Any) -> Any:
     """The value annotation of a dict annotation, else None."""
-    origin = typing.get_origin(tp)
-    if origin is typing.Annotated:
-        return _dict_values(typing.get_args(tp)[0])
-    if origin in (typing.Union, types.UnionType):
-        for a in typing.get_args(tp):
-            found = _dict_values(a)
-            if found is not None:
-                return found
-        return None
-    return typing.get_args(tp)[1] if origin is dict else None
+    return _first(tp, lambda origin, args: args[1] if origin is dict else None)
 
 
 def check_kind(tp: Any, value: Any) -> str | None:
@@ -120,15 +116,21 @@ def kind_error(model: type[BaseModel], data: Any, loc: tuple[str | int, ...] = (
     return None
 
 
-def _models(tp: Any) -> list[type[BaseModel]]:
+def unwrap_models(tp: Any, containers: bool = False) -> list[type[BaseModel]]:
+    """The pydantic models an annotation names, through ``Annotated`` and unions (and, with
+    ``containers``, the items of lists and tuples)."""
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         return [tp]
     origin = typing.get_origin(tp)
     if origin is typing.Annotated:
-        return _models(typing.get_args(tp)[0])
-    if origin in (typing.Union, types.UnionType):
-        return [m for a in typing.get_args(tp) for m in _models(a)]
+        return unwrap_models(typing.get_args(tp)[0], containers)
+    if origin in (typing.Union, types.UnionType) or (containers and origin in (list, tuple)):
+        return [m for a in typing.get_args(tp) for m in unwrap_models(a, containers)]
     return []
+
+
+def _models(tp: Any) -> list[type[BaseModel]]:
+    return unwrap_models(tp)
 
 
 def _nested(tp: Any, value: Any, loc: tuple[str | int, ...]

@@ -9,7 +9,6 @@ the dotted key, the line where known, and what was expected.
 from __future__ import annotations
 
 import difflib
-import types
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from ..errors import ConfigError
-from .base import kind_error
+from .base import kind_error, unwrap_models
 from .platform import PlatformSpec
 from .workload import WorkloadSpec
 from .yamlio import DuplicateKey, load_yaml_value, read_yaml
@@ -198,17 +197,7 @@ def _model_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> type[BaseMo
 
 
 def _unwrap_models(tp: Any) -> list[type[BaseModel]]:
-    if isinstance(tp, type) and issubclass(tp, BaseModel):
-        return [tp]
-    origin = typing.get_origin(tp)
-    if origin is typing.Annotated:
-        return _unwrap_models(typing.get_args(tp)[0])
-    if origin in (typing.Union, types.UnionType, list, tuple):
-        out: list[type[BaseModel]] = []
-        for a in typing.get_args(tp):
-            out.extend(_unwrap_models(a))
-        return out
-    return []
+    return unwrap_models(tp, containers=True)
 
 
 def _tag(cls: type[BaseModel]) -> str | None:

@@ -25,7 +25,7 @@ import yaml
 
 from ..errors import ConfigError
 from . import store
-from .importers import SOURCES, data_root, provenance, read_source, source_hash
+from .importers import SOURCES, data_root, provenance, read_source, source_files, source_hash
 
 KERNEL_DATA: Final = "kernel_data.yaml"
 
@@ -91,7 +91,7 @@ def platform_tables(folder: Path, *, check_only: bool = False) -> tuple[dict[str
                               f"../shared/data beside the checkout, or set SIMGPU_DATA)",
                               file=str(folder / KERNEL_DATA), key="sources")
         info: dict[str, Any] = {"source": src.source, "path": src.path, "gpu": src.gpu, **provenance(where),
-                                "sha256": source_hash(where)}
+                                "sha256": source_hash(where), "files": source_files(where)}
         if not check_only:
             tables = read_source(src.source, where, src.gpu)
             info["rows"] = {f: len(t) for f, t in sorted(tables.items())}
@@ -106,7 +106,8 @@ def platform_tables(folder: Path, *, check_only: bool = False) -> tuple[dict[str
 
 
 def stale_sources(manifest: dict[str, Any]) -> list[str]:
-    """The sources of a manifest that are in the shared folder now with other contents than fitted.
+    """The sources of a manifest that are in the shared folder now with other contents than fitted
+    (other files, or files of other sizes; the manifest's SHA-256 records the contents exactly).
 
     A source that is absent (a fresh clone without the shared folder) is not stale: the shipped
     models stand for it.
@@ -114,6 +115,9 @@ def stale_sources(manifest: dict[str, Any]) -> list[str]:
     out = []
     for info in manifest.get("sources") or ():
         where = data_root() / str(info.get("path", ""))
-        if where.exists() and source_hash(where) != info.get("sha256"):
+        if not where.exists():
+            continue
+        same = source_files(where) == info["files"] if "files" in info else source_hash(where) == info.get("sha256")
+        if not same:
             out.append(f"{info.get('source')} ({where})")
     return out

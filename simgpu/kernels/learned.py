@@ -262,8 +262,21 @@ class Learned:
         return out * scale, names
 
 
-#: Loaded boosters by file and modification time: a process loads each model file once.
-_BOOSTERS: dict[tuple[str, int], Any] = {}
+class _LazyBooster:
+    """A model file read on first use, so that a run parses only the models its kernels need."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._booster: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._booster is None:
+            self._booster = store.load_booster(self.path)
+        return getattr(self._booster, name)
+
+
+#: Model files by path and modification time: a process reads each at most once.
+_BOOSTERS: dict[tuple[str, int], _LazyBooster] = {}
 
 
 def load_models(folder: Path) -> dict[str, FamilyModel]:
@@ -298,7 +311,7 @@ def load_models(folder: Path) -> dict[str, FamilyModel]:
             raise ConfigError("model file missing; refit with `python -m simgpu.fit`", file=str(path))
         key = (str(path.resolve()), path.stat().st_mtime_ns)
         if key not in _BOOSTERS:
-            _BOOSTERS[key] = store.load_booster(path)
+            _BOOSTERS[key] = _LazyBooster(path)
         kinds = info.get("kinds")
         out[family] = FamilyModel(family, _BOOSTERS[key], list(info["features"]), frozenset(info["dtypes"]),
                                   None if kinds is None else {d: frozenset(v) for d, v in kinds.items()})

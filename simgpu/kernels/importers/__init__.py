@@ -30,7 +30,7 @@ from .neusight import NEUSIGHT_FILES, SMS_CORRECTED, neusight_gpus, read_neusigh
 from .vidur import read_vidur
 
 __all__ = ["NEUSIGHT_FILES", "SMS_CORRECTED", "SOURCES", "data_root", "neusight_gpus", "provenance",
-           "read_aiconfigurator", "read_neusight", "read_source", "read_vidur", "source_hash"]
+           "read_aiconfigurator", "read_neusight", "read_source", "read_vidur", "source_files", "source_hash"]
 
 Reader = Callable[[Path, "tuple[str, ...] | None"], dict[str, pd.DataFrame]]
 SOURCES: Final[dict[str, Reader]] = {
@@ -88,6 +88,15 @@ def source_hash(path: Path) -> str:
     if key not in _HASHES:
         _HASHES[key] = _hash(path, files)
     return _HASHES[key]
+
+
+def source_files(path: Path) -> dict[str, int]:
+    """The data files under ``path`` and their sizes in bytes: what a fresh process checks a source
+    against (a changed table changes its size, or its name) without reading it."""
+    if path.is_file():
+        return {path.name: path.stat().st_size}
+    return {str(p.relative_to(path)): p.stat().st_size
+            for p in sorted(p for p in path.rglob("*") if p.suffix in DATA_SUFFIXES)}
 
 
 def _hash(path: Path, files: list[Path]) -> str:
