@@ -91,7 +91,7 @@ def platform_tables(folder: Path, *, check_only: bool = False) -> tuple[dict[str
                               f"../shared/data beside the checkout, or set SIMGPU_DATA)",
                               file=str(folder / KERNEL_DATA), key="sources")
         info: dict[str, Any] = {"source": src.source, "path": src.path, "gpu": src.gpu, **provenance(where),
-                                "sha256": source_hash(where), "files": source_files(where)}
+                                "sha256": source_hash(where, src.source), "files": source_files(where, src.source)}
         if not check_only:
             tables = read_source(src.source, where, src.gpu)
             info["rows"] = {f: len(t) for f, t in sorted(tables.items())}
@@ -103,6 +103,14 @@ def platform_tables(folder: Path, *, check_only: bool = False) -> tuple[dict[str
                           file=str(folder))
     joined = {f: pd.concat(ts, ignore_index=True) for f, ts in parts.items()}
     return joined, {"data_sha256": data_sha, "sources": listed}
+
+
+def _size(where: Path, rel: str) -> int:
+    path = where if where.is_file() else where / rel
+    try:
+        return path.stat().st_size
+    except OSError:
+        return -1
 
 
 def stale_sources(manifest: dict[str, Any]) -> list[str]:
@@ -117,7 +125,10 @@ def stale_sources(manifest: dict[str, Any]) -> list[str]:
         where = data_root() / str(info.get("path", ""))
         if not where.exists():
             continue
-        same = source_files(where) == info["files"] if "files" in info else source_hash(where) == info.get("sha256")
+        if "files" in info:  # every file fitted on is still there with its size: a stat each, nothing read
+            same = all(_size(where, rel) == size for rel, size in info["files"].items())
+        else:
+            same = source_hash(where, str(info.get("source"))) == info.get("sha256")
         if not same:
             out.append(f"{info.get('source')} ({where})")
     return out

@@ -201,6 +201,19 @@ def _flops_bytes(family: str, p: Mapping[str, np.ndarray], e: np.ndarray) -> tup
 
 def feature_frame(family: str, kernels: Sequence[KernelSpec], gpu: GPUSpec,
                   baseline: np.ndarray | None = None) -> pd.DataFrame:
+    """:func:`feature_columns` as a table (for fitting)."""
+    return pd.DataFrame(feature_columns(family, kernels, gpu, baseline))
+
+
+def feature_matrix(family: str, kernels: Sequence[KernelSpec], gpu: GPUSpec, baseline: np.ndarray | None,
+                   features: Sequence[str]) -> np.ndarray:
+    """The named features of ``kernels`` as a matrix, one row per kernel (for predicting)."""
+    cols = feature_columns(family, kernels, gpu, baseline)
+    return np.column_stack([cols[f] for f in features]) if features else np.zeros((len(kernels), 0))
+
+
+def feature_columns(family: str, kernels: Sequence[KernelSpec], gpu: GPUSpec,
+                    baseline: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """The feature table of ``kernels`` (all of ``family``) on ``gpu``, one row per kernel.
 
     ``baseline`` is the analytical model's seconds per kernel (computed here when omitted); it is
@@ -253,7 +266,8 @@ def feature_frame(family: str, kernels: Sequence[KernelSpec], gpu: GPUSpec,
         if baseline is None:
             baseline, _ = analytical_for(gpu).predict(kernels)
         f["log_analytical_us"] = np.log2(np.asarray(baseline, dtype=float) * 1e6)
-    return pd.DataFrame(f)
+    count = len(kernels)
+    return {k: np.broadcast_to(np.asarray(v, dtype=float), (count,)) for k, v in f.items()}
 
 
 def analytical_for(gpu: GPUSpec) -> Analytical:

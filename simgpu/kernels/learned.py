@@ -30,7 +30,7 @@ from ..errors import ConfigError
 from ..workload.graph import KernelSpec
 from . import analytical, rules, store
 from .base import Chain, register
-from .features import NO_BASELINE, analytical_for, feature_frame, kernels_from_table
+from .features import NO_BASELINE, analytical_for, feature_frame, feature_matrix, kernels_from_table
 
 #: Bumped whenever features or training change, so that models fitted before are refitted.
 VERSION: Final = 3  # 2: elementwise flops_per_element; 3: attention GQA/window/KV width, larger trees on
@@ -93,7 +93,7 @@ class FamilyModel:
     def predict(self, kernels: Sequence[KernelSpec], gpu: GPUSpec) -> np.ndarray:
         """Seconds per kernel (all of this model's family) on ``gpu``."""
         base = analytical_for(gpu).predict(kernels)[0] if self.residual else None
-        x = feature_frame(self.family, kernels, gpu, base)[self.features]
+        x = feature_matrix(self.family, kernels, gpu, base, self.features)
         # one thread: an OpenMP pool started here would deadlock the processes a what-if study forks
         y = np.exp2(self.booster.predict(x, num_threads=1))
         return y * base if base is not None else y

@@ -16,6 +16,7 @@ import gzip
 import hashlib
 import json
 import os
+import pickle
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -143,17 +144,19 @@ def load_booster(path: Path) -> Any:
     """A model file's trees, ready to predict without LightGBM (:class:`~simgpu.kernels.trees.TreeEnsemble`).
 
     Parsing a model's text takes a tenth of a second; the parsed arrays are kept in :func:`cache_dir`
-    under the SHA-256 of the file's bytes (as Python keeps compiled modules), so a later run loads
-    them in a millisecond. A cache that cannot be read or written is passed over.
+    under a hash of the file's path, size and modification time (as Python keeps compiled modules),
+    so a later run loads them in a millisecond. A cache that cannot be read or written is passed over.
     """
     from .trees import TreeEnsemble
 
-    raw = path.read_bytes()
-    cached = cache_dir() / f"{hashlib.sha256(raw).hexdigest()[:32]}.npz"
+    st = path.stat()
+    stamp = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()
+    cached = cache_dir() / f"{hashlib.sha256(stamp).hexdigest()[:32]}.pkl"
     try:
         return TreeEnsemble.load(cached)
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, EOFError, pickle.UnpicklingError):
         pass
+    raw = path.read_bytes()
     model = TreeEnsemble.from_text(gzip.decompress(raw).decode() if path.suffix == ".gz" else raw.decode())
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)

@@ -29,8 +29,9 @@ from .aiconfigurator import read_aiconfigurator
 from .neusight import NEUSIGHT_FILES, SMS_CORRECTED, neusight_gpus, read_neusight
 from .vidur import read_vidur
 
-__all__ = ["NEUSIGHT_FILES", "SMS_CORRECTED", "SOURCES", "data_root", "neusight_gpus", "provenance",
-           "read_aiconfigurator", "read_neusight", "read_source", "read_vidur", "source_files", "source_hash"]
+__all__ = ["NEUSIGHT_FILES", "READS", "SMS_CORRECTED", "SOURCES", "data_root", "neusight_gpus", "provenance",
+           "read_aiconfigurator", "read_files", "read_neusight", "read_source", "read_vidur", "source_files",
+           "source_hash"]
 
 Reader = Callable[[Path, "tuple[str, ...] | None"], dict[str, pd.DataFrame]]
 SOURCES: Final[dict[str, Reader]] = {
@@ -79,24 +80,38 @@ DATA_SUFFIXES: Final = (".csv", ".parquet", ".json")
 _HASHES: dict[tuple[str, tuple[tuple[str, int, int], ...]], str] = {}
 
 
-def source_hash(path: Path) -> str:
-    """SHA-256 over the names and bytes of every data file under ``path`` (``.csv``, ``.parquet``,
-    ``.json``); computed once per process for the same files, sizes and modification times."""
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in DATA_SUFFIXES)
+def source_hash(path: Path, source: str | None = None) -> str:
+    """SHA-256 over the names and bytes of the files ``source`` reads under ``path``; computed once
+    per process for the same files, sizes and modification times."""
+    files = read_files(path, source)
     stamp = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
-    key = (str(path.resolve()), stamp)
+    key = (f"{path.resolve()}:{source}", stamp)
     if key not in _HASHES:
         _HASHES[key] = _hash(path, files)
     return _HASHES[key]
 
 
-def source_files(path: Path) -> dict[str, int]:
-    """The data files under ``path`` and their sizes in bytes: what a fresh process checks a source
-    against (a changed table changes its size, or its name) without reading it."""
+#: The files each importer reads, as globs under its folder: what the content hash and the sizes cover.
+READS: Final[dict[str, tuple[str, ...]]] = {
+    "aiconfigurator": ("gemm/*.parquet", "attention/*.parquet"),
+    "vidur": ("*/*/mlp.csv",),
+    "neusight": ("data/dataset/test/*.csv", "data/dataset/test/device_configs/*.json", "*.csv",
+                 "device_configs/*.json"),
+}
+
+
+def read_files(path: Path, source: str | None = None) -> list[Path]:
+    """The data files of ``path`` that ``source``'s importer reads (every data file without a source)."""
     if path.is_file():
-        return {path.name: path.stat().st_size}
-    return {str(p.relative_to(path)): p.stat().st_size
-            for p in sorted(p for p in path.rglob("*") if p.suffix in DATA_SUFFIXES)}
+        return [path]
+    globs = READS.get(source or "", ("**/*",))
+    return sorted({p for g in globs for p in path.glob(g) if p.is_file() and p.suffix in DATA_SUFFIXES})
+
+
+def source_files(path: Path, source: str | None = None) -> dict[str, int]:
+    """The files ``source`` reads under ``path`` and their sizes in bytes: what a fresh process
+    checks a source against (a changed table changes its size, or its name) without reading it."""
+    return {str(p.relative_to(path)) if p != path else p.name: p.stat().st_size for p in read_files(path, source)}
 
 
 def _hash(path: Path, files: list[Path]) -> str:
