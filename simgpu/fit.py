@@ -134,13 +134,11 @@ def fit_transfer(*, seed: int = 0) -> dict[str, Any]:
     samples = {f: Sample.concat(list(by_gpu.values())) for f, by_gpu in by_family.items()}
     models = store.platforms_root() / TRANSFER / "models"
     manifest = write_models(models, samples, seed=seed, transfer=True)
-    from .kernels.datasets import platform_tables
-
     sources = []
     for name in names:
         folder = store.platform_dir(name)
         assert folder is not None
-        sources += [{**x, "platform": name} for x in platform_tables(folder, check_only=True)[1]["sources"]]
+        sources += [{**x, "platform": name} for x in datasets.platform_tables(folder, check_only=True)[1]["sources"]]
     manifest = {"version": VERSION, "rounds": ROUNDS, "seed": seed, "baseline_sha256": baseline_hash(),
                 "params": dict(TRANSFER_PARAMS),
                 "data_sha256": None, "platforms": names, "sources": sources, **manifest}
@@ -149,12 +147,12 @@ def fit_transfer(*, seed: int = 0) -> dict[str, Any]:
 
 
 def gpu_leave_out(gpus: Sequence[str], families: Sequence[str] | None = None, *, seed: int = 0,
-                  by_label: bool = True) -> pd.DataFrame:
-    """Per platform in ``gpus`` and family: a model on the other measured GPUs, errors on every shape
-    of that GPU (and per dtype and op with ``by_label``)."""
-    by_family = gpu_samples()
+                  samples: dict[str, dict[str, Sample]] | None = None) -> pd.DataFrame:
+    """Per platform in ``gpus`` and family: transfer models fitted on the other measured GPUs
+    (``samples``, default :func:`gpu_samples`), errors on every shape of that GPU: over all its
+    rows (label ``all``), per dtype (``bf16``) and per dtype and op (``bf16:decode``)."""
     rows = []
-    for family, by_gpu in sorted(by_family.items()):
+    for family, by_gpu in sorted((samples or gpu_samples()).items()):
         if families is not None and family not in families:
             continue
         for gpu in gpus:
@@ -162,10 +160,14 @@ def gpu_leave_out(gpus: Sequence[str], families: Sequence[str] | None = None, *,
                 continue
             model = train(family, Sample.concat([s for g, s in by_gpu.items() if g != gpu]), seed=seed, transfer=True)
             test = by_gpu[gpu]
-            sc = scores(predict_sample(model, test), np.exp2(test.log_time), test, model.residual)
-            groups = sc.pop("by", {}) if by_label else {}
-            rows.append({"family": family, "gpu": gpu, "label": "all", **sc})
-            rows += [{"family": family, "gpu": gpu, "label": lab, **g} for lab, g in groups.items()]
+            pred, meas = predict_sample(model, test), np.exp2(test.log_time)
+            dtype = np.array([str(lab).partition(":")[0] for lab in test.labels])
+            groups = {"all": np.ones(len(meas), dtype=bool), **{d: dtype == d for d in sorted(set(dtype))}}
+            groups.update({str(lab): test.labels == lab for lab in sorted(set(test.labels)) if lab not in groups})
+            for label, mask in groups.items():
+                sc = scores(pred[mask], meas[mask], test.take(mask), model.residual)
+                sc.pop("by", None)
+                rows.append({"family": family, "gpu": gpu, "label": label, **sc})
     return pd.DataFrame(rows)
 
 

@@ -30,6 +30,7 @@ from ..errors import ConfigError
 from ..workload.graph import KernelSpec
 from . import analytical, rules, store
 from .base import Chain, register
+from .datasets import KERNEL_DATA, stale_sources
 from .features import NO_BASELINE, analytical_for, feature_frame, feature_matrix, kernels_from_table
 
 #: Bumped whenever features or training change, so that models fitted before are refitted.
@@ -292,8 +293,6 @@ def load_models(folder: Path) -> dict[str, FamilyModel]:
     manifest = store.read_manifest(models_dir)
     if manifest is None:
         return {}
-    from .datasets import stale_sources
-
     families = tuple(manifest["families"])
     own = manifest.get("data_sha256")
     stale = [what for what, ok in (
@@ -317,8 +316,6 @@ def load_models(folder: Path) -> dict[str, FamilyModel]:
                                   None if kinds is None else {d: frozenset(v) for d, v in kinds.items()})
     return out
 
-
-KERNEL_DATA: Final = "kernel_data.yaml"  # a platform's list of published tables (simgpu.kernels.datasets)
 
 #: Where the models fitted across every measured GPU lie (``python -m simgpu.fit --transfer``): they
 #: time a GPU that has no measurements of its own from its datasheet figures.
