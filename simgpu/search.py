@@ -31,8 +31,8 @@ from .whatif.study import Study, StudySpec, Variant
 def sharding_candidates(workload: str, overrides: Sequence[str] = ()) -> list[Variant]:
     """One variant per plan the sharding planner proposes for this DLRM and world."""
     from .config.checks import gpus_per_node
-    from .workload.registry import World
-    from .workload.sharding import propose_plans
+    from .workload import World
+    from .workload.dlrm.sharding import propose_plans
 
     job = load_job(workload, overrides)
     if job.workload.model.kind != "dlrm":
@@ -129,9 +129,9 @@ def memory_misfit(job: Job) -> str | None:
     """Why a Transformer job does not fit in GPU memory (the builder's own per-stage estimate, without
     building its programs), or None."""
     from .config.checks import gpus_per_node
-    from .workload.memory import stage_memory
-    from .workload.registry import World
-    from .workload.shapes import make_setup
+    from .workload import World
+    from .workload.transformer.memory import stage_memory
+    from .workload.transformer.shapes import make_setup
 
     world = World(job.workload.nodes, gpus_per_node(job), job.platform.gpu.memory_gib)
     try:

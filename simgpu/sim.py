@@ -18,10 +18,10 @@ from .config.loader import Job, load_job
 from .config.platform import PlatformSpec
 from .engine import Engine, EngineOptions, SimResult
 from .engine.fold import FoldBroken, fold_blocker, local_shift_unit
+from .graph import Workload
 from .kernels.base import make_predictor
 from .platform.topology import Topology
-from .workload.graph import Workload
-from .workload.registry import World, get_builder
+from .workload import World, get_builder
 
 
 def build(job: Job, *, fold: bool = False, topo: Topology | None = None) -> Workload:

@@ -11,8 +11,8 @@ from simgpu.comm.planner import Planner
 from simgpu.config.loader import load_platform
 from simgpu.config.platform import PlatformSpec
 from simgpu.engine import Engine, EngineOptions, SimResult
+from simgpu.graph import KernelSpec, MemoryEstimate, Program, Workload
 from simgpu.platform.topology import Topology
-from simgpu.workload.graph import KernelSpec, MemoryEstimate, Program, Workload
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"

@@ -10,15 +10,18 @@ import numpy as np
 import pytest
 
 from simgpu.config.workload import DLRMModel, TransformerModel, WorkloadSpec
-from simgpu.workload import dlrm, dlrm_arch, embedding, sharding, transformer
+from simgpu.graph import Workload
+from simgpu.workload import World, get_builder
 from simgpu.workload.common import (
     DDP_FIRST_BUCKET_BYTES,
     MIB,
     Param,
     assign_buckets,
 )
-from simgpu.workload.graph import Workload
-from simgpu.workload.registry import World, get_builder
+from simgpu.workload.dlrm import arch as dlrm_arch
+from simgpu.workload.dlrm import builder as dlrm
+from simgpu.workload.dlrm import embedding, sharding
+from simgpu.workload.transformer import builder as transformer
 
 #: Shape parameters of each kernel family, exactly as the kernel models key them.
 FAMILY_PARAMS = {

@@ -18,8 +18,8 @@ from simgpu.comm.plan import CollectiveRequest
 from simgpu.comm.planner import Planner
 from simgpu.config.loader import load_platform
 from simgpu.errors import ConfigError
+from simgpu.graph import CollectiveCall, Op, Program
 from simgpu.platform.topology import Topology
-from simgpu.workload.graph import CollectiveCall, Op, Program
 
 GB = 1 << 30
 

@@ -11,8 +11,10 @@ from conftest import ROOT
 
 from simgpu import load_job, simulate
 from simgpu.config.workload import DLRMModel, WorkloadSpec
-from simgpu.workload import dlrm, dlrm_arch, embedding
-from simgpu.workload.registry import World
+from simgpu.workload import World
+from simgpu.workload.dlrm import arch as dlrm_arch
+from simgpu.workload.dlrm import builder as dlrm
+from simgpu.workload.dlrm import embedding
 
 
 def spec(tables: list[dict[str, Any]] | None = None, *, generate: dict[str, Any] | None = None, seed: int = 0,

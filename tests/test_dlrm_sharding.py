@@ -12,9 +12,11 @@ import pytest
 from simgpu.config.checks import check_dlrm
 from simgpu.config.workload import DLRMModel, WorkloadSpec
 from simgpu.errors import ConfigError
-from simgpu.workload import dlrm, dlrm_arch, embedding, sharding
-from simgpu.workload.graph import Workload
-from simgpu.workload.registry import World
+from simgpu.graph import Workload
+from simgpu.workload import World
+from simgpu.workload.dlrm import arch as dlrm_arch
+from simgpu.workload.dlrm import builder as dlrm
+from simgpu.workload.dlrm import embedding, sharding
 
 TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel")
 B = 64  # samples per GPU

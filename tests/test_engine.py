@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simgpu.errors import SimulationError
-from simgpu.workload.graph import CollectiveCall, Op, Program
+from simgpu.graph import CollectiveCall, Op, Program
 
 
 def kernel(name: str, k: int, deps: tuple[int, ...] = (), stream: str = "compute") -> Op:

@@ -22,9 +22,9 @@ from simgpu.config.checks import gpus_per_node
 from simgpu.config.loader import load_platform
 from simgpu.engine import core
 from simgpu.engine.fold import FoldMap
+from simgpu.graph import Replicas
 from simgpu.platform.topology import Topology
 from simgpu.report.summary import rank_breakdown, summarize
-from simgpu.workload.graph import Replicas
 
 GPT3 = ROOT / "workloads" / "gpt3_175b_1024x_a100.yaml"
 GPT = ROOT / "workloads" / "gpt_2x_dgx_h100.yaml"

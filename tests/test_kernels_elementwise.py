@@ -15,15 +15,15 @@ from conftest import ROOT
 from simgpu.bench.cases import ELEMENTWISE
 from simgpu.config.loader import load_platform
 from simgpu.config.workload import WorkloadSpec
+from simgpu.elementwise import DEFAULT_FLOPS_PER_ELEMENT, FLOPS_PER_ELEMENT, flops_per_element
 from simgpu.errors import ConfigError
+from simgpu.graph import KernelSpec, Workload
 from simgpu.kernels import store
 from simgpu.kernels.analytical import Analytical
 from simgpu.kernels.base import make_predictor
 from simgpu.kernels.features import FAMILY_PARAMS, feature_frame, kernel_params, kernels_from_table
 from simgpu.kernels.importers import read_neusight
-from simgpu.workload.elementwise import DEFAULT_FLOPS_PER_ELEMENT, FLOPS_PER_ELEMENT, flops_per_element
-from simgpu.workload.graph import KernelSpec, Workload
-from simgpu.workload.registry import World, get_builder
+from simgpu.workload import World, get_builder
 
 CPU_HOST = ROOT / "platforms" / "cpu_host"
 N = 2**19  # a GPT-small MLP activation: 4 x 128 tokens x 1024

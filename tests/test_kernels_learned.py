@@ -23,11 +23,11 @@ from simgpu.bench.timing import Policy, measure
 from simgpu.errors import ConfigError
 from simgpu.fit import fit_platform
 from simgpu.fit import main as fit_main
+from simgpu.graph import KernelSpec
 from simgpu.kernels import learned, store
 from simgpu.kernels.base import make_predictor
 from simgpu.kernels.features import FAMILY_PARAMS, feature_frame, kernel_params, reuse_stats, uniform_reuse
 from simgpu.kernels.learned import Learned, errors, load_models
-from simgpu.workload.graph import KernelSpec
 
 #: A sweep small enough to measure in a second or two.
 TINY = Scale(max_flops=1e7, max_bytes=2e6, max_dim=256, shapes=8)

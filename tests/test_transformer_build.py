@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 
 from simgpu.config.loader import Job, load_platform
 from simgpu.config.workload import WorkloadSpec
+from simgpu.graph import Workload
 from simgpu.sim import simulate
-from simgpu.workload.attention import fused_softmax_available
-from simgpu.workload.graph import Workload
-from simgpu.workload.registry import World, get_builder
-from simgpu.workload.shapes import active_matmul_params, parameter_count
+from simgpu.workload import World, get_builder
+from simgpu.workload.transformer.attention import fused_softmax_available
+from simgpu.workload.transformer.shapes import active_matmul_params, parameter_count
 
 LAYERS, HIDDEN, HEADS, SEQ = 4, 256, 8, 128
 

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from simgpu.config.workload import TransformerModel, WorkloadSpec
-from simgpu.workload.memory import block_activation_bytes, stage_memory
-from simgpu.workload.registry import World
-from simgpu.workload.shapes import block, make_setup, parameter_count
+from simgpu.workload import World
+from simgpu.workload.transformer.memory import block_activation_bytes, stage_memory
+from simgpu.workload.transformer.shapes import block, make_setup, parameter_count
 
 S, B, H, A, L = 1024, 2, 1024, 16, 8
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from simgpu import load_job, simulate
-from simgpu.workload.pipeline import (
+from simgpu.workload.transformer.pipeline import (
     Step,
     Transfer,
     bubble_fraction,

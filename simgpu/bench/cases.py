@@ -1,7 +1,7 @@
 """The shape sweeps of the harness: which (family, op, dtype, parameters) cases to measure.
 
 A :class:`Case` names its kernel family and parameters exactly as
-:class:`~simgpu.workload.graph.KernelSpec` does (``gemm`` ``m, n, k``; ``embedding_fwd`` ``batch,
+:class:`~simgpu.graph.KernelSpec` does (``gemm`` ``m, n, k``; ``embedding_fwd`` ``batch,
 tables, pooling, dim, rows``; ...), plus the torch ``op`` that realises it and, for embedding
 lookups, the index distribution. Shapes are drawn log-uniformly from one ``numpy.random.Generator``
 seeded by the caller, so a seed and a scale give the same list every time. A :class:`Scale` caps
@@ -23,7 +23,7 @@ GROUPS: Final = ("gemm", "bmm", "attention", "embedding", "elementwise", "norm",
                  "optimizer")
 #: Elementwise ops: (tensor reads, tensor writes) per output element. Each op's arithmetic per element
 #: is not a column of the measurements: the fit takes it from the op's name
-#: (:data:`simgpu.workload.elementwise.FLOPS_PER_ELEMENT`, which must know every op here).
+#: (:data:`simgpu.elementwise.FLOPS_PER_ELEMENT`, which must know every op here).
 ELEMENTWISE: Final = {"add": (2, 1), "mul": (2, 1), "relu": (1, 1), "gelu": (1, 1), "copy": (1, 1),
                       "transpose": (1, 1), "cat": (1, 1), "relu_bwd": (2, 1), "gelu_bwd": (2, 1),
                       "sum_rows": (1, 0), "zero": (0, 1)}

@@ -12,8 +12,8 @@ import numpy as np
 from ..config.platform import PlatformSpec
 from ..engine import Engine, EngineOptions, SimResult
 from ..errors import ConfigError
+from ..graph import CollectiveCall, CollectiveOp, MemoryEstimate, Op, Program, Workload
 from ..platform.topology import Topology
-from ..workload.graph import CollectiveCall, CollectiveOp, MemoryEstimate, Op, Program, Workload
 from .plan import CollectiveRequest
 from .planner import Planner
 

@@ -12,7 +12,7 @@ from ..errors import ConfigError
 from .workload import DLRMModel, TransformerModel, WorkloadSpec
 
 if TYPE_CHECKING:
-    from ..workload.graph import Workload
+    from ..graph import Workload
     from .loader import Job
 
 

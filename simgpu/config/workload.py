@@ -16,7 +16,7 @@ Precision = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 
 
 ShardingType = Literal["table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel"]
-#: Names of the plans the sharding planner proposes (see :mod:`simgpu.workload.sharding`).
+#: Names of the plans the sharding planner proposes (see :mod:`simgpu.workload.dlrm.sharding`).
 PlannerName = Literal["greedy_size", "greedy_lookups", "greedy_cost", "row_wise_large", "table_row_wise_large",
                       "column_wise_hot", "data_parallel_small"]
 

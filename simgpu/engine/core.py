@@ -38,8 +38,8 @@ from ..comm.network import FlowNetwork
 from ..comm.plan import CollectiveRequest
 from ..comm.planner import Planner
 from ..errors import SimulationError
+from ..graph import CollectiveCall, Op, Workload
 from ..platform.topology import Topology
-from ..workload.graph import CollectiveCall, Op, Workload
 from .fold import SLACK_FRACTION, FoldBroken, FoldMap
 from .result import LINK_RECORD_COLUMNS, LINK_STAT_COLUMNS, RECORD_COLUMNS, SimResult
 

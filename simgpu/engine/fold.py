@@ -1,6 +1,6 @@
 """Identical ranks simulated once: the network seen from the representative ranks.
 
-A folded workload (:class:`~simgpu.workload.graph.Replicas`) holds the programs of the
+A folded workload (:class:`~simgpu.graph.Replicas`) holds the programs of the
 representative ranks only. The others run the same ops at the same times (the job is symmetric
 under the shifts that map ranks onto each other: one data-parallel replica onto the next, one
 tensor-parallel rank onto the next inside a node), so the engine only needs the representatives,
@@ -48,8 +48,8 @@ import numpy as np
 from ..comm.plan import CollectivePlan, CollectiveRequest
 from ..comm.planner import Planner
 from ..errors import SimulationError
+from ..graph import Replicas
 from ..platform.topology import Topology
-from ..workload.graph import Replicas
 
 #: The most the latency differences between replicas may add up to, as a fraction of the iteration.
 SLACK_FRACTION = 0.005

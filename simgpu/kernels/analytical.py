@@ -5,7 +5,7 @@ than the platform's shortest kernel. GEMMs are tiled: the work is rounded up to 
 output tiles over the SMs, so a GEMM one tile larger than a wave costs nearly two waves, as on the
 real GPU. Embedding lookups read whole 32-byte sectors per row, so narrow rows cost more per byte.
 Elementwise kernels do their op's arithmetic (``flops_per_element``, see
-:mod:`simgpu.workload.elementwise`) on the vector units at the fp32 peak, whatever the storage dtype
+:mod:`simgpu.elementwise`) on the vector units at the fp32 peak, whatever the storage dtype
 (PyTorch computes bf16 and fp16 elementwise ops in fp32, tensor cores do not run them): a GELU is
 memory-bound on a GPU, but can be compute-bound on a CPU core.
 """
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..config.platform import GPUSpec, PlatformSpec
-from ..workload.graph import KernelSpec
+from ..graph import KernelSpec
 from .base import register
 
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp4": 0.5}

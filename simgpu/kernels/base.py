@@ -1,6 +1,6 @@
 """The kernel-time predictor interface, the registry of kernel models, and their chain.
 
-A predictor times a list of :class:`~simgpu.workload.graph.KernelSpec` in one call, before the
+A predictor times a list of :class:`~simgpu.graph.KernelSpec` in one call, before the
 event loop; it returns seconds per kernel and the name of the model that timed each one, so that a
 report can say which model timed which share of the iteration. A :class:`Chain` asks its models in
 order and gives each kernel to the first that ``supports`` it (for example measured durations, then
@@ -15,7 +15,7 @@ from typing import Protocol
 import numpy as np
 
 from ..config.platform import PlatformSpec
-from ..workload.graph import KernelSpec
+from ..graph import KernelSpec
 
 
 class Predictor(Protocol):

@@ -1,7 +1,7 @@
 """Features of the learned kernel models: shape parameters in log space plus derived quantities.
 
 This module owns what a kernel family's shape parameters are (:data:`FAMILY_PARAMS`, the same names
-as :class:`~simgpu.workload.graph.KernelSpec` carries), the index-reuse statistics of embedding
+as :class:`~simgpu.graph.KernelSpec` carries), the index-reuse statistics of embedding
 lookups (:func:`reuse_stats`), and the feature table of a batch of kernels on one GPU
 (:func:`feature_frame`): every parameter as ``log2(1 + x)``, FLOPs, bytes moved, arithmetic
 intensity, waves of 128x128 output tiles per SM for GEMMs, the dtype's width, the GPU's datasheet
@@ -19,9 +19,9 @@ import numpy as np
 import pandas as pd
 
 from ..config.platform import GPUSpec
+from ..elementwise import DEFAULT_FLOPS_PER_ELEMENT, flops_per_element
 from ..errors import ConfigError
-from ..workload.elementwise import DEFAULT_FLOPS_PER_ELEMENT, flops_per_element
-from ..workload.graph import KernelSpec
+from ..graph import KernelSpec
 from .analytical import DTYPE_BYTES, VECTOR_DTYPE, Analytical, attention_pairs
 
 #: The names of the reuse statistics of embedding lookups (fractions in [0, 1]), see :func:`reuse_stats`.
@@ -36,7 +36,7 @@ ATTENTION_OPTIONAL: Final[Mapping[str, float]] = {"kv_heads": np.nan, "window": 
 #: Each family's shape parameters and their defaults (None: required). Optional ones are features
 #: that measurements may carry and simulated kernels may omit; :func:`kernel_params` fills them in.
 #: An elementwise kernel's ``flops_per_element`` is the arithmetic of its op per output element
-#: (:mod:`simgpu.workload.elementwise`): what tells a GELU from a copy of the same shape.
+#: (:mod:`simgpu.elementwise`): what tells a GELU from a copy of the same shape.
 FAMILY_PARAMS: Final[Mapping[str, Mapping[str, float | None]]] = {
     "gemm": {"m": None, "n": None, "k": None},
     "bmm": {"b": None, "m": None, "n": None, "k": None},

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..config.platform import PlatformSpec
-from ..workload.graph import KernelSpec
+from ..graph import KernelSpec
 from .base import register
 
 #: The kernel family this model times.

@@ -49,7 +49,7 @@ import math
 from collections.abc import Callable, Iterator
 from typing import Final
 
-from ..workload.graph import KernelSpec
+from ..graph import KernelSpec
 
 #: Dtypes timed by each other's measurements.
 ALIASES: Final = {"bf16": ("fp16",), "fp16": ("bf16",)}

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..workload.graph import CollectiveOp
+from ..graph import CollectiveOp
 
 #: Bytes per element of the dtype names found in Kineto and ET arguments (lower case).
 ELEMENT_BYTES = {

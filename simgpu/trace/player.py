@@ -2,7 +2,7 @@
 
 ``replay(traces, options)`` builds each rank's program (:mod:`simgpu.trace.build`), links the
 ranks' collectives and clocks (:mod:`simgpu.trace.link`), turns the programs into a
-:class:`~simgpu.workload.graph.Workload` whose kernels are ``measured`` (their traced durations,
+:class:`~simgpu.graph.Workload` whose kernels are ``measured`` (their traced durations,
 re-scaled in a what-if by :mod:`simgpu.trace.whatif`) and runs the whole traced window in the
 engine. A plain replay gives every collective its measured time once its traced members have
 met; a what-if plans them on the target platform's network from their sizes, for ``world`` ranks
@@ -30,11 +30,11 @@ from ..comm.planner import Planner
 from ..config.platform import PlatformSpec
 from ..engine import Engine, EngineOptions, SimResult
 from ..errors import ConfigError
+from ..graph import CollectiveCall, KernelTable, MemoryEstimate, Op, Program, Workload
 from ..kernels import measured  # noqa: F401  (registers the "measured" model)
 from ..kernels.base import make_predictor
 from ..platform.topology import Topology
 from ..sim import platform_figures, versions
-from ..workload.graph import CollectiveCall, KernelTable, MemoryEstimate, Op, Program, Workload
 from .build import Item, RankProgram, build_program
 from .et import ExecutionTrace
 from .kineto import RankTrace

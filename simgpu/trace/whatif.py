@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from ..comm.plan import CollectiveRequest
 from ..comm.planner import Planner
 from ..config.platform import PlatformSpec
+from ..graph import KernelSpec
 from ..kernels.base import make_predictor
 from ..platform.topology import Topology
-from ..workload.graph import KernelSpec
 from .classify import KernelInfo
 
 #: Largest collective size considered when inferring one from its time (bytes), and the bisection steps.

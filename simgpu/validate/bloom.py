@@ -255,9 +255,9 @@ def memory_gib(data: dict[str, Any]) -> float:
     """GiB the busiest GPU of a :func:`workload` needs by simgpu's memory model (what
     :func:`simgpu.sim.build` checks against the GPU), without building the op graph."""
     from ..config.checks import gpus_per_node
-    from ..workload.memory import stage_memory
-    from ..workload.registry import World
-    from ..workload.shapes import make_setup
+    from ..workload import World
+    from ..workload.transformer.memory import stage_memory
+    from ..workload.transformer.shapes import make_setup
 
     j = job(data)
     s = make_setup(j.workload, World(j.workload.nodes, gpus_per_node(j), j.platform.gpu.memory_gib))

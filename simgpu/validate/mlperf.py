@@ -36,8 +36,8 @@ from ..config.checks import check_job
 from ..config.loader import Job, load_platform, validate
 from ..config.workload import WorkloadSpec
 from ..sim import simulate
-from ..workload.registry import World
-from ..workload.sharding import propose_plans
+from ..workload import World
+from ..workload.dlrm.sharding import propose_plans
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "iterations" / "mlperf-training-v2.0"
 #: Criteo 1TB rows per categorical feature with ids hashed into at most 40M rows (MLPerf DLRM v1).

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
-from .elementwise import flops_per_element
-from .graph import CollectiveCall, KernelTable, Op, Program
+from ..elementwise import flops_per_element
+from ..graph import CollectiveCall, KernelTable, Op, Program
 
 #: Bytes per element of each dtype string.
 DTYPE_BYTES: Final[Mapping[str, int]] = MappingProxyType(
@@ -96,7 +96,7 @@ class Emitter:
                     deps: Iterable[int] = ()) -> int:
         """An elementwise kernel over ``numel`` outputs that reads ``reads`` and writes ``writes`` tensor
         elements per output; ``op`` names what it computes (a key of
-        :data:`~simgpu.workload.elementwise.FLOPS_PER_ELEMENT`), which sets its ``flops_per_element``."""
+        :data:`~simgpu.elementwise.FLOPS_PER_ELEMENT`), which sets its ``flops_per_element``."""
         return self.kernel(name, "elementwise", dtype, phase=phase, deps=deps, numel=numel, reads=reads,
                            writes=writes, flops_per_element=flops_per_element(op))
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
+from ..graph import CollectiveOp
 from .common import BucketTracker, Param
-from .graph import CollectiveOp
 from .stage import StageEmitter
 
 

@@ -1,7 +1,9 @@
 """Workload builders, chosen by the model's ``kind``.
 
-A builder is ``build(spec: WorkloadSpec, world: World) -> Workload``. Registering a name twice is an
-error, and asking for an unknown name lists the valid ones.
+This module imports no builder: each model family's builder registers itself with
+:func:`register`, and :mod:`simgpu.workload` imports the families. A builder is
+``build(spec: WorkloadSpec, world: World) -> Workload``. Registering a name twice is an error, and
+asking for an unknown name lists the valid ones.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..config.workload import WorkloadSpec
-from .graph import Workload
+from ..graph import Workload
 
 
 @dataclass(frozen=True)
@@ -19,7 +21,7 @@ class World:
     of node ``r // gpus_per_node``. ``gpu_memory_gib`` (None: unknown) lets a builder that makes
     placement choices, such as the DLRM's sharding planner, keep them within memory. ``fold``: the
     caller accepts a folded workload (programs for one data-parallel replica only, with
-    :class:`~simgpu.workload.graph.Replicas` saying which ranks they stand for) where the builder
+    :class:`~simgpu.graph.Replicas` saying which ranks they stand for) where the builder
     can prove the replicas identical."""
 
     nodes: int
@@ -50,8 +52,8 @@ def register(name: str) -> Callable[[Builder], Builder]:
 
 
 def get_builder(name: str) -> Builder:
-    from . import dlrm, transformer  # noqa: F401  (registration on import)
-
+    """The builder registered as ``name``; the families register themselves when
+    :mod:`simgpu.workload` is imported, which importing this module does first."""
     try:
         return _BUILDERS[name]
     except KeyError:

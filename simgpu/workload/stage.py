@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..graph import CollectiveCall, CollectiveOp, KernelTable, Op, Program
 from .common import Emitter
-from .graph import CollectiveCall, CollectiveOp, KernelTable, Op, Program
 from .parallel import GROUP_KINDS, Coord, Layout
 
 #: Group kinds that a collective's group can be recognised by (P2P pairs are always explicit).

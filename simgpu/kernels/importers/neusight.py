@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 
 from ...config.platform import GPUSpec
+from ...elementwise import DEFAULT_FLOPS_PER_ELEMENT
 from ...errors import ConfigError
-from ...workload.elementwise import DEFAULT_FLOPS_PER_ELEMENT
 
 #: NeuSight's file of each op -> simgpu's kernel family.
 NEUSIGHT_FILES: Final = {"linear": "gemm", "bmm": "bmm", "elem": "elementwise", "ln": "norm",

@@ -4,7 +4,7 @@ Vidur (github.com/microsoft/vidur, MIT) profiled the layers of Llama-2-7B/70B an
 A100-80GB and H100 (``compute/<gpu>/<org>/<model>/mlp.csv``): one row per number of tokens
 (1-4,096) and tensor-parallel degree (1-8), the median of each operator's CUDA-timed runs in
 milliseconds, fp16. Each operator becomes the kernel simgpu's Transformer builder emits for it
-(:mod:`simgpu.workload.blocks`), with ``t`` tokens, hidden ``h``, ``a`` / ``g`` query / KV heads of
+(:mod:`simgpu.workload.transformer.blocks`), with ``t`` tokens, hidden ``h``, ``a`` / ``g`` query / KV heads of
 ``d = h / a``, MLP width ``f`` and tensor parallelism ``p``:
 
 | Vidur op | kernel |
@@ -98,6 +98,6 @@ def read_vidur(folder: str | Path, families: tuple[str, ...] | None = None) -> d
             parts.setdefault(family, []).append(t[np.isfinite(t["median_s"]) & (t["median_s"] > 0)])
     out = {f: pd.concat(ts, ignore_index=True).assign(source="vidur") for f, ts in parts.items()}
     if "elementwise" in out:  # the op's arithmetic is a feature; the builders' table gives it
-        from ...workload.elementwise import flops_per_element
+        from ...elementwise import flops_per_element
         out["elementwise"]["flops_per_element"] = out["elementwise"]["op"].map(flops_per_element)
     return out

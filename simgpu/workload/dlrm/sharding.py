@@ -22,12 +22,12 @@ from typing import Any, get_args
 
 import numpy as np
 
-from ..config.workload import DLRMModel, PlannerName, ShardingType, WorkloadSpec
-from ..errors import ConfigError
-from .dlrm_arch import Arch, make_arch
-from .dlrm_memory import base_memory, memory_per_rank, shard_footprint
+from ...config.workload import DLRMModel, PlannerName, ShardingType, WorkloadSpec
+from ...errors import ConfigError
+from ..registry import World
+from .arch import Arch, make_arch
 from .embedding import EMB_BYTES, Shard, Table, expand_tables, table_shards
-from .registry import World
+from .memory import base_memory, memory_per_rank, shard_footprint
 
 PLANNERS: tuple[str, ...] = get_args(PlannerName)
 _MIN_COLUMNS = 32  # default column shards are at least this wide

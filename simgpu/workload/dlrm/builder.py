@@ -23,9 +23,10 @@ from functools import cached_property
 
 import numpy as np
 
-from ..config.checks import check_dlrm
-from ..config.workload import DLRMModel, ShardingType, WorkloadSpec
-from .common import (
+from ...config.checks import check_dlrm
+from ...config.workload import DLRMModel, ShardingType, WorkloadSpec
+from ...graph import CollectiveCall, KernelTable, Program, Workload
+from ..common import (
     MIB,
     Emitter,
     GradBuckets,
@@ -37,11 +38,10 @@ from .common import (
     mlp_fwd,
     optimizer_step,
 )
-from .dlrm_arch import Arch, interaction_bwd, interaction_fwd, make_arch, model_flops
-from .dlrm_memory import memory_per_rank
+from ..registry import World, register
+from .arch import Arch, interaction_bwd, interaction_fwd, make_arch, model_flops
 from .embedding import EMB_BYTES, ID_BYTES, LENGTH_BYTES, Shard, Table, expand_tables
-from .graph import CollectiveCall, KernelTable, Program, Workload
-from .registry import World, register
+from .memory import memory_per_rank
 from .sharding import Plan, resolve_plan
 
 #: Sharding types in the order TorchRec's sharded collection runs them, with their short names.

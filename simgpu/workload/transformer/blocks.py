@@ -23,13 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ...graph import CollectiveOp
+from ..common import Linear, Param
+from ..dataparallel import GradSink
+from ..stage import StageEmitter
 from .attention import core_bwd, core_fwd
-from .common import Linear, Param
-from .dataparallel import GradSink
-from .graph import CollectiveOp
 from .moe import moe_bwd, moe_fwd
 from .shapes import Block, Setup, embedding_params, head_linears, norm_params
-from .stage import StageEmitter
 
 _TP_OPS: dict[str, CollectiveOp] = {"ar": "all_reduce", "rs": "reduce_scatter", "ag": "all_gather"}
 
@@ -60,7 +60,7 @@ class Blocks:
 
     def ew(self, name: str, numel: int, reads: int, writes: int, phase: str, deps: Iterable[int] = (),
            dtype: str | None = None, *, op: str) -> int:
-        """An elementwise kernel of op ``op`` (see :mod:`simgpu.workload.elementwise`), in the auxiliary
+        """An elementwise kernel of op ``op`` (see :mod:`simgpu.elementwise`), in the auxiliary
         dtype unless ``dtype`` says otherwise."""
         return self.em.elementwise(name, numel, reads, writes, dtype or self.aux, op=op, phase=phase, deps=deps)
 

@@ -18,8 +18,8 @@ from typing import Final
 
 import numpy as np
 
-from ..config.workload import DLRMModel, IndexDistribution, ShardingType
-from .graph import MemoryEstimate
+from ...config.workload import DLRMModel, IndexDistribution, ShardingType
+from ...graph import MemoryEstimate
 
 EMB_BYTES: Final = 4     # fp32 table rows, pooled embeddings and their gradients
 ID_BYTES: Final = 8      # int64 sparse ids

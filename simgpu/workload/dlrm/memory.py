@@ -2,7 +2,7 @@
 
 Every rank holds the same dense part (the MLPs and cross layers with their gradients and optimizer
 states, the dense activations, the pooled embeddings it receives, its send buffers and DDP's
-buckets); on top, each shard it holds adds its :func:`~simgpu.workload.embedding.footprint`. The
+buckets); on top, each shard it holds adds its :func:`~simgpu.workload.dlrm.embedding.footprint`. The
 planner places shards with the same accounting, so a plan it proposes fits by this estimate.
 """
 
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..config.workload import WorkloadSpec
-from .common import GRAD_BYTES, dense_memory, optimizer_states
-from .dlrm_arch import Arch, activation_bytes
+from ...config.workload import WorkloadSpec
+from ...graph import MemoryEstimate
+from ..common import GRAD_BYTES, dense_memory, optimizer_states
+from .arch import Arch, activation_bytes
 from .embedding import EMB_BYTES, Shard, footprint
-from .graph import MemoryEstimate
 
 
 def dense_states(spec: WorkloadSpec) -> int:

@@ -1,9 +1,9 @@
 """The Transformer builder: every rank's program for one training iteration, under any parallelism.
 
 This module owns how a stage's iteration is put together from the pieces of the other modules: the
-pipeline schedule's steps (:mod:`~simgpu.workload.pipeline`) with a batched P2P exchange and a host
+pipeline schedule's steps (:mod:`~simgpu.workload.transformer.pipeline`) with a batched P2P exchange and a host
 synchronisation before each step, the forward / backward of the stage's model chunks for each
-micro-batch (:mod:`~simgpu.workload.blocks`), input copies on the stages that need data, gradient
+micro-batch (:mod:`~simgpu.workload.transformer.blocks`), input copies on the stages that need data, gradient
 reduction (DDP / ZeRO buckets during the last micro-batch's backward, or FSDP's per-block
 all-gathers with prefetch and reduce-scatters every micro-batch, :mod:`~simgpu.workload.dataparallel`),
 the tied embedding's gradient all-reduce between the first and last stage, the norms' gradient
@@ -20,15 +20,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..config.workload import WorkloadSpec
+from ...config.workload import WorkloadSpec
+from ...graph import CollectiveOp, KernelTable, Program, Replicas, Workload
+from ..common import Param, assign_buckets, is_mixed, optimizer_step
+from ..dataparallel import GradSink, NoSync, Reducer
+from ..parallel import Coord, Layout
+from ..registry import World, register
+from ..stage import Pair, StageEmitter, retarget
 from .blocks import Blocks
-from .common import Param, assign_buckets, is_mixed, optimizer_step
-from .dataparallel import GradSink, NoSync, Reducer
-from .graph import CollectiveOp, KernelTable, Program, Replicas, Workload
 from .memory import stage_memory, weight_bytes
-from .parallel import Coord, Layout
 from .pipeline import Batch, Step, plan
-from .registry import World, register
 from .shapes import (
     Block,
     Setup,
@@ -40,7 +41,6 @@ from .shapes import (
     model_flops,
     parameter_count,
 )
-from .stage import Pair, StageEmitter, retarget
 
 __all__ = ["active_matmul_params", "build", "model_flops", "parameter_count"]
 

@@ -16,7 +16,7 @@ import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from .dataparallel import GradSink
+from ..dataparallel import GradSink
 from .shapes import Experts, Setup
 
 if TYPE_CHECKING:

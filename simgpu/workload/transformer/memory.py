@@ -1,6 +1,6 @@
 """Memory per GPU of a Transformer job: parameters, gradients, optimizer states, activations, buffers.
 
-This module owns the byte counts of :class:`~simgpu.workload.graph.MemoryEstimate` for one rank of
+This module owns the byte counts of :class:`~simgpu.graph.MemoryEstimate` for one rank of
 a pipeline stage.
 
 - Weights: under mixed precision 2-byte model weights and 4-byte fp32 master weights (Megatron; with
@@ -24,9 +24,9 @@ a pipeline stage.
 
 from __future__ import annotations
 
+from ...graph import MemoryEstimate
+from ..common import GRAD_BYTES, MASTER_BYTES, dtype_bytes, is_mixed, optimizer_states
 from .attention import fused_softmax_available
-from .common import GRAD_BYTES, MASTER_BYTES, dtype_bytes, is_mixed, optimizer_states
-from .graph import MemoryEstimate
 from .moe import tokens_per_expert
 from .pipeline import in_flight
 from .shapes import Block, Setup, block, embedding_params, head_params

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config.workload import TransformerModel, WorkloadSpec
-from .common import Linear, Param, aux_dtype, dtype_bytes, is_mixed
-from .parallel import Layout
+from ...config.workload import TransformerModel, WorkloadSpec
+from ..common import Linear, Param, aux_dtype, dtype_bytes, is_mixed
+from ..parallel import Layout
+from ..registry import World
 from .pipeline import Schedule
-from .registry import World
 
 
 def norm_params(name: str, h: int, kind: str) -> tuple[Param, ...]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .stage import Pair
+from ..stage import Pair
 
 if TYPE_CHECKING:
     from .blocks import Blocks

@@ -1,0 +1,1 @@
+"""DLRM: embedding tables sharded over ranks, bottom / top MLPs, the feature interaction."""

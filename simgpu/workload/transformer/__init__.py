@@ -1,0 +1,1 @@
+"""Transformers (GPT, Llama, MoE): blocks, attention, experts, pipeline schedules, memory."""
