@@ -17,6 +17,7 @@ Times are in seconds.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ HOLDOUT: Final = 0.2
 _APE_FLOOR: Final = 1e-4  # an exact hit counts as 0.01% so that the geomean stays finite
 
 
+@functools.cache
 def baseline_hash() -> str:
     """SHA-256 of the analytical model's code: corrections learned against one version of it are
     wrong against another, so a changed analytical model makes the fitted models stale. The code is
@@ -289,6 +291,9 @@ class _LazyBooster:
 
 #: Model files by path and modification time: a process reads each at most once.
 _BOOSTERS: dict[tuple[str, int], _LazyBooster] = {}
+#: Models found up to date, by manifest path, modification time and size: a process checks a
+#: manifest against its data once (a whatif worker simulates many variants with the same models).
+_CHECKED: dict[tuple[str, int, int], dict[str, FamilyModel]] = {}
 
 
 def load_models(folder: Path) -> dict[str, FamilyModel]:
@@ -298,9 +303,17 @@ def load_models(folder: Path) -> dict[str, FamilyModel]:
     from the data's, or whose published sources are in the shared folder with other contents
     (:func:`~simgpu.kernels.datasets.stale_sources`; absent sources are trusted), or whose
     analytical model or method version differs: an error that says to refit, rather than
-    predictions from models of other measurements. Each model file is read once per process.
+    predictions from models of other measurements. Each model file is read, and each manifest checked,
+    once per process.
     """
     models_dir = folder / "models"
+    try:
+        st = (models_dir / store.MANIFEST).stat()
+    except OSError:
+        return {}
+    memo = (str(models_dir.resolve()), st.st_mtime_ns, st.st_size)
+    if memo in _CHECKED:
+        return dict(_CHECKED[memo])
     manifest = store.read_manifest(models_dir)
     if manifest is None:
         return {}
@@ -325,7 +338,8 @@ def load_models(folder: Path) -> dict[str, FamilyModel]:
         kinds = info.get("kinds")
         out[family] = FamilyModel(family, _BOOSTERS[key], list(info["features"]), frozenset(info["dtypes"]),
                                   None if kinds is None else {d: frozenset(v) for d, v in kinds.items()})
-    return out
+    _CHECKED[memo] = out
+    return dict(out)
 
 
 #: Where the models fitted across every measured GPU lie (``python -m simgpu.fit --transfer``): they

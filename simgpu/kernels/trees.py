@@ -114,21 +114,32 @@ class TreeEnsemble:
         return cls(*(np.asarray(d[k]) for k in cls._FIELDS))
 
     def predict(self, x: Any, num_threads: int = 1) -> np.ndarray:
-        """The sum of the trees' leaf values for each row of ``x`` (features in the model's order)."""
+        """The sum of the trees' leaf values for each row of ``x`` (features in the model's order).
+
+        Every (row, tree) pair walks down at once; pairs that reach a leaf drop out, so the arrays
+        shrink with depth. A model whose splits have no missing-value handling (the usual case:
+        LightGBM's missing type None) takes NaN as 0 once, up front, and compares only."""
         x = np.asarray(x, dtype=float)
-        n = x.shape[0]
-        cur = np.broadcast_to(self.roots, (n, len(self.roots))).copy()
-        rows = np.broadcast_to(np.arange(n)[:, None], cur.shape)
-        active = cur >= 0
-        while active.any():
-            r, node = rows[active], cur[active]
-            v = x[r, self.feature[node]]
-            miss = self.missing[node]
-            nan = np.isnan(v)
-            go_left = np.where(nan, 0.0, v) <= self.threshold[node]
-            zero = np.abs(np.where(nan, 0.0, v)) <= _ZERO
-            as_missing = ((miss == _MISSING_NAN) & nan) | ((miss == _MISSING_ZERO) & zero)
-            go_left = np.where(as_missing, self.default_left[node], go_left)
-            cur[active] = np.where(go_left, self.left[node], self.right[node])
-            active = cur >= 0
-        return self.leaf_value[-cur - 1].sum(axis=1)
+        n, trees = x.shape[0], len(self.roots)
+        cur = np.tile(self.roots, n)                     # (row, tree) pairs, row-major
+        plain = not self.missing.any()
+        if plain:
+            x = np.where(np.isnan(x), 0.0, x)
+        pos = np.flatnonzero(cur >= 0)
+        rows, node = pos // trees, cur[pos]
+        while pos.size:
+            v = x[rows, self.feature[node]]
+            if plain:
+                go_left = v <= self.threshold[node]
+            else:
+                miss = self.missing[node]
+                nan = np.isnan(v)
+                v0 = np.where(nan, 0.0, v)
+                as_missing = ((miss == _MISSING_NAN) & nan) | ((miss == _MISSING_ZERO) & (np.abs(v0) <= _ZERO))
+                go_left = np.where(as_missing, self.default_left[node], v0 <= self.threshold[node])
+            nxt = np.where(go_left, self.left[node], self.right[node])
+            leaf = nxt < 0
+            cur[pos[leaf]] = nxt[leaf]
+            keep = ~leaf
+            pos, rows, node = pos[keep], rows[keep], nxt[keep]
+        return self.leaf_value[-cur - 1].reshape(n, trees).sum(axis=1)
