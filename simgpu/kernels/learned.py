@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -291,9 +292,9 @@ class _LazyBooster:
 
 #: Model files by path and modification time: a process reads each at most once.
 _BOOSTERS: dict[tuple[str, int], _LazyBooster] = {}
-#: Models found up to date, by manifest path, modification time and size: a process checks a
-#: manifest against its data once (a whatif worker simulates many variants with the same models).
-_CHECKED: dict[tuple[str, int, int], dict[str, FamilyModel]] = {}
+#: The published sources found changed, by models folder and the manifest's record of them: a
+#: process checks the shared data once (a whatif worker simulates many variants with the same models).
+_SOURCES_STALE: dict[tuple[str, str], list[str]] = {}
 
 
 def load_models(folder: Path) -> dict[str, FamilyModel]:
@@ -303,17 +304,10 @@ def load_models(folder: Path) -> dict[str, FamilyModel]:
     from the data's, or whose published sources are in the shared folder with other contents
     (:func:`~simgpu.kernels.datasets.stale_sources`; absent sources are trusted), or whose
     analytical model or method version differs: an error that says to refit, rather than
-    predictions from models of other measurements. Each model file is read, and each manifest checked,
-    once per process.
+    predictions from models of other measurements. Each model file is read, and the shared sources a
+    manifest names are checked, once per process.
     """
     models_dir = folder / "models"
-    try:
-        st = (models_dir / store.MANIFEST).stat()
-    except OSError:
-        return {}
-    memo = (str(models_dir.resolve()), st.st_mtime_ns, st.st_size)
-    if memo in _CHECKED:
-        return dict(_CHECKED[memo])
     manifest = store.read_manifest(models_dir)
     if manifest is None:
         return {}
@@ -323,7 +317,10 @@ def load_models(folder: Path) -> dict[str, FamilyModel]:
         ("measurements", own is None or own == store.data_hash(folder / "microbench", families)),
         ("analytical model", manifest.get("baseline_sha256") == baseline_hash()),
         ("fitting method", manifest.get("version") == VERSION)) if not ok]
-    stale += [f"data of {s}" for s in stale_sources(manifest)]
+    memo = (str(models_dir.resolve()), json.dumps(manifest.get("sources"), sort_keys=True, default=str))
+    if memo not in _SOURCES_STALE:
+        _SOURCES_STALE[memo] = stale_sources(manifest)
+    stale += [f"data of {s}" for s in _SOURCES_STALE[memo]]
     if stale:
         raise ConfigError(f"the kernel models were fitted with other {' and '.join(stale)}; "
                           f"run `python -m simgpu.fit --platform {folder.name}`", file=str(models_dir / store.MANIFEST))
@@ -338,8 +335,7 @@ def load_models(folder: Path) -> dict[str, FamilyModel]:
         kinds = info.get("kinds")
         out[family] = FamilyModel(family, _BOOSTERS[key], list(info["features"]), frozenset(info["dtypes"]),
                                   None if kinds is None else {d: frozenset(v) for d, v in kinds.items()})
-    _CHECKED[memo] = out
-    return dict(out)
+    return out
 
 
 #: Where the models fitted across every measured GPU lie (``python -m simgpu.fit --transfer``): they
