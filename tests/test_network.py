@@ -162,3 +162,75 @@ def test_transfer_all_equals_one_by_one():
         return ends
 
     assert run(True) == pytest.approx(run(False))
+
+
+def _reference(cap: list[float], transfers: list[tuple[list[int], float, float, float]]
+               ) -> tuple[list[float], np.ndarray, np.ndarray]:
+    """Finish times, bytes and busy seconds per link with every active flow's max-min rate
+    recomputed over the whole network at every start and end: the definition the incremental
+    network (components only, lazy progress) must reproduce."""
+    class G:
+        def __init__(self, i: int, links: list[int], nbytes: float, cap_: float) -> None:
+            self.i, self.links, self.remaining, self.cap = i, np.asarray(links, dtype=np.int64), nbytes, cap_
+
+    capacity = np.asarray(cap, dtype=float)
+    pending = sorted(((s, i) for i, (_, _, s, _) in enumerate(transfers)), reverse=True)
+    active: list[G] = []
+    out = [0.0] * len(transfers)
+    link_bytes, busy = np.zeros(len(cap)), np.zeros(len(cap))
+    now = 0.0
+    while pending or active:
+        rates = _max_min(active, capacity)[0] if active else np.zeros(0)
+        t_end = min((g.remaining / r for g, r in zip(active, rates, strict=True)), default=float("inf"))
+        t_start = pending[-1][0] - now if pending else float("inf")
+        dt = min(t_end, t_start)
+        for g, r in zip(active, rates, strict=True):
+            g.remaining -= r * dt
+            np.add.at(link_bytes, g.links, r * dt)
+        used = {int(lid) for g in active for lid in g.links}
+        for lid in used:
+            busy[lid] += dt
+        now += dt
+        still = []
+        for g, r in zip(active, rates, strict=True):
+            if g.remaining <= r * 1e-12:
+                out[g.i] = now
+            else:
+                still.append(g)
+        active = still
+        while pending and pending[-1][0] <= now + 1e-15:
+            _, i = pending.pop()
+            links, nbytes, _, c = transfers[i]
+            if nbytes > 0 and links:
+                active.append(G(i, links, nbytes, c))
+            else:
+                out[i] = now
+    return out, link_bytes, busy
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 5), min_size=1, max_size=4),
+                          st.floats(0.5, 50.0), st.sampled_from([0.0, 0.0, 0.5, 1.0, 2.5, 4.0]),
+                          st.sampled_from([float("inf"), float("inf"), 3.0, 7.0])),
+                min_size=1, max_size=10),
+       st.lists(st.floats(1.0, 10.0), min_size=6, max_size=6))
+def test_incremental_rates_equal_global_recomputation(trs, cap):
+    """Property: recomputing only the component a start or an end touches, and settling progress
+    lazily, gives the finish times, bytes and busy time per link of a global recomputation."""
+    env = simpy.Environment()
+    net = FlowNetwork(env, np.array(cap))
+    out = [0.0] * len(trs)
+
+    def go(i: int, links: list[int], nbytes: float, start: float, c: float):
+        yield env.timeout(start)
+        yield net.transfer(links, nbytes, max_rate=c)
+        out[i] = env.now
+
+    for i, (links, nbytes, start, c) in enumerate(trs):
+        env.process(go(i, links, nbytes, start, c))
+    env.run()
+    net.finish()
+    want, link_bytes, busy = _reference(cap, trs)
+    assert out == pytest.approx(want, rel=1e-9, abs=1e-12)
+    assert net.link_bytes == pytest.approx(link_bytes, rel=1e-9, abs=1e-9)
+    assert net.link_busy_s == pytest.approx(busy, rel=1e-9, abs=1e-9)

@@ -12,6 +12,7 @@ edges, a link appearing once per edge that crosses it; each of its edges moves `
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,15 +23,30 @@ _EPS_S = 1e-12  # flows within this many seconds of completion are complete
 
 
 class _Flow:
-    __slots__ = ("cap", "done", "links", "rate", "remaining")
+    __slots__ = ("cap", "done", "finish", "last", "links", "rate", "remaining", "serial", "uniq")
 
-    def __init__(self, links: np.ndarray, nbytes: float, done: simpy.Event, cap: float = float("inf")) -> None:
+    def __init__(self, links: np.ndarray, nbytes: float, done: simpy.Event, cap: float = float("inf"),
+                 serial: int = 0) -> None:
         # a link appears once per edge of the flow that crosses it
         self.links, self.remaining, self.rate, self.done, self.cap = links, nbytes, 0.0, done, cap
+        self.serial, self.last, self.finish = serial, 0.0, float("inf")
+        self.uniq: list[int] = np.unique(links).tolist()
+
+    def settle(self, now: float) -> None:
+        """Bring ``remaining`` up to ``now`` at the current rate."""
+        if now > self.last:
+            self.remaining -= self.rate * (now - self.last)
+            self.last = now
 
 
 class FlowNetwork:
-    """Max-min fair bandwidth sharing over links with capacities in bytes/s."""
+    """Max-min fair bandwidth sharing over links with capacities in bytes/s.
+
+    Max-min fair rates on flows that share no link, directly or through other flows, do not depend
+    on each other, so a start or an end recomputes the rates of its connected component only (the
+    flows reachable from its links through shared links); the other flows keep their rates and are
+    not touched. Each flow's progress is brought up to date only when its rate changes, and the
+    next completion comes from a heap of finish times."""
 
     def __init__(self, env: simpy.Environment, capacity: np.ndarray, link_kinds: Sequence[str] | None = None,
                  record: bool = False) -> None:
@@ -38,18 +54,28 @@ class FlowNetwork:
             raise ValueError("link capacities must be positive")
         self.env = env
         self.capacity = np.asarray(capacity, dtype=float)
-        self.flows: list[_Flow] = []
         self.link_bytes = np.zeros(len(capacity))
         self.link_busy_s = np.zeros(len(capacity))
         self.transfers = 0
         self.reschedules = 0
-        self._last = 0.0
+        self._serial = 0
+        self._on_link: dict[int, dict[int, _Flow]] = {}   # link -> active flows crossing it, by serial
+        self._link_rate: dict[int, float] = {}            # link -> total rate on it (links in use only)
+        self._link_last: dict[int, float] = {}            # link -> when its bytes were last settled
+        self._heap: list[tuple[float, int, _Flow]] = []   # (finish time, serial, flow); stale entries skipped
+        self._wake_at = float("inf")
         self._gen = 0
-        self._load_ids = np.zeros(0, dtype=np.int64)   # links with traffic, and their total rate
-        self._load_rate = np.zeros(0)
         self._record = record
         self._busy_since: dict[int, float] = {}
         self.intervals: list[tuple[int, float, float]] = []
+
+    @property
+    def flows(self) -> list[_Flow]:
+        """The active flows, in the order they started."""
+        seen: dict[int, _Flow] = {}
+        for on in self._on_link.values():
+            seen.update(on)
+        return [seen[k] for k in sorted(seen)]
 
     # -- public ---------------------------------------------------------------------------------
 
@@ -65,7 +91,7 @@ class FlowNetwork:
             else:
                 done.succeed()
             return done
-        flow = _Flow(np.asarray(links, dtype=np.int64), float(nbytes), done, float(max_rate))
+        flow = self._flow(links, nbytes, done, max_rate)
         if latency > 0:
             self.env.timeout(latency).callbacks.append(lambda _e: self._start([flow]))
         else:
@@ -88,72 +114,146 @@ class FlowNetwork:
             if nbytes <= 0 or len(links) == 0:
                 done.succeed()
                 continue
-            flows.append(_Flow(np.asarray(links, dtype=np.int64), float(nbytes), done, float(cap)))
+            flows.append(self._flow(links, nbytes, done, cap))
         if flows:
             self._start(flows)
         return events
 
     def finish(self) -> None:
-        """Close the busy intervals still open (call once the simulation has ended)."""
+        """Close the busy intervals still open and bring link counters up to date (call once the
+        simulation has ended)."""
         now = self.env.now
+        for lid in list(self._link_rate):
+            self._settle_link(lid, now)
         for lid, since in sorted(self._busy_since.items()):
             self.intervals.append((lid, since, now))
         self._busy_since.clear()
 
     # -- internals ------------------------------------------------------------------------------
 
+    def _flow(self, links: Sequence[int], nbytes: float, done: simpy.Event, cap: float) -> _Flow:
+        self._serial += 1
+        return _Flow(np.asarray(links, dtype=np.int64), float(nbytes), done, float(cap), self._serial)
+
     def _start(self, flows: list[_Flow]) -> None:
-        self._advance()
-        self.flows.extend(flows)
-        self._reschedule()
-
-    def _advance(self) -> None:
         now = self.env.now
-        dt = now - self._last
-        if dt > 0 and self.flows:
-            for f in self.flows:
-                f.remaining -= f.rate * dt
-            self.link_bytes[self._load_ids] += self._load_rate * dt
-            self.link_busy_s[self._load_ids] += dt
-        self._last = now
+        seeds: set[int] = set()
+        for f in flows:
+            f.last = now
+            for lid in f.uniq:
+                self._on_link.setdefault(lid, {})[f.serial] = f
+            seeds.update(f.uniq)
+        self._reschedule(seeds)
 
-    def _reschedule(self) -> None:
-        self._gen += 1
+    def _component(self, seeds: set[int]) -> list[_Flow]:
+        """The active flows connected to the links ``seeds`` through shared links, by serial."""
+        comp: dict[int, _Flow] = {}
+        seen = set(seeds)
+        stack = list(seeds)
+        while stack:
+            on = self._on_link.get(stack.pop())
+            if not on:
+                continue
+            for k, f in on.items():
+                if k in comp:
+                    continue
+                comp[k] = f
+                for lid in f.uniq:
+                    if lid not in seen:
+                        seen.add(lid)
+                        stack.append(lid)
+        return [comp[k] for k in sorted(comp)]
+
+    def _settle_link(self, lid: int, now: float) -> None:
+        last = self._link_last.get(lid, now)
+        rate = self._link_rate.get(lid, 0.0)
+        if now > last and rate > 0:
+            self.link_bytes[lid] += rate * (now - last)
+            self.link_busy_s[lid] += now - last
+        self._link_last[lid] = now
+
+    def _reschedule(self, seeds: set[int]) -> None:
+        """New max-min rates for the component of the links ``seeds`` (whose flows changed)."""
         self.reschedules += 1
-        flows = self.flows
-        if not flows:
-            self._set_load(np.zeros(0, dtype=np.int64), np.zeros(0))
+        now = self.env.now
+        flows = self._component(seeds)
+        touched = set(seeds)
+        for f in flows:
+            f.settle(now)
+            touched.update(f.uniq)
+        for lid in touched:
+            self._settle_link(lid, now)
+        if flows:
+            rates, ids, load = _max_min(flows, self.capacity)
+            for f, r in zip(flows, rates.tolist(), strict=True):
+                f.rate = r
+                f.finish = now + max(f.remaining / r, 0.0)
+                heapq.heappush(self._heap, (f.finish, f.serial, f))
+            new_load = dict(zip(ids.tolist(), load.tolist(), strict=True))
+        else:
+            new_load = {}
+        for lid in touched:
+            rate = new_load.get(lid, 0.0)
+            if rate > 0:
+                self._link_rate[lid] = rate
+            else:
+                self._link_rate.pop(lid, None)
+                self._link_last.pop(lid, None)
+            if self._record:
+                if rate > 0:
+                    self._busy_since.setdefault(lid, now)
+                elif lid in self._busy_since:
+                    self.intervals.append((lid, self._busy_since.pop(lid), now))
+        self._arm()
+
+    def _arm(self) -> None:
+        """Keep one timeout pending, at the earliest finish time."""
+        heap = self._heap
+        while heap and (heap[0][2].finish != heap[0][0] or heap[0][1] not in self._on_link.get(heap[0][2].uniq[0], {})):
+            heapq.heappop(heap)
+        if not heap:
+            self._wake_at = float("inf")
             return
-        rates, ids, load = _max_min(flows, self.capacity)
-        for f, r in zip(flows, rates, strict=True):
-            f.rate = float(r)
-        self._set_load(ids, load)
-        t_next = min(f.remaining / f.rate for f in flows)
-        gen = self._gen
-        self.env.timeout(max(t_next, 0.0)).callbacks.append(lambda _e: self._wake(gen))
+        t = heap[0][0]
+        if t < self._wake_at:
+            self._wake_at = t
+            self._gen += 1
+            gen = self._gen
+            self.env.timeout(max(t - self.env.now, 0.0)).callbacks.append(lambda _e: self._wake(gen))
 
     def _wake(self, gen: int) -> None:
         if gen != self._gen:
             return
-        self._advance()
-        still: list[_Flow] = []
+        self._wake_at = float("inf")
+        now = self.env.now
         finished: list[_Flow] = []
-        for f in self.flows:
-            (finished if f.remaining <= f.rate * _EPS_S else still).append(f)
-        self.flows = still
-        self._reschedule()
+        ended: set[int] = set()
+        heap = self._heap
+        while heap:
+            t, serial, f = heap[0]
+            if f.finish != t or serial in ended or serial not in self._on_link.get(f.uniq[0], {}):
+                heapq.heappop(heap)
+                continue
+            f.settle(now)
+            if f.remaining > f.rate * _EPS_S:
+                break
+            heapq.heappop(heap)
+            finished.append(f)
+            ended.add(serial)
+        if not finished:
+            self._arm()
+            return
+        seeds: set[int] = set()
         for f in finished:
+            for lid in f.uniq:
+                on = self._on_link[lid]
+                del on[f.serial]
+                if not on:
+                    del self._on_link[lid]
+            seeds.update(f.uniq)
+        self._reschedule(seeds)
+        for f in sorted(finished, key=lambda f: f.serial):
             f.done.succeed()
-
-    def _set_load(self, ids: np.ndarray, load: np.ndarray) -> None:
-        if self._record:
-            now = self.env.now
-            new = set(ids.tolist())
-            for lid in [lid for lid in self._busy_since if lid not in new]:
-                self.intervals.append((lid, self._busy_since.pop(lid), now))
-            for lid in new:
-                self._busy_since.setdefault(lid, now)
-        self._load_ids, self._load_rate = ids, load
 
 
 def _succeed(event: simpy.Event) -> None:
@@ -167,6 +267,11 @@ def _max_min(flows: Sequence[Any], capacity: np.ndarray) -> tuple[np.ndarray, np
     exceed). Returns the rate of each flow, the ids of the links in use, and the total rate on each.
     """
     n = len(flows)
+    if n == 1:  # alone: its bottleneck link, shared by its own edges crossing it, or its cap
+        f = flows[0]
+        ids, mult = np.unique(f.links, return_counts=True)
+        rate = min(float(np.min(capacity[ids] / mult)), f.cap)
+        return np.array([rate]), ids, mult * rate
     caps = np.fromiter((f.cap for f in flows), dtype=float, count=n)
     capped = bool(np.isfinite(caps).any())
     counts = np.fromiter((len(f.links) for f in flows), dtype=np.int64, count=n)
