@@ -42,6 +42,23 @@ def _allreduce(platform: str, nodes: int, nbytes: int) -> Callable[[], tuple[flo
     return run
 
 
+def _alltoall(platform: str, nodes: int, sizes: Sequence[int]) -> Callable[[], tuple[float, int]]:
+    """An all-to-all of each size in ``sizes`` over ``nodes`` nodes, one simulation a size; the
+    simulated time is the sum over sizes."""
+    def run() -> tuple[float, int]:
+        from .comm.collective import collective_result
+        from .config.loader import load_platform
+
+        spec = load_platform(platform)[0]
+        rs = [collective_result(spec, "all_to_all", n, nodes=nodes) for n in sizes]
+        return sum(r.iteration_time_s for r in rs), sum(r.events for r in rs)
+    return run
+
+
+#: the all-to-all sizes of the scale cases: 64 KiB, 4 MiB, 64 MiB, 1 GiB
+A2A_SIZES = (1 << 16, 1 << 22, 1 << 26, 1 << 30)
+
+
 def _study(path: str) -> Callable[[], tuple[float, int]]:
     """A what-if study on the local process pool (one worker per core), in a scratch folder; the
     'events' column is the number of variants simulated."""
@@ -78,8 +95,23 @@ CASES: dict[str, tuple[int, Callable[[], tuple[float, int]]]] = {
     "gpt-3 175B 128 GPU (TP8 PP16 DP1)": (128, _gpt3(1)),
     "gpt-3 175B 1024 GPU (TP8 PP16 DP8)": (1024, _workload(GPT3)),
     "gpt-3 175B 1024 GPU, every rank": (1024, _workload(GPT3, fold=False)),
+    "gpt-3 175B 1024 GPU, global batch 1536": (1024, _workload(GPT3, "training.global_batch=1536")),
+    # MLPerf Training's GPT-3 on 512 H100 (NeMo: TP4 PP8 interleaved over 12 virtual stages, micro-batch
+    # 1, global batch 2,048 = 128 micro-batches per pipeline, fp8)
+    "mlperf gpt-3 512 H100 (TP4 PP8 VP12, 128 mb)": (512, _workload(
+        GPT3, "platform=dgx_h100", "nodes=64", "parallelism.tp=4", "parallelism.pp=8", "parallelism.dp=16",
+        "parallelism.pp_schedule=interleaved", "parallelism.virtual_stages=12", "training.micro_batch=1",
+        "training.global_batch=2048", "training.precision=fp8")),
+    "gpt-3 175B 1024 GPU, 2:1 spine": (1024, _workload(GPT3, "platform.network.oversubscription=2")),
+    "dlrm-dcnv2 1024 GPU (128x dgx_a100)": (1024, _workload("workloads/dlrm_dcnv2_8x_dgx_a100.yaml", "nodes=128")),
+    "mixtral 8x7B 1024 H100 (EP8)": (1024, _workload("workloads/mixtral_8x7b_64x_h100.yaml", "nodes=128",
+                                                                         "training.global_batch=2048")),
+    "all-to-all 64 KiB-1 GiB, 1024 GPU": (1024, _alltoall("dgx_a100", 128, A2A_SIZES)),
+    "all-to-all 64 KiB-1 GiB, 4096 GPU": (4096, _alltoall("dgx_a100", 512, A2A_SIZES)),
     "gpt-3 175B 4096 GPU (TP8 PP16 DP32)": (4096, _gpt3(32)),
     "gpt-3 175B 16384 GPU (TP8 PP16 DP128)": (16384, _gpt3(128)),
+    "gpt-3 175B 16384 GPU, every rank": (16384, _workload(GPT3, "nodes=2048", "parallelism.dp=128",
+                                                          "training.global_batch=4096", fold=False)),
     "study: 1000 variants of a 64-GPU GPT": (64, _study("workloads/studies/gpt_64gpu_1000.yaml")),
     "all-reduce 1 GB, 16 GPU": (16, _allreduce("dgx_h100", 2, 1 << 30)),
     "all-reduce 1 GB, 1024 GPU": (1024, _allreduce("dgx_h100", 128, 1 << 30)),

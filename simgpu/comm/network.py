@@ -179,16 +179,19 @@ class FlowNetwork:
         flows = self._component(seeds)
         touched = set(seeds)
         for f in flows:
-            f.settle(now)
             touched.update(f.uniq)
         for lid in touched:
             self._settle_link(lid, now)
         if flows:
             rates, ids, load = _max_min(flows, self.capacity)
+            heap = self._heap
             for f, r in zip(flows, rates.tolist(), strict=True):
+                if r == f.rate:
+                    continue  # its finish time and heap entry stand
+                f.settle(now)
                 f.rate = r
                 f.finish = now + max(f.remaining / r, 0.0)
-                heapq.heappush(self._heap, (f.finish, f.serial, f))
+                heapq.heappush(heap, (f.finish, f.serial, f))
             new_load = dict(zip(ids.tolist(), load.tolist(), strict=True))
         else:
             new_load = {}
