@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import queue
 import resource
 import time
 from collections.abc import Callable, Sequence
@@ -119,12 +120,29 @@ CASES: dict[str, tuple[int, Callable[[], tuple[float, int]]]] = {
 }
 
 
-def _measure(name: str, queue: mp.Queue[tuple[float, float, int, float]]) -> None:
+#: what a case's process sends back: its figures, or why it did not finish
+Outcome = tuple[float, float, int, float] | str
+
+
+def _measure(name: str, out: mp.Queue[Outcome]) -> None:
+    """Run one case and send back its figures; a case that would take more memory than the machine
+    has available is stopped by an address-space limit there and reported, not left to swap."""
+    from .config.checks import available_memory
+
+    limit = int(available_memory() * 0.9)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     t0 = time.perf_counter()
-    simulated, events = CASES[name][1]()
+    try:
+        simulated, events = CASES[name][1]()
+    except MemoryError:
+        out.put(f"ran out of memory (more than the {limit / 2**30:.1f} GiB available)")
+        return
+    except ConfigError as e:
+        out.put(f"refused: {e}")
+        return
     wall = time.perf_counter() - t0
     peak_mib = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024
-    queue.put((wall, simulated, events, peak_mib))
+    out.put((wall, simulated, events, peak_mib))
 
 
 def _previous() -> dict[str, dict[str, float]]:
@@ -240,11 +258,22 @@ def _main(argv: Sequence[str] | None) -> int:
     for name in CASES:
         if args.k not in name:
             continue
-        q: mp.Queue[tuple[float, float, int, float]] = ctx.Queue()
+        q: mp.Queue[Outcome] = ctx.Queue()
         p = ctx.Process(target=_measure, args=(name, q))
         p.start()
-        wall, simulated, events, peak = q.get()
+        while True:
+            try:
+                outcome = q.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if not p.is_alive():
+                    outcome = f"its process ended with exit code {p.exitcode}"
+                    break
         p.join()
+        if isinstance(outcome, str):
+            print(f"{name:40} {'-':>8} {'-':>8}   not measured: {outcome}", flush=True)
+            continue
+        wall, simulated, events, peak = outcome
         rate = f"{events / wall:,.0f}" if events else "-"
         last = before.get(name, {}).get("wall_s")
         ratio = f"{wall / last:7.2f}x" if last else "      -"
