@@ -10,13 +10,12 @@ reserved KV blocks for the request's whole output, its KV cache crosses the topo
 fairly with the other transfers in flight (:class:`~simgpu.comm.network.FlowNetwork`); the prefill
 replica frees the request's blocks when the last byte has arrived.
 
-The loop costs O(requests x iterations) cheap Python operations; the timer is asked only for step
-shapes it has not seen (decode KV lengths are timed as their mean, rounded up to a bucket).
+The loop costs O(requests x iterations) cheap Python operations; each pool's :class:`Clock`
+asks the timer only for step shapes it has not seen.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +24,8 @@ import numpy as np
 import simpy
 
 from ..errors import ConfigError, SimulationError
-from ..workload.inference.api import IterationTimer, Step
+from ..workload.inference.api import IterationTimer
+from .clock import Clock
 from .kv import BlockManager
 from .requests import Requests
 from .scheduler import Batch, Replica, State, schedule
@@ -131,6 +131,7 @@ def simulate_serving(requests: Requests, pools: Sequence[Pool], sched: Scheduler
 
     net = FlowNetwork(env, network.capacity) if disagg and network is not None else None
     cb, pb = timing.context_bucket_tokens, timing.prefill_bucket_tokens
+    clocks = [Clock(pool, timing) for pool in pools]
     kind, max_batch, max_tokens = sched.kind, sched.max_batch, sched.max_tokens
     rr = [0]
 
@@ -144,16 +145,7 @@ def simulate_serving(requests: Requests, pools: Sequence[Pool], sched: Scheduler
         pf = tuple(sorted((-(-c // pb) * pb, -(-kv[r] // cb) * cb if kv[r] else 0) for r, c in batch.prefill))
         nd = len(batch.decode)
         m = -(-sum(kv[r] for r in batch.decode) // (nd * cb)) * cb if nd else 0
-        cache = pools[p].cache
-        key = (pf, nd, m)
-        t = cache.get(key)
-        if t is None:
-            t = float(pools[p].timer.time([Step(pf, (m,) * nd)])[0])
-            if not t > 0 or not math.isfinite(t):
-                raise SimulationError(f"the {pools[p].name} pool's timer gave {t} s for a step; expected a positive "
-                                      "time")
-            cache[key] = t
-        return t
+        return clocks[p].time(pf, nd, m)
 
     def leave(r: int) -> None:
         finish[r] = env.now

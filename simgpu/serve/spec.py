@@ -104,7 +104,11 @@ class TimingSpec(Spec):
 
     context_bucket_tokens: int = Field(
         64, ge=1, description="decode KV lengths are timed as their mean, rounded up to a multiple of this")
-    prefill_bucket_tokens: int = Field(16, ge=1, description="prefill chunks are timed rounded up to this")
+    prefill_bucket_tokens: int = Field(32, ge=1, description="prefill chunks are timed rounded up to this")
+    mode: Literal["additive", "direct"] = Field(
+        "additive", description="additive: steps timed from small interpolated tables (see simgpu.serve.loop); "
+        "direct: every distinct step shape timed by the engine")
+    grid_per_octave: int = Field(8, ge=1, description="additive: grid points per doubling of a count")
 
 
 class OutputSpec(Spec):
