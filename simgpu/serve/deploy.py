@@ -22,8 +22,29 @@ from .spec import DeploymentSpec, Serving
 
 
 def overrides_of(dep: DeploymentSpec) -> list[str]:
-    """A deployment's ``set`` as ``--set`` items."""
-    return [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in dep.set.items()]
+    """A deployment's ``set`` as ``--set`` items; a nested mapping sets the keys inside it
+    (``set: {parallelism: {tp: 8}}`` is ``parallelism.tp=8``, as ``--set deployment.set.parallelism.tp=8`` gives)."""
+    def flat(prefix: str, value: Any) -> list[str]:
+        if isinstance(value, dict) and value:
+            return [item for k, v in value.items() for item in flat(f"{prefix}.{k}", v)]
+        return [f"{prefix}={value if isinstance(value, str) else json.dumps(value)}"]
+    return [item for k, v in dep.set.items() for item in flat(k, v)]
+
+
+def check_memory(serving: Serving, deployment: Deployment) -> None:
+    """Refuse a pool whose replica has no room for a single KV block once its weights are loaded."""
+    keys = ["prefill", "decode"] if serving.spec.disaggregated else ["deployment"]
+    for key, pool in zip(keys, deployment.pools, strict=True):
+        mem = pool.timer.memory
+        if mem.kv_blocks < 1:
+            gib = 2 ** 30
+            need = mem.weights_bytes + mem.activation_bytes + mem.workspace_bytes
+            raise ConfigError(
+                f"the model does not fit: {pool.name} replicas of {pool.timer.replica_gpus} GPU(s) need "
+                f"{need / gib:.1f} GiB per GPU (weights {mem.weights_bytes / gib:.1f}, activations "
+                f"{mem.activation_bytes / gib:.1f}, workspace {mem.workspace_bytes / gib:.1f}) before any KV cache, "
+                f"of {mem.gpu_bytes / gib:.1f} GiB; expected more GPUs per replica (parallelism.tp / pp) or a "
+                "smaller precision", file=serving.file, key=f"{key}.set")
 
 
 def pool_job(serving: Serving, key: str) -> Job:
@@ -104,11 +125,12 @@ def serve(serving: Serving, deployment: Deployment, rate_per_s: float | None = N
     """Simulate ``serving`` on ``deployment`` (at ``rate_per_s`` instead of its own rate, if given)."""
     spec = serving.spec
     reqs = requests_of(serving, rate_per_s)
-    check_slo(serving, deployment, reqs)
+    check_memory(serving, deployment)
     try:
         check_fits(reqs, deployment.pools)
     except ConfigError as e:
         raise ConfigError(e.message, file=serving.file, key=e.key) from None
+    check_slo(serving, deployment, reqs)
     res = simulate_serving(reqs, deployment.pools, spec.scheduler, spec.timing, deployment.network, progress)
     res.meta.update(name=spec.name, deployment=deployment.label, scheduler=spec.scheduler.kind,
                     platform=deployment.jobs[0].platform.name, seed=spec.seed,
