@@ -105,3 +105,15 @@ def test_shipped_serving_files_load(name):
         dep = getattr(serving.spec, pool)
         if dep is not None:
             assert serving.resolve(dep.workload).is_file()
+
+
+def test_mlperf_server_rows_are_read(tmp_path):
+    from conftest import DATA
+
+    from simgpu.serve.mlperf import server_rows
+
+    if not (DATA / "inference" / "mlperf-llama2-70b").is_dir():
+        pytest.skip("no MLPerf Llama-2-70B results in ../shared/data")
+    rows = server_rows(DATA)
+    assert len(rows) >= 1 and (rows.tp.notna()).all() and (rows.total_accelerators == 8).all()
+    assert server_rows(DATA, every=True).shape[0] > len(rows)
