@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
 
 from ..engine.result import RECORD_COLUMNS, SimResult
 from ..report.gantt import plot_timeline
@@ -41,6 +42,7 @@ def latency_cdf(table: pd.DataFrame, path: Path, title: str, slo: tuple[float, f
         if len(x):
             ax.plot(x, np.arange(1, len(x) + 1) / len(x), color="#1f77b4")
             ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())
         if slo is not None and k < 2:
             ax.axvline(slo[k], color="#d62728", linestyle="--", linewidth=1, label=f"SLO {slo[k]:g} ms")
             ax.legend(fontsize=8, loc="lower right")

@@ -114,7 +114,7 @@ class TimingSpec(Spec):
 class OutputSpec(Spec):
     """Extras of the outputs."""
 
-    gantt_iterations: int = Field(200, ge=0, description="iterations drawn in the Gantt chart (from the middle)")
+    gantt_iterations: int = Field(80, ge=0, description="iterations drawn in the Gantt chart (from the middle)")
     sweep_rates_per_s: list[float] = Field(default_factory=list, description="arrival rates of the "
                                            "throughput-vs-load sweep (poisson / trace), none for no sweep")
 
