@@ -350,6 +350,14 @@ class Inference(Spec):
     iteration_overhead_us: Annotated[float, Field(ge=0)] = Field(
         0.0, description="CPU time per iteration outside the ops (scheduling, input preparation, "
                          "detokenisation), us")
+    framework: Literal["vllm", "tensorrt_llm"] = Field(
+        "vllm", description="which kernels are fused: vllm (the residual add into the next RMSNorm; RoPE, the KV-cache "
+                            "write and SwiGLU as kernels of their own) or tensorrt_llm (also RoPE and the KV-cache "
+                            "write into attention, SwiGLU and the fp8 / fp4 quantisation of activations into the "
+                            "GEMMs' epilogues)")
+    prefill_overhead_us: Annotated[float, Field(ge=0)] = Field(
+        0.0, description="further CPU time of an iteration that prefills (building the prompts' attention "
+                         "metadata and masks), us")
     cuda_graphs: bool = Field(
         False, description="decode-only iterations replay a captured CUDA graph: one launch for all their ops")
 
@@ -493,15 +501,17 @@ class WorkloadSpec(Spec):
     def _one_mode(self) -> WorkloadSpec:
         served = self.model.kind in INFERENCE_KINDS
         if served and self.training is not None:
-            raise ValueError(f"a {self.model.kind} model is served, not trained; expected an inference section "
-                             "instead of training")
+            raise ValueError(f"training: a {self.model.kind} model is served, not trained; expected an inference "
+                             "section instead of training")
         if not served and self.inference is not None:
-            raise ValueError(f"a {self.model.kind} model is trained; expected a training section instead of "
-                             "inference (or a transformer_inference / dlrm_inference model)")
+            raise ValueError(f"inference: a {self.model.kind} model is trained; expected a training section instead "
+                             "of inference (or a transformer_inference / dlrm_inference model)")
         if served and self.inference is None:
-            raise ValueError(f"a {self.model.kind} model needs an inference section; expected inference: {{...}}")
+            raise ValueError(f"inference: missing required key (a {self.model.kind} model is served); expected "
+                             "inference: {...}")
         if not served and self.training is None:
-            raise ValueError(f"a {self.model.kind} model needs a training section; expected training: {{...}}")
+            raise ValueError(f"training: missing required key (a {self.model.kind} model is trained); expected "
+                             "training: {...}")
         return self
 
     @property

@@ -8,6 +8,7 @@ this package registers every family's builder with :mod:`.registry`, which itsel
 
 from .dlrm import builder as _dlrm  # noqa: F401  (registers "dlrm")
 from .inference import builder as _inference  # noqa: F401  (registers "transformer_inference")
+from .inference import dlrm as _dlrm_inference  # noqa: F401  (registers "dlrm_inference")
 from .registry import Builder, World, get_builder, register
 from .transformer import builder as _transformer  # noqa: F401  (registers "transformer")
 

@@ -5,7 +5,9 @@ input copy (token ids, positions, block tables), the vocabulary-parallel embeddi
 norm, QKV, RoPE, the write of the new K/V into the paged cache, paged attention (a causal prefill
 kernel over the prompts, one over chunked prompts' cached keys, a decode kernel over the decoding
 requests' caches: :mod:`~simgpu.workload.inference.shape`), the output projection and its
-tensor-parallel all-reduce, the MLP or MoE (Megatron's all-to-all dispatcher, as in training), and
+tensor-parallel all-reduce, the MLP or MoE; residual adds are fused into the norm that follows
+them, and ``framework: tensorrt_llm`` fuses RoPE and the cache write into attention, SwiGLU and the
+quantisation of activations into the GEMMs (Megatron's all-to-all dispatcher, as in training), and
 on the last stage the final norm, the output layer over one row per request, the logits gathered
 over tp and the sampler, which the host waits for. Between stages the activations are sent on.
 
@@ -45,6 +47,8 @@ class Serving:
     kv_bytes: float
     host_s: float | None            # per launched op (None: the platform's launch cost)
     iteration_s: float              # host work per iteration outside the ops
+    prefill_s: float                # further host work of an iteration that prefills
+    fused: bool                     # TensorRT-LLM's fusions (see Inference.framework)
     cuda_graphs: bool
 
 
@@ -77,9 +81,10 @@ class StageForward:
         s, em, bl, sh = self.s, self.em, self.bl, self.shape
         lay = s.layout
         first, last = self.stage == 0, self.stage == lay.pp - 1
-        if first and self.sv.iteration_s > 0:
+        host = self.sv.iteration_s + (self.sv.prefill_s if sh.prefill else 0.0)
+        if first and host > 0:
             self.host[em.program.add(Op("iteration.schedule", "host", "host", stream="compute", phase="fwd",
-                                        cpu_s=self.sv.iteration_s))] = self.sv.iteration_s
+                                        cpu_s=host))] = host
         copy = em.memcpy("inputs.h2d", sh.tokens * TOKEN_INPUT_BYTES + sh.rows * REQUEST_INPUT_BYTES)
         gate: tuple[int, ...]
         if first:
@@ -113,8 +118,10 @@ class StageForward:
         """Paged attention of the batch's three kinds of sequences, and the K/V write before it."""
         bl, sh, sv = self.bl, self.shape, self.sv
         em = self.em
-        kv_numel = sh.tokens * 2 * bl.kv * bl.d
-        last = em.elementwise(f"{n}.kv_cache.write", kv_numel, 1, 1, sv.kv_dtype, op="copy", phase="fwd")
+        last = em.last
+        if not sv.fused:
+            kv_numel = sh.tokens * 2 * bl.kv * bl.d
+            last = em.elementwise(f"{n}.kv_cache.write", kv_numel, 1, 1, sv.kv_dtype, op="copy", phase="fwd")
         def paged(kind: str, batch: int, sq: int, skv: int, causal: int) -> int:
             return em.kernel(f"{n}.attention.{kind}", "attention_fwd", sv.attn_dtype, phase="fwd", batch=batch,
                              seq_q=sq, seq_kv=skv, causal=causal, heads=bl.heads, head_dim=bl.d, kv_heads=bl.kv,
@@ -130,28 +137,30 @@ class StageForward:
 
     def block_fwd(self, blk: Block, deps: tuple[int, ...]) -> int:
         """One block's forward, as :meth:`Blocks.block_fwd` with paged attention for the core."""
-        s, bl = self.s, self.bl
+        s, bl, fused = self.s, self.bl, self.sv.fused
         n = blk.name
+        # the residual add of the block's input is fused into its first norm (vLLM's
+        # fused_add_rms_norm, TensorRT-LLM's fused residual norm); the norm waits for the reduction
         bl.norm(f"{n}.ln1", False, "fwd", deps=deps)
         bl.lin_fwd(blk.qkv, "fwd")
-        if s.model.rope:
+        if s.model.rope and not fused:
             bl.ew(f"{n}.rope", s.tokens * (bl.heads + bl.kv) * bl.d, 1, 1, "fwd", op="rope")
         self.attention(n)
-        out = bl.lin_fwd(blk.proj, "fwd", quantize_input=True)
+        out = bl.lin_fwd(blk.proj, "fwd", quantize_input=not fused)
         red = bl.tp_comm("ar", blk.proj.name, "fwd", deps=(out,))
-        bl.residual(f"{blk.proj.name}.residual", "fwd", deps=() if red is None else (red,))
-        bl.norm(f"{n}.ln2", False, "fwd")
+        bl.norm(f"{n}.ln2", False, "fwd", deps=() if red is None else (red,))
         if blk.experts is not None:
             out = moe_fwd(bl, blk.experts, "fwd", "")
             name = f"{n}.moe"
         else:
             assert blk.fc1 is not None and blk.fc2 is not None
             act = bl.lin_fwd(blk.fc1, "fwd")
-            bl.activation(blk.fc2.inputs, blk.fc1.name, "fwd", deps=(act,))
-            out = bl.lin_fwd(blk.fc2, "fwd", quantize_input=True)
+            if not fused:
+                bl.activation(blk.fc2.inputs, blk.fc1.name, "fwd", deps=(act,))
+            out = bl.lin_fwd(blk.fc2, "fwd", quantize_input=not fused)
             name = blk.fc2.name
         red = bl.tp_comm("ar", name, "fwd", deps=(out,))
-        return bl.residual(f"{name}.residual", "fwd", deps=() if red is None else (red,))
+        return out if red is None else red
 
     def head(self) -> int:
         """Final norm, the output layer over the last token of each request, the logits gathered

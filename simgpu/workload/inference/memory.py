@@ -4,8 +4,8 @@
   expert-parallel share of the experts, the embedding on the first stage and the output layer on
   the last) at the serving dtype's width (fp4: half a byte, plus one fp8 scale per 16 weights as
   NVFP4 stores them; the embedding and the output layer stay 16-bit, as TensorRT-LLM keeps them).
-- KV cache per token on a GPU: its blocks x its KV heads (``kv_heads / tp``, at least one: a
-  head is replicated where tp exceeds the KV heads) x head dim x 2 (K and V) x the cache dtype's width.
+- KV cache per token on a GPU: its blocks x its KV heads (``kv_heads / tp``; tp must divide them)
+  x head dim x 2 (K and V) x the cache dtype's width.
 - Activations: the largest iteration's (``max_batch_tokens``) live tensors of one block, which a
   forward frees as it goes: the residual stream and a norm output, the QKV output, the attention
   output and the MLP's (or experts') inner activations, plus the logits of ``max_batch_size`` rows.
@@ -14,7 +14,8 @@
 
 What is left of ``gpu_memory_utilization`` of the GPU is the KV cache, in blocks of
 ``block_tokens``; a replica holds as many blocks as its fullest GPU can (its stages hold different
-layers, so their budgets differ).
+layers, so their budgets differ), times ``ep`` under expert parallelism (each attention rank holds
+the caches of its share of the requests).
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ def replica_memory(s: Setup, *, kv_width: float, max_tokens: int, max_rows: int,
     weights = [stage_weight_bytes(s, st) for st in range(s.layout.pp)]
     per_token = kv_bytes_per_token(s, kv_width)
     free = min(gpu_bytes - w - act - WORKSPACE_BYTES for w in weights)
-    blocks = max(int(free // (per_token * block_tokens)), 0)
+    # under expert parallelism each of the ep attention ranks holds the caches of its share of requests
+    blocks = max(int(free // (per_token * block_tokens)), 0) * s.layout.ep
     return ReplicaMemory(weights_bytes=max(weights), activation_bytes=act, workspace_bytes=WORKSPACE_BYTES,
                          kv_bytes_per_token=per_token, gpu_bytes=gpu_bytes, block_tokens=block_tokens,
                          kv_blocks=blocks)
