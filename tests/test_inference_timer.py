@@ -121,10 +121,13 @@ def test_a_batch1_decode_is_memory_bound() -> None:
     assert timer.time([Step(decode=(1024,))])[0] == pytest.approx(r.iteration_time_s, rel=0.02)
 
 
-def test_fp8_weights_halve_the_decode_floor() -> None:
+def test_fp8_weights_halve_the_weights_and_double_the_cache() -> None:
+    """fp8 halves the weights' bytes and doubles the KV blocks; a decode iteration gets faster, though
+    not twice (the kernel models time fp8 GEMMs of 32 rows 0.85-1.56x as fast as bf16 ones, and the
+    all-reduces, norms and attention stay)."""
     bf16 = make_timer(load_job(LLAMA, ["inference.cuda_graphs=true"]))
     fp8 = make_timer(load_job(LLAMA, ["inference.cuda_graphs=true", "inference.precision=fp8"]))
     step = [Step(decode=(512,) * 8)]
     assert fp8.memory.weights_bytes == pytest.approx(bf16.memory.weights_bytes / 2, rel=0.01)
-    assert fp8.time(step)[0] < 0.8 * bf16.time(step)[0]
+    assert fp8.time(step)[0] < 0.9 * bf16.time(step)[0]
     assert fp8.memory.kv_blocks > 2 * bf16.memory.kv_blocks

@@ -76,10 +76,10 @@ MODELS = {"llama2-70b": LLAMA2_70B, "bloom-176b": BLOOM_176B}
 #: ``platform.``). Not a published figure: fitted to the scored rows of that machine as a whole
 #: (``python -m simgpu.validate.inference --fit``), never per row; see the module docstring.
 SPLITWISE_STACK: dict[str, dict[str, Any]] = {
-    "a100-80gb": {"host_overhead_us": 44.0, "prefill_overhead_us": 15000.0, "platform.gpu.matmul_efficiency": 0.7,
-                  "platform.gpu.memory_efficiency": 0.7},
-    "h100-80gb": {"host_overhead_us": 29.0, "prefill_overhead_us": 15000.0, "platform.gpu.matmul_efficiency": 0.6,
-                  "platform.gpu.memory_efficiency": 0.7},
+    "a100-80gb": {"host_overhead_us": 45.9, "prefill_overhead_us": 17360.0, "platform.gpu.matmul_efficiency": 0.735,
+                  "platform.gpu.memory_efficiency": 0.667},
+    "h100-80gb": {"host_overhead_us": 31.8, "prefill_overhead_us": 17250.0, "platform.gpu.matmul_efficiency": 0.657,
+                  "platform.gpu.memory_efficiency": 0.48},
 }
 
 
