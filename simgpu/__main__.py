@@ -18,6 +18,7 @@ from .cli import UsageError, entry, run_command, usage_message
 #: verb -> (module with ``main(argv) -> int``, what it does)
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("simgpu.run", "simulate one training iteration of a workload YAML"),
+    "serve": ("simgpu.serve", "simulate LLM serving at the request level (TTFT, TPOT, goodput)"),
     "whatif": ("simgpu.whatif", "simulate the variants of a study and compare them"),
     "search": ("simgpu.search", "find the fastest sharding plan or parallel configuration"),
     "comm": ("simgpu.comm", "an nccl-tests view of the simulated collectives"),

@@ -133,21 +133,22 @@ class MemoryEstimate:
     activations: float = 0.0
     embeddings: float = 0.0
     buffers: float = 0.0
+    kv_cache: float = 0.0       # inference: the KV cache of the requests in the batch
 
     @property
     def total(self) -> float:
         return (self.parameters + self.gradients + self.optimizer_states + self.activations
-                + self.embeddings + self.buffers)
+                + self.embeddings + self.buffers + self.kv_cache)
 
     def __add__(self, other: MemoryEstimate) -> MemoryEstimate:
         return MemoryEstimate(self.parameters + other.parameters, self.gradients + other.gradients,
                               self.optimizer_states + other.optimizer_states,
                               self.activations + other.activations, self.embeddings + other.embeddings,
-                              self.buffers + other.buffers)
+                              self.buffers + other.buffers, self.kv_cache + other.kv_cache)
 
     def as_gib(self) -> dict[str, float]:
-        d = {k: getattr(self, k) / 2**30 for k in
-             ("parameters", "gradients", "optimizer_states", "activations", "embeddings", "buffers")}
+        keys = ("parameters", "gradients", "optimizer_states", "activations", "embeddings", "buffers")
+        d = {k: getattr(self, k) / 2**30 for k in keys + (("kv_cache",) if self.kv_cache else ())}
         d["total"] = self.total / 2**30
         return d
 

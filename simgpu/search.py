@@ -1,5 +1,9 @@
 """``simgpu search``: find the fastest embedding sharding or parallel configuration.
 
+``serving SERVING.yaml`` ranks serving configurations (TP / PP, replicas, ``--max-batch``,
+``--max-tokens`` chunk sizes, ``--prefill-nodes`` of a disaggregated deployment) by output tokens/s
+per GPU among those whose P99 TTFT and TPOT meet the file's SLOs (:mod:`simgpu.serve.study`).
+
 ``sharding WORKLOAD`` ranks the plans the sharding planner proposes for a DLRM; ``parallelism
 WORKLOAD`` ranks the tensor / pipeline / data parallel splits, micro-batch sizes, recomputation and
 ZeRO stages of a Transformer. Candidates keep the workload's global batch (the same work) and are
@@ -72,7 +76,7 @@ def parallelism_candidates(workload: str, overrides: Sequence[str] = (), *, tp: 
                           key="model.kind")
     data, _ = read_yaml(workload, "workload")
     base = tuple(parse_override(o) for o in overrides)
-    w, tr, par = job.workload, job.workload.training, job.workload.parallelism
+    w, tr, par = job.workload, job.workload.train, job.workload.parallelism
     gpn = w.gpus_per_node or job.platform.node.gpus
     world = w.nodes * gpn
     dp0 = par.dp or world // (par.tp * par.pp * par.cp)
@@ -179,13 +183,32 @@ def write_top(workload: str, variants: list[Variant], table: pd.DataFrame, out: 
     return dirs
 
 
+def write_top_serving(serving: str, variants: list[Variant], table: pd.DataFrame, out: Path, k: int) -> list[Path]:
+    """Serve the k best (most output tokens/s per GPU within the SLOs) again and write their files."""
+    from .serve.deploy import build, serve
+    from .serve.outputs import write_outputs
+    from .serve.spec import load_serving
+
+    by_id = {v.id: v for v in variants}
+    best = table[table["feasible"]].sort_values("output_tokens_per_s_per_gpu", ascending=False).head(k)
+    dirs = []
+    for i, row in enumerate(best.itertuples(), 1):
+        s = load_serving(serving, by_id[str(row.id)].as_args())
+        res, summary = serve(s, build(s))
+        d = out / f"top{i}"
+        write_outputs(res, summary, d, slo=(s.spec.slo.ttft_ms, s.spec.slo.tpot_ms),
+                      gantt_iterations=s.spec.outputs.gantt_iterations)
+        dirs.append(d)
+    return dirs
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     return run_command(lambda: _main(argv))
 
 
 def _main(argv: Sequence[str] | None) -> int:
     ap = ArgParser(prog="simgpu search", description=__doc__.splitlines()[0])
-    ap.add_argument("space", choices=("sharding", "parallelism"))
+    ap.add_argument("space", choices=("sharding", "parallelism", "serving"))
     ap.add_argument("workload")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--top", type=int_at_least(0), default=3, help="write outputs of the k fastest")
@@ -198,6 +221,10 @@ def _main(argv: Sequence[str] | None) -> int:
     ap.add_argument("--recompute", type=choice_list(("none", "selective", "full")),
                     default=["none", "selective", "full"], help="recomputation modes to try")
     ap.add_argument("--zero", type=int_list(0), help="ZeRO stages to try (default 0,1)")
+    ap.add_argument("--replicas", type=int_list(1), help="serving: replicas to try (default: as many as fit)")
+    ap.add_argument("--max-batch", type=int_list(1), help="serving: scheduler.max_batch values to try")
+    ap.add_argument("--max-tokens", type=int_list(1), help="serving: token budgets (chunk sizes) to try")
+    ap.add_argument("--prefill-nodes", type=int_list(1), help="serving, disaggregated: nodes of the prefill pool")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     from .whatif.__main__ import finish_table, ranking
@@ -208,7 +235,13 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.out:
         check_out_dir(args.out)
     pruned: list[dict[str, Any]] = []
-    if args.space == "sharding":
+    if args.space == "serving":
+        from .serve.study import candidates
+
+        variants, pruned = candidates(args.workload, args.overrides, tp=args.tp, pp=args.pp or (1,),
+                                      replicas=args.replicas, max_batch=args.max_batch, max_tokens=args.max_tokens,
+                                      prefill_nodes=args.prefill_nodes)
+    elif args.space == "sharding":
         variants = sharding_candidates(args.workload, args.overrides)
     else:
         variants, pruned = parallelism_candidates(
@@ -231,7 +264,8 @@ def _main(argv: Sequence[str] | None) -> int:
     table.to_csv(out / "results.csv", index=False)
     if pruned:
         pd.DataFrame(pruned).to_csv(out / "pruned.csv", index=False)
-    tops = write_top(args.workload, variants, table, out, args.top)
+    tops = (write_top(args.workload, variants, table, out, args.top) if args.space != "serving"
+            else write_top_serving(args.workload, variants, table, out, args.top))
     print(ranking(table))
     if pruned:
         print(f"\n{len(pruned)} candidates pruned by the job's rules (listed in {out / 'pruned.csv'}):")

@@ -18,6 +18,7 @@ from .config.loader import Job, load_job
 from .config.platform import PlatformSpec
 from .engine import Engine, EngineOptions, SimResult
 from .engine.fold import FoldBroken, fold_blocker, local_shift_unit
+from .errors import ConfigError
 from .graph import Workload
 from .kernels.base import make_predictor
 from .platform.topology import Topology
@@ -30,7 +31,12 @@ def build(job: Job, *, fold: bool = False, topo: Topology | None = None) -> Work
     folding ranks inside a node too where ``topo`` shows the node symmetric."""
     local = partial(local_shift_unit, topo) if fold and topo is not None else None
     world = World(job.workload.nodes, gpus_per_node(job), job.platform.gpu.memory_gib, fold=fold, local_unit=local)
-    workload = get_builder(job.workload.model.kind)(job.workload, world)
+    try:
+        workload = get_builder(job.workload.model.kind)(job.workload, world)
+    except ConfigError as e:  # a builder's refusal names the key; the file is the job's
+        if e.file is not None:
+            raise
+        raise ConfigError(e.message, file=job.workload_file, key=e.key) from None
     check_memory(job, workload)
     return workload
 

@@ -176,7 +176,8 @@ RUN = [
          w__yaml=gpt(parallelism__tensor_parallel=2)),
     case("kind-missing", "run", W, "w.yaml", "model.kind: missing required key", "dlrm, transformer",
          w__yaml=gpt(model__kind=None)),
-    case("kind-unknown", "run", W, "model.kind: expected one of: 'dlrm', 'transformer'; got 'lstm'",
+    case("kind-unknown", "run", W, "model.kind: expected one of: 'dlrm', 'transformer', 'transformer_inference', "
+         "'dlrm_inference'; got 'lstm'",
          w__yaml=gpt(model__kind="lstm")),
     case("model-missing", "run", W, "model: missing required key", w__yaml=gpt(model=None)),
     case("training-missing", "run", W, "training: missing required key", w__yaml=gpt(training=None)),

@@ -50,7 +50,8 @@ def run_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     ({"model.layers": None}, "model.layers", "missing required key"),
     ({"model.layers": "many"}, "model.layers", "expected a number, got 'many'"),
     ({"model.layers": -3}, "model.layers", "greater than 0"),
-    ({"model.kind": "lstm"}, "model.kind", "expected one of: 'dlrm', 'transformer'; got 'lstm'"),
+    ({"model.kind": "lstm"}, "model.kind", "expected one of: 'dlrm', 'transformer', "
+     "'transformer_inference', 'dlrm_inference'; got 'lstm'"),
     ({"training.precision": "fp4"}, "training.precision", "'fp32', 'tf32', 'bf16', 'fp16' or 'fp8'"),
     ({"parallelism.dp": 12}, "parallelism.dp", "does not match the world size"),
     ({"model.heads": 7}, "model", "divisible by heads"),

@@ -32,11 +32,12 @@ def check_job(job: Job) -> None:
                           f"{p.node.gpus}; expected at most {p.node.gpus}", file=f, key="gpus_per_node")
     check_world(w.nodes, gpus_per_node(job), file=f)
     check_parallelism(w, w.nodes, gpus_per_node(job), file=f)
-    if w.training.precision not in p.gpu.peak_tflops:
+    if w.precision not in p.gpu.peak_tflops:
         raise ConfigError(
-            f"{w.training.precision} is not supported by {p.gpu.name} on platform {p.name}; "
-            f"expected one of: {', '.join(p.gpu.peak_tflops)}", file=f, key="training.precision")
-    if w.model.kind == "dlrm":
+            f"{w.precision} is not supported by {p.gpu.name} on platform {p.name}; "
+            f"expected one of: {', '.join(p.gpu.peak_tflops)}", file=f,
+            key="training.precision" if w.training is not None else "inference.precision")
+    if isinstance(w.model, DLRMModel):
         check_dlrm(w, w.nodes, gpus_per_node(job), file=f)
     check_transformer(w, world_size(job), file=f)
     check_size(job)
@@ -146,6 +147,10 @@ def check_transformer(spec: WorkloadSpec, world: int, file: str | None = None) -
             fail("model.moe.expert_ffn_hidden", f"expert width {md.expert_ffn} does not split over tp={tp}")
     if dp % ep:
         fail("parallelism.ep", f"ep={ep} must divide dp={dp} (experts are sharded over data-parallel ranks)")
+    if tr is None:  # served: no micro-batches, no schedule
+        if pp > 1 and par.pp_schedule != "1f1b":
+            fail("parallelism.pp_schedule", "a served model's stages run one iteration at a time; expected 1f1b")
+        return
     if tr.global_batch is not None and tr.global_batch % (tr.batch_per_gpu * dp):
         fail("training.global_batch", f"global_batch {tr.global_batch} is not a multiple of micro_batch x dp = "
                                       f"{tr.batch_per_gpu} x {dp}; expected a multiple of {tr.batch_per_gpu * dp}")
@@ -232,6 +237,8 @@ def check_size(job: Job) -> None:
     check_world(w.nodes, gpn, file=f)
     world = w.nodes * gpn
     md, tr, par = w.model, w.training, w.parallelism
+    if tr is None:  # served: one forward of a replica's batch, a few ops per block
+        return
     if isinstance(md, TransformerModel):
         dp = par.dp or max(world // (par.tp * par.pp * par.cp), 1)
         micro = (tr.global_batch // max(tr.batch_per_gpu * dp, 1) if tr.global_batch

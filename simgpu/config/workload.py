@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, PositiveInt, model_validator
+from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
 from .base import Spec
 
@@ -292,7 +292,80 @@ class TransformerModel(Spec):
         return self.moe is not None and (layer + 1) % self.moe.every == 0
 
 
-Model = Annotated[DLRMModel | TransformerModel, Field(discriminator="kind")]
+class TransformerInferenceModel(TransformerModel):
+    """A Transformer served for inference (:mod:`simgpu.workload.inference`): the same fields as a
+    ``transformer`` model; ``seq_len`` is the longest context one request may reach (prompt and
+    output tokens), which its KV cache must hold."""
+
+    kind: Literal["transformer_inference"]  # type: ignore[assignment]
+
+
+class DLRMInferenceModel(DLRMModel):
+    """A DLRM answering queries (:mod:`simgpu.workload.inference.dlrm`): its forward only, over the
+    tables sharded as the training plans shard them."""
+
+    kind: Literal["dlrm_inference"]  # type: ignore[assignment]
+
+
+#: Model kinds that are served: their workload has an ``inference`` section instead of ``training``.
+INFERENCE_KINDS = ("transformer_inference", "dlrm_inference")
+
+Model = Annotated[DLRMModel | TransformerModel | TransformerInferenceModel | DLRMInferenceModel,
+                  Field(discriminator="kind")]
+
+InferencePrecision = Literal["fp32", "bf16", "fp16", "fp8", "fp4"]
+
+
+class Inference(Spec):
+    """How an inference deployment runs one iteration, and the batch ``simgpu run`` simulates.
+
+    The iteration's batch (on each model replica): ``prefill_requests`` requests each processing
+    ``prompt_tokens`` new prompt tokens over ``cached_tokens`` already in their KV cache (earlier
+    chunks of a chunked prefill), and ``decode_requests`` requests each adding one token over a KV
+    cache of ``context_tokens``. A DLRM takes ``batch_per_gpu`` queries per GPU instead. The memory
+    plan reserves activations for ``max_batch_tokens`` and leaves the rest of
+    ``gpu_memory_utilization`` of each GPU to the KV cache, in blocks of ``block_tokens``.
+    """
+
+    precision: InferencePrecision = Field(
+        "bf16", description="dtype of the weights and of the matmuls (fp8 / fp4: quantised weights and inputs)")
+    kv_dtype: Literal["bf16", "fp16", "fp8"] | None = Field(
+        None, description="dtype of the KV cache; default fp8 under fp8 / fp4 precision, else bf16 (fp16 for fp16)")
+    prefill_requests: NonNegativeInt = Field(0, description="requests prefilling in the iteration")
+    prompt_tokens: PositiveInt = Field(512, description="new prompt tokens of each prefilling request")
+    cached_tokens: NonNegativeInt = Field(
+        0, description="tokens already in each prefilling request's KV cache (earlier chunks)")
+    decode_requests: NonNegativeInt = Field(0, description="requests decoding one token in the iteration")
+    context_tokens: PositiveInt = Field(512, description="tokens in each decoding request's KV cache")
+    batch_per_gpu: PositiveInt | None = Field(None, description="queries per GPU per iteration (DLRM only)")
+    max_batch_tokens: PositiveInt = Field(
+        8192, description="most tokens one iteration processes (activations are reserved for it)")
+    max_batch_size: PositiveInt = Field(256, description="most requests one iteration holds")
+    block_tokens: PositiveInt = Field(16, description="tokens per KV-cache block (paged attention; vLLM's 16)")
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = Field(
+        0.9, description="share of each GPU's memory the server may use (vLLM's gpu_memory_utilization)")
+    host_overhead_us: Annotated[float, Field(ge=0)] | None = Field(
+        None, description="CPU time the serving framework spends per launched op, us; default: the "
+                          "platform's host.launch_us")
+    iteration_overhead_us: Annotated[float, Field(ge=0)] = Field(
+        0.0, description="CPU time per iteration outside the ops (scheduling, input preparation, "
+                         "detokenisation), us")
+    framework: Literal["vllm", "tensorrt_llm"] = Field(
+        "vllm", description="which kernels are fused: vllm (the residual add into the next RMSNorm; RoPE, the KV-cache "
+                            "write and SwiGLU as kernels of their own) or tensorrt_llm (also RoPE and the KV-cache "
+                            "write into attention, SwiGLU and the fp8 / fp4 quantisation of activations into the "
+                            "GEMMs' epilogues)")
+    prefill_overhead_us: Annotated[float, Field(ge=0)] = Field(
+        0.0, description="further CPU time of an iteration that prefills (building the prompts' attention "
+                         "metadata and masks), us")
+    cuda_graphs: bool = Field(
+        False, description="decode-only iterations replay a captured CUDA graph: one launch for all their ops")
+
+    @property
+    def kv(self) -> str:
+        if self.kv_dtype is not None:
+            return self.kv_dtype
+        return "fp8" if self.precision in ("fp8", "fp4") else "fp16" if self.precision == "fp16" else "bf16"
 
 
 class Training(Spec):
@@ -418,6 +491,44 @@ class WorkloadSpec(Spec):
         None, description="GPUs used per node; default all GPUs of the node")
     seed: int = Field(0, description="seed of the run's random generator")
     model: Model
-    training: Training
+    training: Training | None = Field(None, description="how one training iteration runs (training models)")
+    inference: Inference | None = Field(
+        None, description="how one inference iteration runs (transformer_inference, dlrm_inference)")
     parallelism: Parallelism = Field(default_factory=lambda: Parallelism())
     comm: Comm = Field(default_factory=lambda: Comm())
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> WorkloadSpec:
+        served = self.model.kind in INFERENCE_KINDS
+        if served and self.training is not None:
+            raise ValueError(f"training: a {self.model.kind} model is served, not trained; expected an inference "
+                             "section instead of training")
+        if not served and self.inference is not None:
+            raise ValueError(f"inference: a {self.model.kind} model is trained; expected a training section instead "
+                             "of inference (or a transformer_inference / dlrm_inference model)")
+        if served and self.inference is None:
+            raise ValueError(f"inference: missing required key (a {self.model.kind} model is served); expected "
+                             "inference: {...}")
+        if not served and self.training is None:
+            raise ValueError(f"training: missing required key (a {self.model.kind} model is trained); expected "
+                             "training: {...}")
+        return self
+
+    @property
+    def train(self) -> Training:
+        """The training section (a trained model always has one)."""
+        if self.training is None:
+            raise ValueError(f"workload {self.name!r} has no training section")
+        return self.training
+
+    @property
+    def serve(self) -> Inference:
+        """The inference section (a served model always has one)."""
+        if self.inference is None:
+            raise ValueError(f"workload {self.name!r} has no inference section")
+        return self.inference
+
+    @property
+    def precision(self) -> str:
+        """The dtype of the matmuls, trained or served."""
+        return self.serve.precision if self.training is None else self.training.precision

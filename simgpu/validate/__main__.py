@@ -19,6 +19,7 @@ SUITES: dict[str, tuple[str, list[str]]] = {
     "iterations": ("simgpu.validate.iterations", []),
     "mlperf": ("simgpu.validate.mlperf", []),
     "traces": ("simgpu.validate.traces", []),
+    "inference": ("simgpu.validate.inference", []),
 }
 
 

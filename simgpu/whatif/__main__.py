@@ -53,6 +53,10 @@ def failures(table: pd.DataFrame, limit: int = LISTED_FAILURES) -> list[str]:
 
 def ranking(table: pd.DataFrame, limit: int = 20) -> str:
     """The feasible variants ranked, best first, then the others (listed or summarised)."""
+    if "output_tokens_per_s_per_gpu" in table:  # a serving study
+        from ..serve.study import ranking as serving_ranking
+
+        return serving_ranking(table, limit)
     by_work = differ_in_work(table)
     ok = table[table["feasible"]]
     ok = ok.sort_values("samples_per_s", ascending=False) if by_work else ok.sort_values("iteration_time_ms")
@@ -81,7 +85,8 @@ def finish_table(rows: list[dict[str, Any]], swept: list[str]) -> pd.DataFrame:
         if col not in table:
             table[col] = None
     table["feasible"] = table["feasible"].fillna(False).astype(bool)
-    return table[["name", *swept, *[c for c in ROW_KEYS if c != "name" and c not in swept]]]
+    known = ["name", *swept, *[c for c in ROW_KEYS if c != "name" and c not in swept]]
+    return table[known + [c for c in table.columns if c not in known]]  # serving rows' own columns last
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -109,7 +114,7 @@ def _main(argv: Sequence[str] | None) -> int:
     table = finish_table(rows, swept)
     table.to_csv(out / "results.csv", index=False)
     table.astype({c: str for c in swept}).to_parquet(out / "results.parquet", index=False)
-    if not args.no_plots and table["feasible"].any():
+    if not args.no_plots and table["feasible"].any() and "output_tokens_per_s_per_gpu" not in table:
         bars(table, out / "bars.png", f"{study.spec.name}: iteration time per variant")
         lines(table, list(study.spec.grid), out / "lines.png", study.spec.name)
     print(ranking(table))

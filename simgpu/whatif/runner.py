@@ -43,7 +43,12 @@ def job_key(base: str | Path, variant: Variant) -> str:
     load, of the files' text, its overrides and the error."""
     from .. import __version__
     from ..config.loader import load_job
+    from ..serve.study import is_serving
 
+    if is_serving(base):
+        from ..serve.study import job_key as serving_key
+
+        return serving_key(base, variant)
     parts: dict[str, Any] = {"simgpu": __version__}
     try:
         job = load_job(base, variant.as_args())
@@ -73,8 +78,13 @@ def run_variant(base: str, variant: Variant) -> dict[str, Any]:
     """Simulate one variant; never raises: failures become rows with ``status`` and ``why``."""
     from ..config.loader import load_job
     from ..report import summarize
+    from ..serve.study import is_serving
     from ..sim import simulate
 
+    if is_serving(base):
+        from ..serve.study import run_variant as serve_variant
+
+        return serve_variant(base, variant)
     t0 = time.perf_counter()
     row: dict[str, Any] = {"id": variant.id, "name": variant.name}
     row.update({k: v for k, v in variant.swept})

@@ -112,7 +112,16 @@ def load_study(path: str | Path) -> Study:
         raise ConfigError(f"base workload {spec.base!r} not found; expected a workload YAML, relative to the study "
                           "file or absolute", file=str(path), key="base",
                           line=lines.get(("base",)))
-    check_overrides(spec, base, str(path), lines)
+    from ..serve.study import is_serving
+
+    if is_serving(base):  # a serving study: its keys are the serving file's
+        from ..serve.study import check_overrides as check_serving
+
+        at = [*spec.set.items(), *((k, v) for k, vs in spec.grid.items() for v in vs),
+              *((k, v) for var in spec.variants for k, v in var.set.items())]
+        check_serving(base, at, str(path))
+    else:
+        check_overrides(spec, base, str(path), lines)
     try:
         variants = expand(spec)
     except ConfigError as e:

@@ -202,7 +202,7 @@ def _grad_dist(em: Emitter, layout: Layout, type_: ShardingType, dep: int) -> in
 
 def _rank_program(rank: int, spec: WorkloadSpec, model: DLRMModel, arch: Arch, layout: Layout,
                   tables: Sequence[Table], kernels: KernelTable) -> Program:
-    prec = spec.training.precision
+    prec = spec.train.precision
     b, w = layout.batch, layout.world.size
     em = Emitter(rank, kernels)
     replicas = layout.of("data_parallel", rank)
@@ -249,13 +249,13 @@ def _rank_program(rank: int, spec: WorkloadSpec, model: DLRMModel, arch: Arch, l
     mlp_bwd(em, arch.bottom, b, prec, relu_last=True, input_grad=False, grads=grads)
 
     # ---- dense optimizer (also over replicated tables) after every bucket is reduced
-    optimizer_step(em, arch.dense_numel + sum(p.numel for p in replicated), spec.training.optimizer,
+    optimizer_step(em, arch.dense_numel + sum(p.numel for p in replicated), spec.train.optimizer,
                    deps=grads.done())
     return em.program
 
 
 def layout_of(spec: WorkloadSpec, world: World, tables: Sequence[Table], plan: Plan) -> Layout:
-    return Layout(world, spec.training.batch_per_gpu, tuple(plan.shards(tables)),
+    return Layout(world, spec.train.batch_per_gpu, tuple(plan.shards(tables)),
                   dtype_bytes(spec.parallelism.sharding.comm_precision))
 
 
@@ -274,7 +274,7 @@ def build(spec: WorkloadSpec, world: World) -> Workload:
     kernels = KernelTable()
     programs = [_rank_program(r, spec, model, arch, layout, tables, kernels) for r in range(world.size)]
     memory = memory_per_rank(spec, arch, layout.shards, world.size)
-    samples = spec.training.batch_per_gpu * world.size
+    samples = spec.train.batch_per_gpu * world.size
     return Workload(name=spec.name, programs=programs, kernels=kernels.specs, memory=memory,
                     samples=samples, tokens=0, model_flops=model_flops(arch, samples),
-                    compute_dtype=spec.training.precision)
+                    compute_dtype=spec.train.precision)

@@ -19,11 +19,11 @@ from .embedding import EMB_BYTES, Shard, footprint
 
 def dense_states(spec: WorkloadSpec) -> int:
     """fp32 states per parameter of the dense optimizer (which also steps data-parallel tables)."""
-    return optimizer_states(spec.training.optimizer)
+    return optimizer_states(spec.train.optimizer)
 
 
 def shard_footprint(spec: WorkloadSpec, shard: Shard, world: int) -> MemoryEstimate:
-    return footprint(shard, spec.training.batch_per_gpu, world, spec.training.embedding_optimizer,
+    return footprint(shard, spec.train.batch_per_gpu, world, spec.train.embedding_optimizer,
                      dense_states(spec))
 
 
@@ -31,7 +31,7 @@ def base_memory(spec: WorkloadSpec, arch: Arch, shards: Sequence[Shard]) -> Memo
     """What every rank holds whatever its shards: dense parameters, gradients and optimizer states;
     dense activations and the received pooled embeddings; the ids it sends to every shard, the
     pooled-embedding gradients it sends back, and DDP's flat buckets of the dense gradients."""
-    t = spec.training
+    t = spec.train
     b = t.batch_per_gpu
     params, grads, states = dense_memory(arch.dense_numel, t.precision, t.optimizer)
     sharded = [s for s in shards if s.type != "data_parallel"]

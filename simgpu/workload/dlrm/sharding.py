@@ -94,8 +94,8 @@ class _NoRoom(Exception):
 
 def _weights(spec: WorkloadSpec, tables: Sequence[Table], world: World, balance: str) -> list[float]:
     """Load per row-and-column of each table (the shard's load is this times its rows x dim)."""
-    gb = spec.training.batch_per_gpu * world.size
-    ada = spec.training.embedding_optimizer == "adagrad"
+    gb = spec.train.batch_per_gpu * world.size
+    ada = spec.train.embedding_optimizer == "adagrad"
     size = [t.nbytes + (4 * t.rows if ada else 0) for t in tables]
     look = [t.ids(gb) * t.dim * EMB_BYTES for t in tables]
     tot_size, tot_look = sum(size) or 1, sum(look) or 1
@@ -213,7 +213,7 @@ def _proposals(spec: WorkloadSpec, arch: Arch, tables: Sequence[Table], world: W
                gpu_memory_gib: float | None) -> dict[str, Plan | None]:
     """Every named proposal (None where it does not fit in memory)."""
     n = world.size
-    gb = spec.training.batch_per_gpu * n
+    gb = spec.train.batch_per_gpu * n
     capacity = None if gpu_memory_gib is None else gpu_memory_gib * 2**30
     size = [t.nbytes for t in tables]
     look = [t.ids(gb) * t.dim for t in tables]

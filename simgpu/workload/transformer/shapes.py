@@ -115,7 +115,7 @@ def make_setup(spec: WorkloadSpec, world: World) -> Setup:
     model = spec.model
     if not isinstance(model, TransformerModel):
         raise TypeError(f"the transformer builder got a {model.kind} model")
-    p, t = spec.parallelism, spec.training
+    p, t = spec.parallelism, spec.train
     mp = p.tp * p.pp * p.cp
     dp = p.dp or world.size // mp
     if mp * dp != world.size:
@@ -129,7 +129,7 @@ def make_setup(spec: WorkloadSpec, world: World) -> Setup:
     else:
         m = t.grad_accumulation or 1
     schedule: Schedule = p.pp_schedule
-    host = spec.training.host_overhead_us
+    host = spec.train.host_overhead_us
     return Setup(model=model, layout=layout, micro=t.batch_per_gpu, m=m, precision=t.precision,
                  framework=t.framework, recompute=t.recompute, sp=p.sp, zero=p.zero_stage, schedule=schedule,
                  v=p.virtual_stages, cp_comm=p.cp_comm, dp_overlap=p.dp_overlap,

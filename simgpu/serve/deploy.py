@@ -1,0 +1,138 @@
+"""From a serving file to what the loop runs: the pools' timers, the request list, the network.
+
+Each pool's inference workload (with the serving file's overrides) is loaded as a job and given to
+:func:`simgpu.workload.inference.make_timer`. Disaggregated, the two pools must share a platform:
+the prefill pool takes the first nodes and the decode pool the nodes after it, and the KV transfers
+run over the :class:`~simgpu.platform.topology.Topology` of all of them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..config.loader import Job, load_job
+from ..errors import ConfigError
+from .loop import Network, Pool, ServeResult, check_fits, simulate_serving
+from .metrics import summarize
+from .requests import Requests, make_requests
+from .spec import DeploymentSpec, Serving
+
+
+def overrides_of(dep: DeploymentSpec) -> list[str]:
+    """A deployment's ``set`` as ``--set`` items; a nested mapping sets the keys inside it
+    (``set: {parallelism: {tp: 8}}`` is ``parallelism.tp=8``, as ``--set deployment.set.parallelism.tp=8`` gives)."""
+    def flat(prefix: str, value: Any) -> list[str]:
+        if isinstance(value, dict) and value:
+            return [item for k, v in value.items() for item in flat(f"{prefix}.{k}", v)]
+        return [f"{prefix}={value if isinstance(value, str) else json.dumps(value)}"]
+    return [item for k, v in dep.set.items() for item in flat(k, v)]
+
+
+def check_memory(serving: Serving, deployment: Deployment) -> None:
+    """Refuse a pool whose replica has no room for a single KV block once its weights are loaded."""
+    keys = ["prefill", "decode"] if serving.spec.disaggregated else ["deployment"]
+    for key, pool in zip(keys, deployment.pools, strict=True):
+        mem = pool.timer.memory
+        if mem.kv_blocks < 1:
+            gib = 2 ** 30
+            need = mem.weights_bytes + mem.activation_bytes + mem.workspace_bytes
+            raise ConfigError(
+                f"the model does not fit: {pool.name} replicas of {pool.timer.replica_gpus} GPU(s) need "
+                f"{need / gib:.1f} GiB per GPU (weights {mem.weights_bytes / gib:.1f}, activations "
+                f"{mem.activation_bytes / gib:.1f}, workspace {mem.workspace_bytes / gib:.1f}) before any KV cache, "
+                f"of {mem.gpu_bytes / gib:.1f} GiB; expected more GPUs per replica (parallelism.tp / pp) or a "
+                "smaller precision", file=serving.file, key=f"{key}.set")
+
+
+def pool_job(serving: Serving, key: str) -> Job:
+    dep = getattr(serving.spec, key)
+    return load_job(serving.resolve(dep.workload), overrides_of(dep))
+
+
+def _timer(job: Job) -> Any:
+    from ..workload.inference import make_timer
+
+    return make_timer(job)
+
+
+@dataclass
+class Deployment:
+    """The pools of a serving file, their jobs and the network between them."""
+
+    pools: list[Pool]
+    jobs: list[Job]
+    network: Network | None
+
+    @property
+    def label(self) -> str:
+        return " + ".join(f"{p.name} {p.timer.replicas} x {p.timer.replica_gpus} GPUs" for p in self.pools)
+
+
+def build(serving: Serving, make_timer: Callable[[Job], Any] = _timer) -> Deployment:
+    """The deployment of ``serving``: one pool, or a prefill pool and a decode pool."""
+    from ..config.checks import gpus_per_node
+
+    spec = serving.spec
+    if not spec.disaggregated:
+        job = pool_job(serving, "deployment")
+        return Deployment([Pool("replica", make_timer(job))], [job], None)
+    jp, jd = pool_job(serving, "prefill"), pool_job(serving, "decode")
+    if jp.platform != jd.platform:
+        raise ConfigError(f"the decode pool runs on {jd.platform.name} but the prefill pool on {jp.platform.name}; "
+                          "expected both pools on one platform", file=serving.file, key="decode.workload")
+    gpn = gpus_per_node(jp)
+    if gpus_per_node(jd) != gpn:
+        raise ConfigError(f"the decode pool uses {gpus_per_node(jd)} GPUs per node but the prefill pool {gpn}; "
+                          "expected the same", file=serving.file, key="decode.workload")
+    tp, td = make_timer(jp), make_timer(jd)
+    prefill = Pool("prefill", tp, "prefill", 0)
+    decode = Pool("decode", td, "decode", jp.workload.nodes * gpn)
+    from ..platform.topology import Topology
+
+    topo = Topology(jp.platform, jp.workload.nodes + jd.workload.nodes, gpn)
+    return Deployment([prefill, decode], [jp, jd], Network(topo.route, topo.route_latency, topo.capacity))
+
+
+def requests_of(serving: Serving, rate_per_s: float | None = None) -> Requests:
+    r = serving.spec.requests
+    trace = serving.resolve(r.file) if r.kind == "trace" and r.file else None
+    return make_requests(r, serving.spec.seed, trace, rate_per_s)
+
+
+def check_slo(serving: Serving, deployment: Deployment, reqs: Requests) -> None:
+    """Refuse SLOs that no request can meet: a TTFT below the prefill of the shortest prompt alone,
+    or a TPOT below a decode iteration of one request alone."""
+    from ..workload.inference.api import Step
+
+    slo, pools = serving.spec.slo, deployment.pools
+    shortest = int(reqs.prompt.min())
+    prefill_s = float(pools[0].timer.time([Step(prefill=((shortest, 0),))])[0])
+    decode_s = float(pools[-1].timer.time([Step(decode=(shortest,))])[0])
+    if slo.ttft_ms < prefill_s * 1e3:
+        raise ConfigError(f"{slo.ttft_ms:g} ms can never be met: the shortest prompt ({shortest} tokens) alone takes "
+                          f"{prefill_s * 1e3:.1f} ms to prefill; expected at least that", file=serving.file,
+                          key="slo.ttft_ms")
+    if slo.tpot_ms < decode_s * 1e3:
+        raise ConfigError(f"{slo.tpot_ms:g} ms can never be met: one request alone takes {decode_s * 1e3:.1f} ms "
+                          "per decode iteration; expected at least that", file=serving.file, key="slo.tpot_ms")
+
+
+def serve(serving: Serving, deployment: Deployment, rate_per_s: float | None = None,
+          progress: Callable[[int, int], None] | None = None) -> tuple[ServeResult, dict[str, Any]]:
+    """Simulate ``serving`` on ``deployment`` (at ``rate_per_s`` instead of its own rate, if given)."""
+    spec = serving.spec
+    reqs = requests_of(serving, rate_per_s)
+    check_memory(serving, deployment)
+    try:
+        check_fits(reqs, deployment.pools)
+    except ConfigError as e:
+        raise ConfigError(e.message, file=serving.file, key=e.key) from None
+    check_slo(serving, deployment, reqs)
+    res = simulate_serving(reqs, deployment.pools, spec.scheduler, spec.timing, deployment.network, progress)
+    res.meta.update(name=spec.name, deployment=deployment.label, scheduler=spec.scheduler.kind,
+                    platform=deployment.jobs[0].platform.name, seed=spec.seed,
+                    rate_per_s=rate_per_s or spec.requests.rate_per_s, overrides=list(serving.overrides))
+    return res, summarize(res, spec.slo)

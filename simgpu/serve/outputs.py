@@ -1,0 +1,152 @@
+"""The files of a serving run: ``requests.csv``, ``summary.json``, ``kv_occupancy.csv`` and the
+pictures (latency CDFs, KV-cache occupancy over time, the Gantt chart of a window of iterations,
+and, with a rate sweep, throughput and latency against load).
+
+The Gantt chart is drawn by :mod:`simgpu.report.gantt`: one row per replica (its iterations on the
+``compute`` stream, coloured prefill / decode / mixed) and, disaggregated, the KV transfers
+arriving at each decode replica on its ``comm`` stream.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
+
+from ..engine.result import RECORD_COLUMNS, SimResult
+from ..report.gantt import plot_timeline
+from .loop import ServeResult
+from .metrics import kv_occupancy, request_table
+
+
+def _figure(w: float = 7.0, h: float = 4.5) -> tuple[Figure, Any]:
+    fig = Figure(figsize=(w, h), dpi=120)
+    FigureCanvasAgg(fig)
+    return fig, fig.add_subplot(1, 1, 1)
+
+
+def latency_cdf(table: pd.DataFrame, path: Path, title: str, slo: tuple[float, float] | None = None) -> None:
+    """CDFs of TTFT, TPOT and E2E (ms, log x axis), with the SLOs as vertical lines."""
+    fig = Figure(figsize=(12, 4), dpi=120)
+    FigureCanvasAgg(fig)
+    for k, (col, label) in enumerate((("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E"))):
+        ax = fig.add_subplot(1, 3, k + 1)
+        x = np.sort(table[col].dropna().to_numpy())
+        x = x[x > 0]
+        if len(x):
+            ax.plot(x, np.arange(1, len(x) + 1) / len(x), color="#1f77b4")
+            ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())
+        if slo is not None and k < 2:
+            ax.axvline(slo[k], color="#d62728", linestyle="--", linewidth=1, label=f"SLO {slo[k]:g} ms")
+            ax.legend(fontsize=8, loc="lower right")
+        for q in (0.5, 0.9, 0.99):
+            ax.axhline(q, color="#bbbbbb", linewidth=0.4)
+        ax.set_xlabel(f"{label} (ms)")
+        ax.set_ylim(0, 1.01)
+        ax.grid(linewidth=0.3, alpha=0.5)
+        if k == 0:
+            ax.set_ylabel("share of requests")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+
+
+def kv_plot(occ: pd.DataFrame, path: Path, title: str) -> None:
+    """Share of each replica's KV blocks in use over time (at most 2,000 points per replica)."""
+    fig, ax = _figure(9, 4)
+    for (pool, rep), g in occ.groupby(["pool", "replica"], sort=True):
+        step = max(1, len(g) // 2000)
+        ax.plot(g["time_s"].to_numpy()[::step], g["share"].to_numpy()[::step], linewidth=0.7,
+                label=f"{pool} {rep}")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel("KV cache in use")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(title)
+    ax.grid(linewidth=0.3, alpha=0.5)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+
+
+def gantt_result(res: ServeResult, iterations: int, name: str, platform: str) -> SimResult | None:
+    """The iterations (and transfers) in a window of ``iterations`` iterations from the middle of
+    the run, as a :class:`SimResult` for the timeline drawer: one rank per replica."""
+    if not res.iterations or iterations <= 0:
+        return None
+    it = sorted(res.iterations, key=lambda x: x[2])
+    mid = max(0, len(it) // 2 - iterations // 2)
+    window = it[mid:mid + iterations]
+    t0, t1 = window[0][2], max(x[3] for x in window)
+    base = np.cumsum([0] + [p.timer.replicas for p in res.pools])
+    rows: list[tuple[Any, ...]] = []
+    for p, r, s, e, pf, dec in it:
+        if e > t0 and s < t1:
+            cat = "prefill" if pf and not dec else "decode" if dec and not pf else "mixed"
+            rows.append((int(base[p] + r), "compute", f"{res.pools[p].name}{r}: {pf} prompt tokens, {dec} decodes",
+                         cat, "fwd", "kernel", max(s, t0) - t0, min(e, t1) - t0, 0, "timer"))
+    for d, s, e, nbytes in res.transfers:
+        if e > t0 and s < t1:
+            rows.append((int(base[1] + d), "comm", "kv transfer", "kv_transfer", "fwd", "collective",
+                         max(s, t0) - t0, min(e, t1) - t0, nbytes, "network"))
+    rec = pd.DataFrame(rows, columns=list(RECORD_COLUMNS))
+    links = pd.DataFrame(columns=["link", "link_kind", "capacity_gbytes_per_s", "nbytes", "busy_s"])
+    return SimResult(rec, links, t1 - t0, len(rows),
+                     meta={"workload": f"{name} (iterations {mid}-{mid + len(window)} from {t0:.3f} s; row = replica)",
+                           "platform": platform})
+
+
+def throughput_plot(sweep: pd.DataFrame, path: Path, title: str) -> None:
+    """Output tokens/s and P99 latencies against the arrival rate."""
+    fig = Figure(figsize=(11, 4), dpi=120)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 2, 1)
+    ax.plot(sweep["rate_per_s"], sweep["output_tokens_per_s"], marker="o", label="output tokens/s")
+    ax.plot(sweep["rate_per_s"], sweep["goodput_tokens_per_s"], marker="s", label="within SLO")
+    ax.set_xlabel("arrival rate (requests/s)")
+    ax.set_ylabel("output tokens/s")
+    ax.grid(linewidth=0.3, alpha=0.5)
+    ax.legend(fontsize=8)
+    ax2 = fig.add_subplot(1, 2, 2)
+    for col, label in (("ttft_p99_ms", "TTFT P99"), ("tpot_p99_ms", "TPOT P99"), ("e2e_mean_ms", "E2E mean")):
+        ax2.plot(sweep["rate_per_s"], sweep[col], marker="o", label=label)
+    ax2.set_yscale("log")
+    ax2.set_xlabel("arrival rate (requests/s)")
+    ax2.set_ylabel("ms")
+    ax2.grid(linewidth=0.3, alpha=0.5)
+    ax2.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+
+
+def write_outputs(res: ServeResult, summary: dict[str, Any], out: Path, *, slo: tuple[float, float],
+                  gantt_iterations: int = 200, sweep: pd.DataFrame | None = None) -> dict[str, Path]:
+    """Write every file of a serving run into ``out``; returns them by name."""
+    out.mkdir(parents=True, exist_ok=True)
+    name = str(summary.get("name", "serving"))
+    paths = {"requests": out / "requests.csv", "summary": out / "summary.json", "kv": out / "kv_occupancy.csv",
+             "cdf": out / "latency_cdf.png", "kv_plot": out / "kv_occupancy.png"}
+    table = request_table(res)
+    table.to_csv(paths["requests"], index=False, float_format="%.4f")
+    paths["summary"].write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    occ = kv_occupancy(res)
+    occ.to_csv(paths["kv"], index=False, float_format="%.6g")
+    latency_cdf(table, paths["cdf"], f"{name}: latency CDFs", slo)
+    kv_plot(occ, paths["kv_plot"], f"{name}: KV cache in use")
+    g = gantt_result(res, gantt_iterations, name, str(summary.get("platform", "")))
+    if g is not None:
+        paths["timeline"] = out / "timeline.png"
+        plot_timeline(g, paths["timeline"])
+    if sweep is not None and len(sweep):
+        paths["sweep"] = out / "sweep.csv"
+        sweep.to_csv(paths["sweep"], index=False)
+        paths["load"] = out / "throughput_vs_load.png"
+        throughput_plot(sweep, paths["load"], f"{name}: throughput and latency against load")
+    return paths

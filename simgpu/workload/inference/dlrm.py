@@ -1,0 +1,93 @@
+"""DLRM inference: a batch of queries through the forward of a DLRM whose tables are sharded as
+TorchRec's training plans shard them.
+
+Per rank and iteration: the queries' dense features and sparse ids copied in, the ids sent to the
+shards' owners (all-to-all per sharding type), the bottom MLP overlapping them, the lookups and the
+pooled embeddings' output distribution, the interaction, the top MLP and the sigmoid, whose scores
+the host waits for. The plan is resolved exactly as for training (:mod:`~simgpu.workload.dlrm.sharding`,
+the same ``parallelism.sharding`` keys) with the workload's ``inference.batch_per_gpu`` queries per
+GPU; the pieces are the DLRM builder's (:mod:`~simgpu.workload.dlrm.builder`). Memory per GPU: its
+shards' rows, the dense weights and one batch's activations; no gradients or optimizer states.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...config.checks import check_dlrm
+from ...config.workload import DLRMInferenceModel, DLRMModel, Training, WorkloadSpec
+from ...errors import ConfigError
+from ...graph import KernelTable, MemoryEstimate, Op, Program, Workload
+from ..common import Emitter, aux_dtype, mlp_fwd
+from ..dlrm.arch import Arch, interaction_fwd, make_arch, model_flops
+from ..dlrm.builder import _DENSE_BYTES, TYPES, Layout, _a2a, _lookups, _output_dist, layout_of
+from ..dlrm.embedding import ID_BYTES, LENGTH_BYTES, Table, expand_tables
+from ..dlrm.memory import memory_per_rank
+from ..dlrm.sharding import resolve_plan
+from ..registry import World, register
+
+
+def training_view(spec: WorkloadSpec) -> WorkloadSpec:
+    """``spec`` as the DLRM training pieces read it: a ``dlrm`` model with a batch of the queries per
+    GPU and no optimizer state (SGD), so that plans and memory are the training builder's."""
+    md, inf = spec.model, spec.serve
+    if not isinstance(md, DLRMInferenceModel):
+        raise TypeError(f"the dlrm_inference builder got a {md.kind} model")
+    if inf.batch_per_gpu is None:
+        raise ConfigError("a DLRM answers batches of queries; expected inference.batch_per_gpu",
+                          key="inference.batch_per_gpu")
+    if inf.precision == "fp4":
+        raise ConfigError("fp4 is for Transformer weights; expected fp32, bf16, fp16 or fp8",
+                          key="inference.precision")
+    model = DLRMModel.model_validate({**md.model_dump(exclude={"kind"}), "kind": "dlrm"})
+    train = Training(batch_per_gpu=inf.batch_per_gpu, precision=inf.precision, optimizer="sgd",
+                     embedding_optimizer="sgd")
+    return spec.model_copy(update={"model": model, "training": train, "inference": None})
+
+
+def _rank_program(rank: int, spec: WorkloadSpec, arch: Arch, layout: Layout, tables: list[Table],
+                  kernels: KernelTable) -> Program:
+    md = spec.model
+    assert isinstance(md, DLRMModel)
+    prec = spec.train.precision
+    b, w = layout.batch, layout.world.size
+    em = Emitter(rank, kernels)
+    sharded = [t for t in layout.types if t != "data_parallel"]
+    h2d = em.memcpy("queries.h2d", b * md.dense_features * _DENSE_BYTES
+                    + sum(t.ids(b) * ID_BYTES + b * LENGTH_BYTES for t in tables))
+    inputs = {t: _a2a(em, f"emb.{TYPES[t]}.input_a2a", tuple(range(w)), layout.input_send(t), phase="fwd",
+                      deps=(h2d,)) for t in sharded}
+    mlp_fwd(em, arch.bottom, b, prec, relu_last=True, deps=(h2d,))
+    pooled = []
+    for t in layout.types:
+        if t == "data_parallel":
+            pooled.append(_lookups(em, layout, layout.of(t, rank), t, bwd=False, dep=h2d))
+        else:
+            looked = _lookups(em, layout, layout.of(t, rank), t, bwd=False, dep=inputs[t])
+            pooled.append(_output_dist(em, layout, t, looked))
+    interaction_fwd(em, arch, b, prec, deps=pooled)
+    mlp_fwd(em, arch.top, b, prec, relu_last=False)
+    score = em.elementwise("sigmoid", b * arch.top[-1].outputs, 1, 1, aux_dtype(prec), op="bce_logits", phase="fwd")
+    em.program.add(Op("scores.sync", "host_wait", "sync", stream="compute", phase="fwd", deps=(score,)))
+    return em.program
+
+
+@register("dlrm_inference")
+def build(spec: WorkloadSpec, world: World) -> Workload:
+    """One program per rank (ranks differ by their shards); tables drawn from ``spec.seed``."""
+    view = training_view(spec)
+    model = view.model
+    assert isinstance(model, DLRMModel)
+    check_dlrm(view, world.nodes, world.gpus_per_node)
+    tables = expand_tables(model, np.random.default_rng(spec.seed))
+    arch = make_arch(model, tables)
+    plan = resolve_plan(view, arch, tables, world)
+    layout = layout_of(view, world, tables, plan)
+    kernels = KernelTable()
+    programs = [_rank_program(r, view, arch, layout, tables, kernels) for r in range(world.size)]
+    memory = [MemoryEstimate(parameters=m.parameters, activations=m.activations, embeddings=m.embeddings,
+                             buffers=m.buffers)
+              for m in memory_per_rank(view, arch, layout.shards, world.size)]
+    samples = view.train.batch_per_gpu * world.size
+    return Workload(name=spec.name, programs=programs, kernels=kernels.specs, memory=memory, samples=samples,
+                    tokens=0, model_flops=model_flops(arch, samples) / 3, compute_dtype=view.train.precision)

