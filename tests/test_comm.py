@@ -358,15 +358,15 @@ def test_ring_loop_copies_one_chunk_locally(op, link_steps):
 
 def test_ring_latency_adds_up_hop_by_hop():
     """A chunk pays each hop's cost in turn: over 2 nodes a 16-rank ring crosses the network on 2
-    of its 16 hops, so 10 us more network latency (a round trip per step with Simple) costs the
-    all-reduce's 30 steps 30/16 x 2 x 2 x 10 us, not 30 network steps' worth."""
+    of its 16 hops, so 10 us more network latency (one way per step: the proxy posts each step as
+    it lands) costs the all-reduce's 30 steps 30/16 x 2 x 10 us, not 30 network steps' worth."""
     base, _ = load_platform("dgx_a100")
     slow, _ = load_platform("dgx_a100", [("network.latency_us", base.network.latency_us + 10.0)])
 
     def latency(platform) -> float:
         return plan_for(platform, 2, "all_reduce", 64 << 20, algorithm="ring", protocol="simple").latency_s
 
-    assert latency(slow) - latency(base) == pytest.approx(30 / 16 * 2 * 2 * 10e-6, rel=1e-6)
+    assert latency(slow) - latency(base) == pytest.approx(30 / 16 * 2 * 10e-6, rel=1e-6)
 
 
 def test_point_to_point_channels_grow_with_the_transfer():

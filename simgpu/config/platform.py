@@ -111,6 +111,10 @@ class NetworkSpec(Spec):
     oversubscription: Annotated[float, Field(ge=1)] = Field(
         1.0, description="leaf downlink to uplink bandwidth ratio (1 = non-blocking)")
     spine_latency_us: NonNegFloat = Field(1.0, description="extra one-way latency through the spine, us")
+    many_peer_efficiency: Fraction = Field(
+        1.0, description="fraction of a NIC's achievable rate reached while it exchanges with the NICs of several "
+                         "other nodes at once (an all-to-all over more than two nodes: incast and head-of-line "
+                         "blocking on the fabric); 1: as with one peer node")
 
 
 class ProtocolSpec(Spec):
@@ -165,6 +169,19 @@ class CollectiveSpec(Spec):
                           "over a few channels by size; null: no bound")
     channels: PositiveInt | None = Field(
         None, description="parallel rings/trees across nodes; default one per NIC")
+    net_channel_gbytes_per_s: PositiveFloat | None = Field(
+        None, description="the most one channel moves to one peer across the network, per direction, GB/s (NCCL "
+                          "gives a network peer two channels on a small communicator and one on a large one, "
+                          "src/graph/paths.cc): it holds a cross-node send/recv below the NIC's rate; null: no bound")
+    net_peer_share: Fraction = Field(
+        1.0, description="fraction of a NIC's achievable rate that the connection of one send/recv pair (one peer, "
+                         "one direction) reaches across the network, whatever its channels; 1: the whole NIC")
+    p2p_net_peer_us: NonNegFloat = Field(
+        0.0, description="cost a grouped point-to-point operation (all-to-all) pays per peer across the network "
+                         "(its setup, the message's latency, the proxy's progress over the peers), us; the peers "
+                         "are served one after another, so a small all-to-all grows with the ranks")
+    p2p_local_peer_us: NonNegFloat = Field(
+        0.0, description="the same per peer inside the node (NVLink or PCIe), us")
     single_process: bool = Field(
         False, description="one process drives every GPU of a node (nccl-tests -g N): NCCL hands the GPUs "
                            "direct pointers to each other's buffers, so a ring's loop inside the node has "
