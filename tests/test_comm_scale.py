@@ -1,0 +1,66 @@
+"""Collectives at cluster scale: cross-node point-to-point on NCCL's channels per network peer,
+all-to-all costs that grow with the peers, and times that never fall as ranks are added."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simgpu.comm.algorithms import comm_channels, net_peer_channels
+from simgpu.comm.collective import simulate_collective
+from simgpu.config.loader import load_platform
+from simgpu.platform.topology import Topology
+
+CLUSTER, _ = load_platform("h100_ndr_cluster")
+
+
+def test_net_peer_channels_follow_nccls_rule():
+    """Two channels per network peer, halved while the peers' channels exceed four times the
+    communicator's (src/graph/paths.cc): two on two nodes of one GPU, one on ten."""
+    assert net_peer_channels(2, 2) == 2
+    assert net_peer_channels(10, 2) == 1
+    assert net_peer_channels(16, 16) == 2
+    assert net_peer_channels(40, 8) == 1
+    topo = Topology(CLUSTER, 10, 4)
+    assert comm_channels(40, topo, CLUSTER.collectives) == 8
+
+
+def test_cross_node_send_recv_is_held_by_its_channels_and_its_nic_share():
+    """One channel (ten nodes) moves the network channel's bound; two (two nodes) reach the share of
+    a NIC one pair's connection gets, below the NIC's own rate."""
+    size = 1 << 30
+    spec, net = CLUSTER.collectives, CLUSTER.network
+    nic = net.nic_gbps / 8 * net.efficiency
+    ten = size / simulate_collective(CLUSTER, "send_recv", size, nodes=10, gpus_per_node=1) / 1e9
+    two = size / simulate_collective(CLUSTER, "send_recv", size, nodes=2, gpus_per_node=1) / 1e9
+    assert ten == pytest.approx(spec.net_channel_gbytes_per_s, rel=0.01)
+    assert two == pytest.approx(spec.net_peer_share * nic, rel=0.01)
+    faster, _ = load_platform("h100_ndr_cluster", [("collectives.net_channel_gbytes_per_s", 100.0)])
+    assert size / simulate_collective(faster, "send_recv", size, nodes=10, gpus_per_node=1) / 1e9 > 1.5 * ten
+
+
+def test_small_all_to_all_grows_with_the_peers():
+    """A grouped point-to-point operation serves its peers one after another: a small all-to-all's
+    time grows by the per-peer cost for every peer across the network."""
+    per_peer = CLUSTER.collectives.p2p_net_peer_us * 1e-6
+    t = {n: simulate_collective(CLUSTER, "all_to_all", 64 * n, nodes=n, gpus_per_node=1) for n in (4, 16, 64)}
+    assert t[16] - t[4] == pytest.approx(12 * per_peer, rel=0.05)
+    assert t[64] - t[16] == pytest.approx(48 * per_peer, rel=0.05)
+
+
+@settings(max_examples=12, deadline=None)
+@given(op=st.sampled_from(["all_gather", "all_to_all"]), gpn=st.sampled_from([1, 2, 4]),
+       nodes=st.integers(1, 6), more=st.integers(1, 4), log_per_rank=st.integers(10, 26))
+def test_time_never_falls_as_ranks_are_added(op, gpn, nodes, more, log_per_rank):
+    """At a fixed message per rank (all-gather: each rank's contribution; all-to-all: each rank's
+    buffer), adding nodes never makes the collective faster."""
+    per_rank = 1 << log_per_rank
+
+    def time(n: int) -> float:
+        if n * gpn < 2:
+            return 0.0
+        size = per_rank * n * gpn if op == "all_gather" else per_rank
+        return simulate_collective(CLUSTER, op, size, nodes=n, gpus_per_node=gpn)
+
+    assert time(nodes + more) >= time(nodes) * (1 - 1e-9)
