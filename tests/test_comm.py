@@ -396,3 +396,20 @@ def test_sendrecv_on_a_world_communicator_is_channel_bound(dgx_h100):
     req = CollectiveRequest("send_recv", (0, 1), 64 << 20, comm_size=8)
     topo = Topology(free, 1)
     assert Planner(topo, free.collectives).plan(req).isolated_time(topo) < 0.3 * t(64 << 20, 8)
+
+
+def test_comm_cli_takes_nccl_tests_names_and_explains(capsys):
+    """``--op alltoall`` / ``sendrecv`` / ``all_reduce_perf`` are nccl-tests' names; ``--explain`` prints
+    NCCL's model's estimates, its pick and the plan simulated, per size."""
+    assert comm_main(["--platform", "h100_ndr_cluster", "--nodes", "2", "--gpus-per-node", "1", "--op", "sendrecv",
+                      "--sizes", "1MB"]) == 0
+    assert "# send_recv on h100_ndr_cluster" in capsys.readouterr().out
+    assert comm_main(["--platform", "dgx_h100", "--op", "alltoall", "--sizes", "1MB"]) == 0
+    assert "# all_to_all" in capsys.readouterr().out
+    assert comm_main(["--platform", "dgx_h100", "--nodes", "16", "--gpus-per-node", "2", "--op", "all_reduce_perf",
+                      "--sizes", "64KB,1GB", "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("NCCL picks") == 2 and "tree/ll on" in out and out.count("#   simulated") == 2
+    assert comm_main(["--platform", "dgx_h100", "--op", "allreduce"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "expected --op one of" in err and len(err.strip().splitlines()) == 1

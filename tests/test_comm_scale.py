@@ -64,3 +64,47 @@ def test_time_never_falls_as_ranks_are_added(op, gpn, nodes, more, log_per_rank)
         return simulate_collective(CLUSTER, op, size, nodes=n, gpus_per_node=gpn)
 
     assert time(nodes + more) >= time(nodes) * (1 - 1e-9)
+
+
+def test_tuner_follows_nccls_model_by_node_count():
+    """Across nodes the planner runs the algorithm NCCL's tuning model picks for the node count, so
+    its choice changes only where that model's does; the model itself moves a 1 GiB all-reduce on
+    DGX H100 from the ring (2-8 nodes) to the tree (16 and more)."""
+    from simgpu.comm.collective import request
+    from simgpu.comm.planner import ALGORITHM_OF, Planner
+    from simgpu.comm.tuning import choose
+
+    plat, _ = load_platform("dgx_h100")
+    picks = {}
+    for nodes in (2, 4, 8, 16, 32):
+        topo = Topology(plat, nodes, 2)
+        for size in (1 << 16, 1 << 24, 1 << 30):
+            req = request("all_reduce", size, topo)
+            want = choose(plat, topo, "all_reduce", size, topo.world, nodes, plat.collectives.usable_protocols())
+            assert want is not None
+            assert Planner(topo, plat.collectives).plan(req).algorithm == ALGORITHM_OF[want.algorithm]
+        full = Topology(plat, nodes, 8)
+        pick = choose(plat, full, "all_reduce", 1 << 30, full.world, nodes, plat.collectives.usable_protocols())
+        assert pick is not None
+        picks[nodes] = pick.algorithm
+    assert picks == {2: "ring", 4: "ring", 8: "ring", 16: "tree", 32: "tree"}
+
+
+def test_nccl_version_chooses_the_rule_set():
+    """Releases before NVLS (2.17) follow the older tables, which have no NVLS tree."""
+    from simgpu.comm.tuning import estimates, rule_set
+
+    assert rule_set("2.8.4") == "2.8" and rule_set("2.16") == "2.8" and rule_set("2.21.5") == "2.20"
+    old, _ = load_platform("dgx_h100", [("collectives.nccl_version", "2.12")])
+    topo = Topology(old, 4, 8)
+    algos = {c.algorithm for c in estimates(old, topo, "all_reduce", 1 << 26, 32, 4, ["ll", "ll128", "simple"])}
+    assert algos == {"ring", "tree"}
+    new = {c.algorithm for c in estimates(CLUSTER, topo, "all_reduce", 1 << 26, 32, 4, ["simple"])}
+    assert "nvls_tree" in new
+
+
+def test_gpus_per_node_over_the_full_range():
+    """Every GPUs-per-node count of a node works across nodes, each GPU on its own NIC."""
+    for gpn in range(1, 9):
+        t = simulate_collective(CLUSTER, "all_gather", 1 << 26, nodes=2, gpus_per_node=gpn)
+        assert 0 < t < 1.0

@@ -7,6 +7,7 @@ NICs are sold. ``efficiency`` fields are the achievable fraction of a datasheet 
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
@@ -186,6 +187,14 @@ class CollectiveSpec(Spec):
         False, description="one process drives every GPU of a node (nccl-tests -g N): NCCL hands the GPUs "
                            "direct pointers to each other's buffers, so a ring's loop inside the node has "
                            "no step that only copies locally; false: a process per GPU, as training runs")
+    nccl_version: str = Field(
+        "2.20", pattern=r"^2\.\d+(\.\d+)?$",
+        description="the NCCL release this machine runs, e.g. 2.21.5: it chooses the rules of NCCL's tuning "
+                    "model (simgpu/comm/tuning.py) the tuner follows; default the newest modelled")
+    tuner: Literal["nccl", "isolated"] = Field(
+        "nccl", description="how the algorithm of a collective across nodes is chosen: nccl, as NCCL's own "
+                            "tuning model picks it by node count (then the fastest protocol for it); isolated, "
+                            "the fastest algorithm in isolation on this topology")
     tree_efficiency_power: PositiveFloat = Field(
         1.0, description="the protocols' tree_efficiency (NCCL's derating of trees by message size) is "
                          "raised to this power: above 1 trees fall further short at mid sizes than NCCL's "
@@ -198,6 +207,20 @@ class CollectiveSpec(Spec):
         None, min_length=1,
         description="the protocols this machine's NCCL may use (NCCL_PROTO; e.g. [simple] where the network "
                     "plugin forces it); default: every protocol listed")
+
+    @field_validator("nccl_version", mode="before")
+    @classmethod
+    def _version_text(cls, given: object) -> object:
+        if not isinstance(given, str) or not re.fullmatch(r"2\.\d+(\.\d+)?", given.strip()):
+            raise ValueError(f"expected an NCCL release as quoted text, such as \"2.21.5\" or \"2.18\"; got {given!r}")
+        return given.strip()
+
+    @field_validator("tuner", mode="before")
+    @classmethod
+    def _tuner_known(cls, given: object) -> object:
+        if given not in ("nccl", "isolated"):
+            raise ValueError(f"expected nccl (NCCL's tuning model) or isolated (fastest in isolation); got {given!r}")
+        return given
 
     @field_validator("protocols", mode="before")
     @classmethod
