@@ -4,12 +4,14 @@ all-to-all costs that grow with the peers, and times that never fall as ranks ar
 from __future__ import annotations
 
 import pytest
+from conftest import run_programs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simgpu.comm.algorithms import comm_channels, net_peer_channels
 from simgpu.comm.collective import simulate_collective
 from simgpu.config.loader import load_platform
+from simgpu.graph import CollectiveCall, Op, Program
 from simgpu.platform.topology import Topology
 
 CLUSTER, _ = load_platform("h100_ndr_cluster")
@@ -108,3 +110,31 @@ def test_gpus_per_node_over_the_full_range():
     for gpn in range(1, 9):
         t = simulate_collective(CLUSTER, "all_gather", 1 << 26, nodes=2, gpus_per_node=gpn)
         assert 0 < t < 1.0
+
+
+def test_pipeline_sends_share_the_nic_with_data_parallel_traffic():
+    """Micro-batch sends between two pipeline stages on different nodes run at one pair's NIC share
+    alone; a data-parallel all-reduce on the same NIC takes its fair share of the link, so the
+    sends slow down, and together they never move more than the NIC does."""
+    mb, n_mb = 256 << 20, 4
+
+    def run(with_dp: bool) -> tuple[float, float]:
+        progs = [Program(r) for r in range(2)]
+        for k in range(n_mb):
+            call = CollectiveCall(f"pp{k}", "send_recv", (0, 1), mb, comm_size=2)
+            for r in (0, 1):
+                progs[r].add(Op(f"pp{k}", "collective", "send_recv", stream="pp", coll=call, nbytes=mb))
+        if with_dp:
+            call = CollectiveCall("dp", "all_reduce", (0, 1), 1 << 30)
+            for r in (0, 1):
+                progs[r].add(Op("dp", "collective", "all_reduce", stream="comm", coll=call, nbytes=1 << 30))
+        res = run_programs(CLUSTER, 2, progs, [], gpus_per_node=1)
+        pp = res.records[res.records["stream"] == "pp"]
+        return float(pp["end_s"].max()), res.iteration_time_s
+
+    nic = CLUSTER.network.nic_gbps / 8 * CLUSTER.network.efficiency * 1e9
+    alone, _ = run(False)
+    assert alone == pytest.approx(n_mb * mb / (CLUSTER.collectives.net_peer_share * nic), rel=0.02)
+    shared, total = run(True)
+    assert shared > 1.15 * alone
+    assert total >= (n_mb * mb + (1 << 30)) / nic  # an all-reduce of two ranks sends the message once

@@ -469,6 +469,7 @@ def direct(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: 
     worst = 0.0
     peers = [[0, 0] for _ in range(n)]  # per member: (peers inside its node, peers across the network)
     spread = len({topo.node_of(r) for r in g}) > 2
+    alike: dict[tuple[str, float, float, float], tuple[float, float, float]] = {}
     for i in range(n):
         for j in range(n):
             if i == j:
@@ -478,12 +479,20 @@ def direct(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: 
                 continue
             e = topo.edge(g[i], g[j])
             net = e.hardware == "net"
-            links, step = e.route, _edges([(g[i], g[j])], topo, proto)[1]
+            # pairs whose routes are alike (hardware, latency, bottleneck) and sizes equal get the same
+            # step and rate: computed once
+            kind = (e.hardware, e.latency, e.capacity, nbytes)
+            known = alike.get(kind)
+            if known is None:
+                step = _edges([(g[i], g[j])], topo, proto)[1]
+                rate = _p2p_rate(g[i], g[j], nbytes, ranks, topo, spec, proto)
+                eff = topo.platform.network.many_peer_efficiency if net and spread else 1.0
+                wire = nbytes / proto.bandwidth / eff
+                known = alike[kind] = (step, rate, wire)
+            step, rate, wire = known
             worst = max(worst, step)
             peers[i][net] += 1
-            rate = _p2p_rate(g[i], g[j], nbytes, ranks, topo, spec, proto)
-            wire = nbytes / proto.bandwidth / (topo.platform.network.many_peer_efficiency if net and spread else 1.0)
-            transfers.append(Transfer(links, wire, rate))
+            transfers.append(Transfer(e.route, wire, rate))
     per_peer = max((local * spec.p2p_local_peer_us + remote * spec.p2p_net_peer_us for local, remote in peers),
                    default=0.0) * US
     return CollectivePlan("direct", tuple(transfers), _base(spec, proto) + worst + per_peer)
