@@ -266,7 +266,7 @@ def calibration_holdout(sweep: Sweep) -> dict[str, Any]:
             "fit_before": result.error_before, "fit_after": result.error_after,
             "before": geomean_error(predict(held), meas[1::2]),
             "after": geomean_error(predict(held, list(result.params.items())), meas[1::2]),
-            "params": ", ".join(f"{k}={v:g}" for k, v in result.params.items())}
+            "params": ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in result.params.items())}
 
 
 def failures(table: pd.DataFrame) -> tuple[list[str], list[str]]:
