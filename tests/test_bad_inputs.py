@@ -509,7 +509,7 @@ CALIBRATE = [
     case("set-unknown", "calibrate", f"{LOG} --set network.nics=2", "network.nics: unknown key", ar__log=nccl_log()),
     case("set-inf", "calibrate", f"{LOG} --set network.latency_us=.inf", "network.latency_us", "finite",
          ar__log=nccl_log()),
-    case("op-bogus", "calibrate", f"{LOG} --op gather", "--op", "invalid choice", ar__log=nccl_log()),
+    case("op-bogus", "calibrate", f"{LOG} --op gather", "--op", "expected --op one of", ar__log=nccl_log()),
 ]
 
 FIT = [

@@ -27,6 +27,7 @@ from ..config.platform import PlatformSpec
 from ..config.yamlio import read_text
 from ..errors import ConfigError
 from ..platform.topology import Topology
+from .__main__ import parse_op
 from .collective import layout, request, simulate_collective
 from .planner import Planner
 
@@ -230,15 +231,15 @@ def _main(argv: Sequence[str] | None) -> int:
     ap = ArgParser(prog="simgpu calibrate", description=__doc__.splitlines()[0])
     ap.add_argument("measurements", help="nccl-tests output (text)")
     ap.add_argument("--platform", required=True)
-    ap.add_argument("--op", default="all_reduce",
-                    choices=("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce",
-                             "send_recv"))
+    ap.add_argument("--op", default="all_reduce", help="the collective measured; nccl-tests' names (alltoall, "
+                    "sendrecv, all_reduce_perf, ...) are accepted too")
     ap.add_argument("--nodes", type=int_at_least(1), default=1)
     ap.add_argument("--gpus-per-node", type=int_at_least(1))
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="set a platform key before fitting (and in the written file), e.g. network.nic_gbps=200")
     ap.add_argument("--out", type=Path, help="write the calibrated platform here")
     args = ap.parse_args(argv)
+    args.op = parse_op(args.op)
     if args.out:
         check_out_file(args.out, "--out")
     path = check_input_file(args.measurements, "measurements")
