@@ -315,7 +315,11 @@ COMM = [
     case("gpn-nine", "comm", "--platform dgx_h100 --gpus-per-node 9", "--gpus-per-node",
          "expected --gpus-per-node in 1..8"),
     case("one-gpu", "comm", "--platform dgx_h100 --gpus-per-node 1", "--gpus-per-node", "at least 2 GPUs"),
-    case("op-bogus", "comm", "--platform dgx_h100 --op all_scatter", "--op", "invalid choice"),
+    case("op-bogus", "comm", "--platform dgx_h100 --op all_scatter", "--op", "expected --op one of"),
+    case("nccl-version-number", "comm", "--platform dgx_h100 --set collectives.nccl_version=2.18",
+         "collectives.nccl_version", "expected an NCCL release as quoted text"),
+    case("tuner-bogus", "comm", "--platform dgx_h100 --set collectives.tuner=fast", "collectives.tuner",
+         "expected nccl"),
     case("algorithm-bogus", "comm", "--platform dgx_h100 --algorithm butterfly", "--algorithm", "invalid choice"),
     case("platform-unknown", "comm", "--platform dgx_z100", "platform 'dgx_z100' not found", "expected"),
     case("platform-missing-arg", "comm", "--sizes 8", "--platform"),
@@ -506,7 +510,7 @@ CALIBRATE = [
     case("set-unknown", "calibrate", f"{LOG} --set network.nics=2", "network.nics: unknown key", ar__log=nccl_log()),
     case("set-inf", "calibrate", f"{LOG} --set network.latency_us=.inf", "network.latency_us", "finite",
          ar__log=nccl_log()),
-    case("op-bogus", "calibrate", f"{LOG} --op gather", "--op", "invalid choice", ar__log=nccl_log()),
+    case("op-bogus", "calibrate", f"{LOG} --op gather", "--op", "expected --op one of", ar__log=nccl_log()),
 ]
 
 FIT = [

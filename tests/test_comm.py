@@ -358,15 +358,15 @@ def test_ring_loop_copies_one_chunk_locally(op, link_steps):
 
 def test_ring_latency_adds_up_hop_by_hop():
     """A chunk pays each hop's cost in turn: over 2 nodes a 16-rank ring crosses the network on 2
-    of its 16 hops, so 10 us more network latency (a round trip per step with Simple) costs the
-    all-reduce's 30 steps 30/16 x 2 x 2 x 10 us, not 30 network steps' worth."""
+    of its 16 hops, so 10 us more network latency (one way per step: the proxy posts each step as
+    it lands) costs the all-reduce's 30 steps 30/16 x 2 x 10 us, not 30 network steps' worth."""
     base, _ = load_platform("dgx_a100")
     slow, _ = load_platform("dgx_a100", [("network.latency_us", base.network.latency_us + 10.0)])
 
     def latency(platform) -> float:
         return plan_for(platform, 2, "all_reduce", 64 << 20, algorithm="ring", protocol="simple").latency_s
 
-    assert latency(slow) - latency(base) == pytest.approx(30 / 16 * 2 * 2 * 10e-6, rel=1e-6)
+    assert latency(slow) - latency(base) == pytest.approx(30 / 16 * 2 * 10e-6, rel=1e-6)
 
 
 def test_point_to_point_channels_grow_with_the_transfer():
@@ -396,3 +396,20 @@ def test_sendrecv_on_a_world_communicator_is_channel_bound(dgx_h100):
     req = CollectiveRequest("send_recv", (0, 1), 64 << 20, comm_size=8)
     topo = Topology(free, 1)
     assert Planner(topo, free.collectives).plan(req).isolated_time(topo) < 0.3 * t(64 << 20, 8)
+
+
+def test_comm_cli_takes_nccl_tests_names_and_explains(capsys):
+    """``--op alltoall`` / ``sendrecv`` / ``all_reduce_perf`` are nccl-tests' names; ``--explain`` prints
+    NCCL's model's estimates, its pick and the plan simulated, per size."""
+    assert comm_main(["--platform", "h100_ndr_cluster", "--nodes", "2", "--gpus-per-node", "1", "--op", "sendrecv",
+                      "--sizes", "1MB"]) == 0
+    assert "# send_recv on h100_ndr_cluster" in capsys.readouterr().out
+    assert comm_main(["--platform", "dgx_h100", "--op", "alltoall", "--sizes", "1MB"]) == 0
+    assert "# all_to_all" in capsys.readouterr().out
+    assert comm_main(["--platform", "dgx_h100", "--nodes", "16", "--gpus-per-node", "2", "--op", "all_reduce_perf",
+                      "--sizes", "64KB,1GB", "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("NCCL picks") == 2 and "tree/ll on" in out and out.count("#   simulated") == 2
+    assert comm_main(["--platform", "dgx_h100", "--op", "allreduce"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "expected --op one of" in err and len(err.strip().splitlines()) == 1

@@ -112,13 +112,14 @@ def test_fold_turns_itself_off(extra, reason):
 
 
 def test_fold_gives_up_when_latency_differences_add_up(monkeypatch):
-    """The same placement with a 10 us spine: 0.4 ms of latency differences in all, about 0.05% of
-    the iteration; with a budget of 0.02% the fold gives up and every rank is simulated."""
+    """The same placement with a 10 us spine: 0.36 ms of latency differences in all (a ring's network
+    hop pays the spine one way), about 0.05% of the iteration; with a budget of 0.02% the fold gives
+    up and every rank is simulated."""
     extra = SMALL_GPT3 + ["platform.network.nodes_per_leaf=6", "platform.network.spine_latency_us=10"]
     job = load_job(GPT3, extra)
     within = simulate(job)
-    assert within.meta["fold"] == 16 and "by at most 400.0 us in all" in within.meta["fold_note"]
-    share = 400e-6 / within.iteration_time_s
+    assert within.meta["fold"] == 16 and "by at most 360.0 us in all" in within.meta["fold_note"]
+    share = 360e-6 / within.iteration_time_s
     assert f"({share:.3%} of the iteration)" in within.meta["fold_note"] and 0.0002 < share < 0.005
     monkeypatch.setattr(core, "SLACK_FRACTION", 0.0002)
     over = simulate(job)

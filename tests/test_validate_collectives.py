@@ -44,6 +44,27 @@ def test_known_gaps_are_still_gaps(table):
 
 
 @needs_data
+def test_ten_node_h100_runs_within_10_percent(table):
+    """The ten-node H100 runs with 1, 2 and 4 GPUs per node: all five collectives, send/recv
+    included, within 10% at every size (all are >= 32 MiB)."""
+    ten = table[table["category"] == "ten_node"]
+    assert len(ten) == 15 and set(ten["gpus"]) == {"10x1", "10x2", "10x4"}
+    assert (ten["err_ge_1MB"] <= 0.10).all(), ten[["sweep", "err_ge_1MB"]].to_string()
+
+
+@needs_data
+def test_two_node_pairwise_sweeps_within_15_percent_with_the_spread_reported(table):
+    """Both clusters' two-node alltoall and sendrecv, every node pair: the median pair within 15%
+    (beyond the recorded gap), and the spread of the error across pairs reported."""
+    pairs = table[table["category"] == "pairwise"]
+    assert len(pairs) == 14 and set(pairs["platform"]) == {"h100_ndr_cluster", "h100_ndr_cluster00"}
+    assert (pairs["runs"] >= 45).all()
+    assert pairs[["run_err_p10", "run_err_p50", "run_err_p90"]].notna().all().all()
+    ok = pairs[[(name, "ge") not in vc.KNOWN_GAPS for name in pairs["sweep"]]]
+    assert len(ok) == 13 and (ok["err_ge_1MB"] <= 0.15).all(), ok[["sweep", "err_ge_1MB"]].to_string()
+
+
+@needs_data
 def test_most_one_node_sweeps_within_15_percent(table):
     one = table[table["category"] == "one_node"]
     assert (one["err_ge_1MB"] <= 0.15).mean() >= 0.8

@@ -196,7 +196,10 @@ def ring(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: Pr
     # a chunk crosses the ring's hops one after the other, each at its own cost (NCCL's ring
     # latency: the steps inside a node at NVLink or PCIe cost, those between nodes at the
     # network's), so its latency and the pipeline's fill add up hop by hop: steps(n) hops, a lap
-    # of the ring every n of them
+    # of the ring every n of them. A hop between nodes costs the protocol's network step and the
+    # propagation only: the proxy posts each step as it lands, so neither a round trip nor a
+    # chunk's fill is paid per hop (NCCL's tuning model charges each inter-node ring step its
+    # hwLat[NET] alone, src/graph/tuning.cc; the ten-node H100 runs of 32-128 MiB match it)
     per_hop = 0.0
     hop_cost: dict[tuple[str, float, float, bool], float] = {}  # by the kind of hop: hops repeat
     for order in orders:
@@ -216,9 +219,12 @@ def ring(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: Pr
             kind = (e.hardware, e.latency, e.capacity, e.forwards_chunks)
             hop = hop_cost.get(kind)
             if hop is None:
-                trips = 2.0 if e.hardware == "net" and proto.net_round_trip else 1.0
-                hop = hop_cost[kind] = (_step_cost(proto, e.hardware) + trips * e.latency
-                                        + _fill(per_step, proto, e.capacity, e.forwards_chunks))
+                if e.hardware == "net":
+                    hop = _step_cost(proto, e.hardware) + e.latency
+                else:
+                    hop = (_step_cost(proto, e.hardware) + e.latency
+                           + _fill(per_step, proto, e.capacity, e.forwards_chunks))
+                hop_cost[kind] = hop
             lap += hop
         per_hop = max(per_hop, lap / len(edges))
         window = _window(edges, topo, proto, min(proto.chunk_kib * 1024, per_step))
@@ -395,26 +401,58 @@ def p2p_channels(nbytes: float, ranks: int, piece: float, across_nodes: bool) ->
     return max(1, min(channels, int(np.ceil(nbytes / size))))
 
 
+def net_peer_channels(ranks: int, comm_channels: int) -> int:
+    """Channels NCCL gives one peer across the network on a communicator of ``ranks`` with
+    ``comm_channels`` channels (src/graph/paths.cc, ncclTopoGetNchannels: two per network peer,
+    halved while the peers' channels would exceed four times the communicator's, at least one)."""
+    per_peer = 2
+    while per_peer * ranks > 4 * comm_channels and per_peer > 1:
+        per_peer //= 2
+    return per_peer
+
+
+def comm_channels(ranks: int, topo: Topology, spec: CollectiveSpec) -> int:
+    """Channels of a communicator of ``ranks`` spread evenly over the topology's nodes: NCCL
+    duplicates its rings (src/graph/connect.cc), so twice the rings it finds, one per NIC the
+    communicator's GPUs of a node reach (or ``collectives.channels``)."""
+    per_node = max(1, min(topo.gpus_per_node, ranks // max(1, topo.nodes)))
+    return 2 * max(1, min(spec.channels or topo.platform.network.nics_per_node, per_node))
+
+
 def _p2p_rate(a: int, b: int, nbytes: float, ranks: int, topo: Topology, spec: CollectiveSpec,
               proto: ProtocolSpec) -> float:
     """The most wire bytes/s a point-to-point transfer a -> b of ``nbytes`` moves: its channels,
-    each half a thread block's rate (a channel's warps are split between its send and its receive)
-    and, across nodes, its window of slots."""
+    each half a thread block's rate (a channel's warps are split between its send and its receive);
+    across nodes the channels NCCL gives a network peer, each at the network channel's own bound
+    (``collectives.net_channel_gbytes_per_s``, where given, instead of the block's) and its window
+    of slots, and at most the share of a NIC one send/recv pair's connection reaches."""
     e = topo.edge(a, b)
     piece = P2P_CHUNK[e.hardware]
-    channels = p2p_channels(nbytes, ranks, piece, e.hardware == "net")
+    net = e.hardware == "net"
+    channels = p2p_channels(nbytes, ranks, piece, net)
     per_channel = float("inf")
     if spec.channel_gbytes_per_s is not None:
         per_channel = spec.channel_gbytes_per_s * 1e9 / 2 / proto.bandwidth
-    if e.hardware == "net":
-        per_channel = min(per_channel, _window([(a, b)], topo, proto, min(piece, nbytes / channels)))
-    return channels * per_channel
+    if not net:
+        return channels * per_channel
+    channels = min(channels, net_peer_channels(ranks, comm_channels(ranks, topo, spec)))
+    if spec.net_channel_gbytes_per_s is not None:  # a network channel's own bound replaces the block's
+        per_channel = spec.net_channel_gbytes_per_s * 1e9 / proto.bandwidth
+    per_channel = min(per_channel, _window([(a, b)], topo, proto, min(piece, nbytes / channels)))
+    return min(channels * per_channel, spec.net_peer_share * topo.nic_bw / proto.bandwidth)
 
 
 @register("direct", {"all_to_all", "send_recv", "all_gather", "reduce_scatter"})
 def direct(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: ProtocolSpec) -> CollectivePlan:
     """Every pair exchanges its share at once (NCCL's all-to-all as grouped send/recv), each pair's
-    transfer on the channels NCCL gives a point-to-point transfer of its size."""
+    transfer on the channels NCCL gives a point-to-point transfer of its size.
+
+    A grouped operation serves its peers one after another (NCCL's p2p schedule walks the peers
+    round by round, and the proxy progresses each peer's connection in turn), so on top of the
+    slowest step it pays a per-peer cost for every peer of its busiest member, by transport
+    (``collectives.p2p_net_peer_us``, ``p2p_local_peer_us``). Over more than two nodes each NIC
+    exchanges with several other nodes at once and reaches ``network.many_peer_efficiency`` of
+    its rate."""
     g = req.group
     n = len(g)
     ranks = req.comm_ranks
@@ -429,6 +467,9 @@ def direct(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: 
         return CollectivePlan("direct", (), 0.0)
     transfers = []
     worst = 0.0
+    peers = [[0, 0] for _ in range(n)]  # per member: (peers inside its node, peers across the network)
+    spread = len({topo.node_of(r) for r in g}) > 2
+    alike: dict[tuple[str, float, float, float], tuple[float, float, float]] = {}
     for i in range(n):
         for j in range(n):
             if i == j:
@@ -436,8 +477,22 @@ def direct(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: 
             nbytes = req.send_matrix[i][j] if req.send_matrix is not None else req.nbytes / n
             if nbytes <= 0:
                 continue
-            links, step = _edges([(g[i], g[j])], topo, proto)
+            e = topo.edge(g[i], g[j])
+            net = e.hardware == "net"
+            # pairs whose routes are alike (hardware, latency, bottleneck) and sizes equal get the same
+            # step and rate: computed once
+            kind = (e.hardware, e.latency, e.capacity, nbytes)
+            known = alike.get(kind)
+            if known is None:
+                step = _edges([(g[i], g[j])], topo, proto)[1]
+                rate = _p2p_rate(g[i], g[j], nbytes, ranks, topo, spec, proto)
+                eff = topo.platform.network.many_peer_efficiency if net and spread else 1.0
+                wire = nbytes / proto.bandwidth / eff
+                known = alike[kind] = (step, rate, wire)
+            step, rate, wire = known
             worst = max(worst, step)
-            rate = _p2p_rate(g[i], g[j], nbytes, ranks, topo, spec, proto)
-            transfers.append(Transfer(links, nbytes / proto.bandwidth, rate))
-    return CollectivePlan("direct", tuple(transfers), _base(spec, proto) + worst)
+            peers[i][net] += 1
+            transfers.append(Transfer(e.route, wire, rate))
+    per_peer = max((local * spec.p2p_local_peer_us + remote * spec.p2p_net_peer_us for local, remote in peers),
+                   default=0.0) * US
+    return CollectivePlan("direct", tuple(transfers), _base(spec, proto) + worst + per_peer)

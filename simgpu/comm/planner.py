@@ -2,8 +2,11 @@
 
 With ``algorithm="auto"`` every algorithm that implements the op is planned with every protocol
 the platform offers, and the pair fastest in isolation on this topology wins (so small messages
-take LL, large ones Simple; small multi-node all-reduces the tree). A forced algorithm or
-protocol applies where it implements the op; other ops keep their default.
+take LL, large ones Simple; small multi-node all-reduces the tree). Across nodes, where the
+platform's ``collectives.tuner`` is ``nccl`` (the default), the algorithm is the one NCCL's own
+tuning model picks for the node count (:mod:`simgpu.comm.tuning`) and only its protocol is chosen
+by isolated time. A forced algorithm or protocol applies where it implements the op; other ops
+keep their default.
 """
 
 from __future__ import annotations
@@ -14,9 +17,12 @@ from ..config.platform import CollectiveSpec
 from ..platform.topology import Topology
 from . import algorithms  # noqa: F401  (registers the algorithms)
 from .plan import ALGORITHMS, CollectivePlan, CollectiveRequest, algorithms_for
+from .tuning import Choice, choose
 
 #: What each op uses when the requested algorithm does not implement it.
 DEFAULT = {"all_to_all": "direct", "send_recv": "direct"}
+#: the algorithm that runs each of NCCL's choices (the tree becomes an NVLS tree on NVLS nodes with Simple)
+ALGORITHM_OF = {"ring": "ring", "tree": "tree", "nvls_tree": "tree", "nvls": "nvls"}
 
 
 class Planner:
@@ -51,9 +57,21 @@ class Planner:
             names = [DEFAULT[req.op]]
         elif self.algorithm == "auto":
             names = [n for n in names if n != "direct"] or names
+            nccl = self.nccl_choice(req)
+            if nccl is not None and nccl.algorithm in ALGORITHM_OF:
+                names = [ALGORITHM_OF[nccl.algorithm]]
         else:
             names = names[:1]
         return self._plans(req, names)
+
+    def nccl_choice(self, req: CollectiveRequest) -> Choice | None:
+        """What NCCL's tuning model picks for ``req`` where the tuner follows it (a group across
+        nodes, ``collectives.tuner: nccl``); None elsewhere."""
+        nodes = len({self.topo.node_of(r) for r in req.group})
+        if self.spec.tuner != "nccl" or nodes < 2:
+            return None
+        return choose(self.topo.platform, self.topo, req.op, req.nbytes, len(req.group), nodes,
+                      self.spec.usable_protocols())
 
     def _plans(self, req: CollectiveRequest, names: list[str]) -> list[CollectivePlan]:
         protos = [self.protocol] if self.protocol != "auto" else self.spec.usable_protocols()

@@ -7,6 +7,7 @@ NICs are sold. ``efficiency`` fields are the achievable fraction of a datasheet 
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
@@ -111,6 +112,10 @@ class NetworkSpec(Spec):
     oversubscription: Annotated[float, Field(ge=1)] = Field(
         1.0, description="leaf downlink to uplink bandwidth ratio (1 = non-blocking)")
     spine_latency_us: NonNegFloat = Field(1.0, description="extra one-way latency through the spine, us")
+    many_peer_efficiency: Fraction = Field(
+        1.0, description="fraction of a NIC's achievable rate reached while it exchanges with the NICs of several "
+                         "other nodes at once (an all-to-all over more than two nodes: incast and head-of-line "
+                         "blocking on the fabric); 1: as with one peer node")
 
 
 class ProtocolSpec(Spec):
@@ -165,10 +170,31 @@ class CollectiveSpec(Spec):
                           "over a few channels by size; null: no bound")
     channels: PositiveInt | None = Field(
         None, description="parallel rings/trees across nodes; default one per NIC")
+    net_channel_gbytes_per_s: PositiveFloat | None = Field(
+        None, description="the most one channel moves to one peer across the network, per direction, GB/s (NCCL "
+                          "gives a network peer two channels on a small communicator and one on a large one, "
+                          "src/graph/paths.cc): it holds a cross-node send/recv below the NIC's rate; null: no bound")
+    net_peer_share: Fraction = Field(
+        1.0, description="fraction of a NIC's achievable rate that the connection of one send/recv pair (one peer, "
+                         "one direction) reaches across the network, whatever its channels; 1: the whole NIC")
+    p2p_net_peer_us: NonNegFloat = Field(
+        0.0, description="cost a grouped point-to-point operation (all-to-all) pays per peer across the network "
+                         "(its setup, the message's latency, the proxy's progress over the peers), us; the peers "
+                         "are served one after another, so a small all-to-all grows with the ranks")
+    p2p_local_peer_us: NonNegFloat = Field(
+        0.0, description="the same per peer inside the node (NVLink or PCIe), us")
     single_process: bool = Field(
         False, description="one process drives every GPU of a node (nccl-tests -g N): NCCL hands the GPUs "
                            "direct pointers to each other's buffers, so a ring's loop inside the node has "
                            "no step that only copies locally; false: a process per GPU, as training runs")
+    nccl_version: str = Field(
+        "2.20", pattern=r"^2\.\d+(\.\d+)?$",
+        description="the NCCL release this machine runs, e.g. 2.21.5: it chooses the rules of NCCL's tuning "
+                    "model (simgpu/comm/tuning.py) the tuner follows; default the newest modelled")
+    tuner: Literal["nccl", "isolated"] = Field(
+        "nccl", description="how the algorithm of a collective across nodes is chosen: nccl, as NCCL's own "
+                            "tuning model picks it by node count (then the fastest protocol for it); isolated, "
+                            "the fastest algorithm in isolation on this topology")
     tree_efficiency_power: PositiveFloat = Field(
         1.0, description="the protocols' tree_efficiency (NCCL's derating of trees by message size) is "
                          "raised to this power: above 1 trees fall further short at mid sizes than NCCL's "
@@ -181,6 +207,20 @@ class CollectiveSpec(Spec):
         None, min_length=1,
         description="the protocols this machine's NCCL may use (NCCL_PROTO; e.g. [simple] where the network "
                     "plugin forces it); default: every protocol listed")
+
+    @field_validator("nccl_version", mode="before")
+    @classmethod
+    def _version_text(cls, given: object) -> object:
+        if not isinstance(given, str) or not re.fullmatch(r"2\.\d+(\.\d+)?", given.strip()):
+            raise ValueError(f"expected an NCCL release as quoted text, such as \"2.21.5\" or \"2.18\"; got {given!r}")
+        return given.strip()
+
+    @field_validator("tuner", mode="before")
+    @classmethod
+    def _tuner_known(cls, given: object) -> object:
+        if given not in ("nccl", "isolated"):
+            raise ValueError(f"expected nccl (NCCL's tuning model) or isolated (fastest in isolation); got {given!r}")
+        return given
 
     @field_validator("protocols", mode="before")
     @classmethod

@@ -1,0 +1,140 @@
+"""Collectives at cluster scale: cross-node point-to-point on NCCL's channels per network peer,
+all-to-all costs that grow with the peers, and times that never fall as ranks are added."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import run_programs
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simgpu.comm.algorithms import comm_channels, net_peer_channels
+from simgpu.comm.collective import simulate_collective
+from simgpu.config.loader import load_platform
+from simgpu.graph import CollectiveCall, Op, Program
+from simgpu.platform.topology import Topology
+
+CLUSTER, _ = load_platform("h100_ndr_cluster")
+
+
+def test_net_peer_channels_follow_nccls_rule():
+    """Two channels per network peer, halved while the peers' channels exceed four times the
+    communicator's (src/graph/paths.cc): two on two nodes of one GPU, one on ten."""
+    assert net_peer_channels(2, 2) == 2
+    assert net_peer_channels(10, 2) == 1
+    assert net_peer_channels(16, 16) == 2
+    assert net_peer_channels(40, 8) == 1
+    topo = Topology(CLUSTER, 10, 4)
+    assert comm_channels(40, topo, CLUSTER.collectives) == 8
+
+
+def test_cross_node_send_recv_is_held_by_its_channels_and_its_nic_share():
+    """One channel (ten nodes) moves the network channel's bound; two (two nodes) reach the share of
+    a NIC one pair's connection gets, below the NIC's own rate."""
+    size = 1 << 30
+    spec, net = CLUSTER.collectives, CLUSTER.network
+    nic = net.nic_gbps / 8 * net.efficiency
+    ten = size / simulate_collective(CLUSTER, "send_recv", size, nodes=10, gpus_per_node=1) / 1e9
+    two = size / simulate_collective(CLUSTER, "send_recv", size, nodes=2, gpus_per_node=1) / 1e9
+    assert ten == pytest.approx(spec.net_channel_gbytes_per_s, rel=0.01)
+    assert two == pytest.approx(spec.net_peer_share * nic, rel=0.01)
+    faster, _ = load_platform("h100_ndr_cluster", [("collectives.net_channel_gbytes_per_s", 100.0)])
+    assert size / simulate_collective(faster, "send_recv", size, nodes=10, gpus_per_node=1) / 1e9 > 1.5 * ten
+
+
+def test_small_all_to_all_grows_with_the_peers():
+    """A grouped point-to-point operation serves its peers one after another: a small all-to-all's
+    time grows by the per-peer cost for every peer across the network."""
+    per_peer = CLUSTER.collectives.p2p_net_peer_us * 1e-6
+    t = {n: simulate_collective(CLUSTER, "all_to_all", 64 * n, nodes=n, gpus_per_node=1) for n in (4, 16, 64)}
+    assert t[16] - t[4] == pytest.approx(12 * per_peer, rel=0.05)
+    assert t[64] - t[16] == pytest.approx(48 * per_peer, rel=0.05)
+
+
+@settings(max_examples=12, deadline=None)
+@given(op=st.sampled_from(["all_gather", "all_to_all"]), gpn=st.sampled_from([1, 2, 4]),
+       nodes=st.integers(1, 6), more=st.integers(1, 4), log_per_rank=st.integers(10, 26))
+def test_time_never_falls_as_ranks_are_added(op, gpn, nodes, more, log_per_rank):
+    """At a fixed message per rank (all-gather: each rank's contribution; all-to-all: each rank's
+    buffer), adding nodes never makes the collective faster."""
+    per_rank = 1 << log_per_rank
+
+    def time(n: int) -> float:
+        if n * gpn < 2:
+            return 0.0
+        size = per_rank * n * gpn if op == "all_gather" else per_rank
+        return simulate_collective(CLUSTER, op, size, nodes=n, gpus_per_node=gpn)
+
+    assert time(nodes + more) >= time(nodes) * (1 - 1e-9)
+
+
+def test_tuner_follows_nccls_model_by_node_count():
+    """Across nodes the planner runs the algorithm NCCL's tuning model picks for the node count, so
+    its choice changes only where that model's does; the model itself moves a 1 GiB all-reduce on
+    DGX H100 from the ring (2-8 nodes) to the tree (16 and more)."""
+    from simgpu.comm.collective import request
+    from simgpu.comm.planner import ALGORITHM_OF, Planner
+    from simgpu.comm.tuning import choose
+
+    plat, _ = load_platform("dgx_h100")
+    picks = {}
+    for nodes in (2, 4, 8, 16, 32):
+        topo = Topology(plat, nodes, 2)
+        for size in (1 << 16, 1 << 24, 1 << 30):
+            req = request("all_reduce", size, topo)
+            want = choose(plat, topo, "all_reduce", size, topo.world, nodes, plat.collectives.usable_protocols())
+            assert want is not None
+            assert Planner(topo, plat.collectives).plan(req).algorithm == ALGORITHM_OF[want.algorithm]
+        full = Topology(plat, nodes, 8)
+        pick = choose(plat, full, "all_reduce", 1 << 30, full.world, nodes, plat.collectives.usable_protocols())
+        assert pick is not None
+        picks[nodes] = pick.algorithm
+    assert picks == {2: "ring", 4: "ring", 8: "ring", 16: "tree", 32: "tree"}
+
+
+def test_nccl_version_chooses_the_rule_set():
+    """Releases before NVLS (2.17) follow the older tables, which have no NVLS tree."""
+    from simgpu.comm.tuning import estimates, rule_set
+
+    assert rule_set("2.8.4") == "2.8" and rule_set("2.16") == "2.8" and rule_set("2.21.5") == "2.20"
+    old, _ = load_platform("dgx_h100", [("collectives.nccl_version", "2.12")])
+    topo = Topology(old, 4, 8)
+    algos = {c.algorithm for c in estimates(old, topo, "all_reduce", 1 << 26, 32, 4, ["ll", "ll128", "simple"])}
+    assert algos == {"ring", "tree"}
+    new = {c.algorithm for c in estimates(CLUSTER, topo, "all_reduce", 1 << 26, 32, 4, ["simple"])}
+    assert "nvls_tree" in new
+
+
+def test_gpus_per_node_over_the_full_range():
+    """Every GPUs-per-node count of a node works across nodes, each GPU on its own NIC."""
+    for gpn in range(1, 9):
+        t = simulate_collective(CLUSTER, "all_gather", 1 << 26, nodes=2, gpus_per_node=gpn)
+        assert 0 < t < 1.0
+
+
+def test_pipeline_sends_share_the_nic_with_data_parallel_traffic():
+    """Micro-batch sends between two pipeline stages on different nodes run at one pair's NIC share
+    alone; a data-parallel all-reduce on the same NIC takes its fair share of the link, so the
+    sends slow down, and together they never move more than the NIC does."""
+    mb, n_mb = 256 << 20, 4
+
+    def run(with_dp: bool) -> tuple[float, float]:
+        progs = [Program(r) for r in range(2)]
+        for k in range(n_mb):
+            call = CollectiveCall(f"pp{k}", "send_recv", (0, 1), mb, comm_size=2)
+            for r in (0, 1):
+                progs[r].add(Op(f"pp{k}", "collective", "send_recv", stream="pp", coll=call, nbytes=mb))
+        if with_dp:
+            call = CollectiveCall("dp", "all_reduce", (0, 1), 1 << 30)
+            for r in (0, 1):
+                progs[r].add(Op("dp", "collective", "all_reduce", stream="comm", coll=call, nbytes=1 << 30))
+        res = run_programs(CLUSTER, 2, progs, [], gpus_per_node=1)
+        pp = res.records[res.records["stream"] == "pp"]
+        return float(pp["end_s"].max()), res.iteration_time_s
+
+    nic = CLUSTER.network.nic_gbps / 8 * CLUSTER.network.efficiency * 1e9
+    alone, _ = run(False)
+    assert alone == pytest.approx(n_mb * mb / (CLUSTER.collectives.net_peer_share * nic), rel=0.02)
+    shared, total = run(True)
+    assert shared > 1.15 * alone
+    assert total >= (n_mb * mb + (1 << 30)) / nic  # an all-reduce of two ranks sends the message once
