@@ -135,6 +135,8 @@ class Engine:
         self.events = 0
         #: folded: the sum of latency differences between replicas met so far (see simgpu.engine.fold)
         self.fold_slack_s = 0.0
+        #: per training iteration of the programs, when its last kernel ended (over every rank)
+        self.iteration_ends = [0.0] * max(1, workload.iterations)
 
     def run(self) -> SimResult:
         topo = self.topo
@@ -249,6 +251,8 @@ class Engine:
         if op.kind in ("kernel", "memcpy", "collective"):
             self.ops_run += 1
             model = self.models[op.kernel] if op.kind == "kernel" else "network"
+            if op.kind == "kernel" and now > self.iteration_ends[op.iteration]:
+                self.iteration_ends[op.iteration] = now
             self.records.append((r.rank, op.stream, op.name, op.category, op.phase, op.kind, float(r.start[i]), now,
                                  op.nbytes, model))
             stream = r.streams[op.stream]
@@ -374,5 +378,7 @@ class Engine:
                                         columns=list(LINK_RECORD_COLUMNS))
         iteration = float(records["end_s"].max()) if len(records) else 0.0
         events = self.ops_run + self.events + self.net.transfers + self.net.reschedules
-        meta = {} if self.fold is None else {"fold_slack_s": self.fold_slack_s}
+        meta: dict[str, Any] = {} if self.fold is None else {"fold_slack_s": self.fold_slack_s}
+        if len(self.iteration_ends) > 1:
+            meta["iteration_ends_s"] = list(self.iteration_ends)
         return SimResult(records, stats, iteration, events, meta, link_records)

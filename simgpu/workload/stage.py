@@ -57,6 +57,7 @@ class StageEmitter(Emitter):
         super().__init__(rank, kernels)
         self.layout = layout
         self.cpu_s = cpu_s
+        self.iteration = 0  # the training iteration being emitted (see Op.iteration)
         self.calls: list[tuple[int, str | Pair, str]] = []
         self._groups: dict[str, tuple[int, ...]] = {}
         self._by_group: dict[tuple[int, ...], str] = {}
@@ -99,6 +100,8 @@ class StageEmitter(Emitter):
     def _add(self, name: str, kind: str | Pair, suffix: str, op: CollectiveOp, nbytes: int, phase: str,
              deps: Iterable[int], stream: str) -> int:
         group = self.group(kind) if isinstance(kind, str) else kind.resolve(self.layout, self.rank)
+        if self.iteration:  # keys unique over the iterations a program runs
+            suffix = f"it{self.iteration}.{suffix}"
         call = CollectiveCall(suffix, op, group, int(nbytes))
         idx = self.program.add(Op(name, "collective", op, stream=stream, phase=phase, coll=call,
                                   nbytes=call.nbytes, deps=tuple(sorted(set(deps)))))
@@ -122,8 +125,8 @@ def retarget(em: StageEmitter, rank: int) -> Program:
         raise ValueError(f"rank {rank} is not on the stage of rank {em.rank}")
     cpu = em.cpu_s
     # Field by field: several times faster than dataclasses.replace on millions of ops.
-    ops = [Op(o.name, o.kind, o.category, o.stream, o.phase, o.kernel, o.coll, o.nbytes, o.deps, cpu)
-           for o in em.program.ops]
+    ops = [Op(o.name, o.kind, o.category, o.stream, o.phase, o.kernel, o.coll, o.nbytes, o.deps, cpu,
+              iteration=o.iteration) for o in em.program.ops]
     groups: dict[str | Pair, tuple[int, ...]] = {}
     for idx, kind, suffix in em.calls:
         op = ops[idx]

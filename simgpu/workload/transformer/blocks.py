@@ -21,7 +21,7 @@ Recomputation: ``full`` re-runs each block's forward (with its collectives) befo
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from ...graph import CollectiveOp
 from ..common import Linear, Param
@@ -55,6 +55,9 @@ class Blocks:
         self.p = md.dropout
         self.causal = md.causal
         self.norm_kind = md.norm_kind
+        #: module name -> ops its forward must wait for first (the parameter all-gathers of its
+        #: buckets, Megatron's forward pre-hook); each is handed out once
+        self.waits: Callable[[str], tuple[int, ...]] = lambda _module: ()
 
     # ---- primitives
 
@@ -65,6 +68,8 @@ class Blocks:
         return self.em.elementwise(name, numel, reads, writes, dtype or self.aux, op=op, phase=phase, deps=deps)
 
     def norm(self, name: str, bwd: bool, phase: str, tag: str = "", deps: Iterable[int] = ()) -> int:
+        if not bwd:
+            deps = (*deps, *self.waits(name))
         return self.em.kernel(f"{name}.{'bwd' if bwd else 'fwd'}{tag}", "norm", self.aux, phase=phase, deps=deps,
                               rows=self.s.rows, cols=self.h, bwd=int(bwd))
 
@@ -87,11 +92,13 @@ class Blocks:
         first micro-batch (then cached), and ``quantize_input`` casts an input that no fused kernel has
         already produced in FP8 (bf16 read, fp8 written)."""
         t = self.s.tokens if rows is None else rows
+        wait = self.waits(lin.name)  # on every op that reads the weight
+        deps = (*deps, *wait)
         if self.s.cast:
-            self.ew(f"{lin.name}.cast{tag}", lin.numel, 1, 1, phase, op="cast")
+            self.ew(f"{lin.name}.cast{tag}", lin.numel, 1, 1, phase, op="cast", deps=wait)
         fp8 = self.fp8(lin)
         if fp8 and self.mb == 0 and not tag:
-            self.ew(f"{lin.name}.weight_fp8", lin.numel, 1, 1, phase, op="quantize")
+            self.ew(f"{lin.name}.weight_fp8", lin.numel, 1, 1, phase, op="quantize", deps=wait)
         if fp8 and quantize_input:
             # counted in fp8 bytes: a 2-byte read and a 1-byte write per element
             self.em.elementwise(f"{lin.name}.quantize{tag}", t * lin.inputs, 2, 1, "fp8", op="quantize", phase=phase,
@@ -242,11 +249,11 @@ class Blocks:
 
     # ---- embedding and head
 
-    def embedding_fwd(self, copy: int) -> int:
+    def embedding_fwd(self, copy: int, deps: Iterable[int] = ()) -> int:
         """Token (vocabulary-parallel) and position / token-type embeddings of the micro-batch; returns
-        the op the first block must wait for."""
+        the op the first block must wait for. ``deps`` gate the first kernel, with the batch's copy."""
         s, h = self.s, self.h
-        self.ew("embed.tok_gather", s.tokens * h, 1, 1, "fwd", deps=(copy,), op="gather")
+        self.ew("embed.tok_gather", s.tokens * h, 1, 1, "fwd", deps=(copy, *deps), op="gather")
         if not s.model.rope:
             self.ew("embed.pos_gather", s.seq * h, 1, 1, "fwd", op="gather")
             self.ew("embed.add", s.tokens * h, 2, 1, "fwd", op="add")
@@ -293,11 +300,12 @@ class Blocks:
             sink.ready((params["wte"],), last)
         return last
 
-    def head_fwd(self, labels: int) -> int:
-        """Final norm, (BERT's MLM transform and next-sentence head), output layer and cross entropy."""
+    def head_fwd(self, labels: int, deps: Iterable[int] = ()) -> int:
+        """Final norm, (BERT's MLM transform and next-sentence head), output layer and cross entropy;
+        ``deps`` gate the first kernel."""
         s, h = self.s, self.h
         lins = head_linears(s)
-        ln = self.norm("ln_f", False, "fwd")
+        ln = self.norm("ln_f", False, "fwd", deps=deps)
         ag = self.tp_comm("ag", "ln_f", "fwd", deps=(ln,)) if s.sp else None
         if "mlm" in lins:
             self.lin_fwd(lins["mlm"], "fwd", deps=_d(ag))

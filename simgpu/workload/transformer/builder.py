@@ -8,9 +8,11 @@ reduction (DDP / ZeRO buckets during the last micro-batch's backward, or FSDP's 
 all-gathers with prefetch and reduce-scatters every micro-batch, :mod:`~simgpu.workload.dataparallel`),
 the tied embedding's gradient all-reduce between the first and last stage, the norms' gradient
 all-reduce over tp under sequence parallelism, the optimizer step and, under ZeRO 1-2, the
-parameter all-gather (after the step; Megatron can overlap it with the next iteration's forward,
-which one simulated iteration does not). One program is built per stage and retargeted to its ranks
-(:mod:`~simgpu.workload.stage`); it also gives the job's useful FLOPs and memory per GPU.
+parameter all-gather per bucket after the step (under ``overlap_param_gather`` the next
+iteration's forward waits for each bucket's all-gather before the layers that use it; the
+programs then run two iterations back to back, see :func:`simgpu.sim.simulate`). One program is
+built per stage and retargeted to its ranks (:mod:`~simgpu.workload.stage`); it also gives the
+job's useful FLOPs and memory per GPU.
 
 With no model parallelism, ``framework: pytorch`` and no recomputation the program is nanoGPT's
 under DDP: one micro-batch forward, backward with bucketed all-reduces, a fused optimizer step.
@@ -74,6 +76,15 @@ class _Stage:
                              for p in b.experts.params]
         self.dense: Reducer | None = None
         self.expert: Reducer | None = None
+        #: module name -> the previous iteration's all-gathers of its parameters' buckets, not yet waited for
+        self.gathered: dict[str, set[int]] = {}
+        self._every_gather: tuple[int, ...] = ()
+        if s.param_overlap:
+            self.bl.waits = self._module_waits
+
+    def _reducers(self) -> None:
+        """Fresh gradient reducers for an iteration (ZeRO 0-2)."""
+        s = self.s
         if s.zero < 3:
             op: CollectiveOp = "all_reduce" if s.zero == 0 else "reduce_scatter"
             self.dense = Reducer(self.em, assign_buckets(self.dense_order, s.bucket_bytes), "dp_cp", op=op)
@@ -92,19 +103,49 @@ class _Stage:
     # ---- the schedule
 
     def build(self) -> StageEmitter:
-        s = self.s
-        for item in plan(s.schedule, s.layout.pp, s.m, s.v, self.stage):
-            if isinstance(item, Step):
-                self.bl.mb = item.mb
-                g = self.chunks[item.chunk]
-                if item.kind == "F":
-                    self.out[("act", item.mb, g)] = self.forward(g)
+        """``s.iterations`` iterations back to back, each op tagged with its own (Op.iteration)."""
+        s, ops = self.s, self.em.program.ops
+        for it in range(s.iterations):
+            self.em.iteration = it
+            first = len(ops)
+            self.reductions = []
+            self._reducers()
+            for item in plan(s.schedule, s.layout.pp, s.m, s.v, self.stage):
+                if isinstance(item, Step):
+                    self.bl.mb = item.mb
+                    g = self.chunks[item.chunk]
+                    if item.kind == "F":
+                        self.out[("act", item.mb, g)] = self.forward(g)
+                    else:
+                        self.out[("grad", item.mb, g)] = self.backward(g, item.mb == s.m - 1)
                 else:
-                    self.out[("grad", item.mb, g)] = self.backward(g, item.mb == s.m - 1)
-            else:
-                self.p2p(item)
-        self.finish()
+                    self.p2p(item)
+            self.finish()
+            for op in ops[first:]:
+                op.iteration = it
         return self.em
+
+    def _module_waits(self, module: str) -> tuple[int, ...]:
+        found = self.gathered.pop(module, None)
+        return tuple(sorted(found)) if found else ()
+
+    def _waits(self, u: Unit) -> tuple[int, ...]:
+        """What unit ``u``'s first forward of an iteration waits for, before its first kernel, from the
+        iteration before. Under overlap_param_gather, Megatron's forward pre-hook on each module
+        waits for the all-gathers of the buckets holding the module's parameters: a dense block's
+        linears and norms wait as they run (:attr:`Blocks.waits`); the embedding, the head and an
+        MoE block wait here for all of theirs. Without it, the first unit waits for every
+        all-gather (the step waits for them all)."""
+        if not self.s.param_overlap:
+            out, self._every_gather = self._every_gather, ()
+            return out
+        if isinstance(u, Block) and u.experts is None:
+            return ()
+        dense, expert = self._unit_params(u)
+        found: set[int] = set()
+        for p in dense + expert:
+            found |= self.gathered.pop(_module(p.name), set())
+        return tuple(sorted(found))
 
     def p2p(self, batch: Batch) -> None:
         """Megatron's batched isend/irecv (all posted at once, on per-kind streams), then the host
@@ -130,13 +171,14 @@ class _Stage:
         gate: tuple[int, ...] = ()   # the embedding's tp reduction, which the first block waits for
         for i, u in enumerate(units):
             gather(i)
+            waits = self._waits(u)
             if u == "embed":
-                gate = (bl.embedding_fwd(copy),)
+                gate = (bl.embedding_fwd(copy, deps=waits),)
             elif u == "head":
-                bl.head_fwd(copy)
+                bl.head_fwd(copy, deps=waits)
             else:
                 assert isinstance(u, Block)
-                bl.block_fwd(u, deps=gate)
+                bl.block_fwd(u, deps=gate + waits)
                 gate = ()
         return em.last
 
@@ -247,11 +289,28 @@ class _Stage:
         if s.megatron and is_mixed(s.precision):
             em.elementwise("optimizer.copy_to_model", local, 1, 1, s.aux, op="cast", phase="opt")
         if s.zero in (1, 2):
+            # Per bucket, in the order the next forward uses them (Megatron dispatches the
+            # all-gathers in forward order: the last gradient bucket first).
             wb = weight_bytes(s.precision)
+            step = em.last
+            gathers: list[int] = []
             for kind, order in (("dp_cp", self.dense_order), ("edp_cp", self.expert_order)):
-                for i, b in enumerate(assign_buckets(order, s.bucket_bytes) if order else []):
-                    em.group_op(kind, f"params.bucket{i}.all_gather", f"params.{kind}.bucket{i}", "all_gather",
-                                sum(p.numel for p in b) * wb, phase="opt", deps=(em.last,), stream="comm.ag")
+                buckets = assign_buckets(order, s.bucket_bytes) if order else []
+                for i in reversed(range(len(buckets))):
+                    b = buckets[i]
+                    ag = em.group_op(kind, f"params.bucket{i}.all_gather", f"params.{kind}.bucket{i}", "all_gather",
+                                     sum(p.numel for p in b) * wb, phase="opt", deps=(step,), stream="comm.ag")
+                    if ag is not None:
+                        gathers.append(ag)
+                        for p in b:
+                            self.gathered.setdefault(_module(p.name), set()).add(ag)
+            self._every_gather = tuple(gathers)
+
+
+def _module(param: str) -> str:
+    """The module a parameter belongs to: ``h0.attn.qkv`` for ``h0.attn.qkv.weight``."""
+    head, _, tail = param.rpartition(".")
+    return head if head and tail in ("weight", "bias") else param
 
 
 def _unit_name(u: Unit) -> str:
@@ -303,5 +362,5 @@ def build(spec: WorkloadSpec, world: World) -> Workload:
     return Workload(name=spec.name, programs=[programs[r] for r in sorted(programs)], kernels=kernels.specs,
                     memory=[memory[r] for r in range(lay.world)], samples=samples,
                     tokens=samples * s.model.seq_len, model_flops=model_flops(s.model, samples),
-                    compute_dtype=s.precision, replicas=fold)
+                    compute_dtype=s.precision, replicas=fold, iterations=s.iterations)
 
