@@ -88,7 +88,10 @@ class Op:
     timeline. ``delay_s`` is how long the op waits on its stream, once its deps are done, before it
     starts (a replayed trace's measured GPU-side delay that nothing in the program explains).
     ``iteration`` numbers the training iteration the op belongs to (0 the first), for programs that
-    run several iterations back to back to reach the steady state.
+    run several iterations back to back to reach the steady state. ``sm_taken``, on a kernel, is how
+    many SMs a communication kernel running beside it by design holds (Transformer Engine's
+    userbuffers overlap): the kernel runs on the rest, stretched by ``sms / (sms - sm_taken)``,
+    instead of the platform's generic overlap slowdown.
     """
 
     name: str
@@ -103,6 +106,7 @@ class Op:
     cpu_s: float | None = None
     delay_s: float = 0.0
     iteration: int = 0
+    sm_taken: int = 0
 
 
 @dataclass

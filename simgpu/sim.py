@@ -76,7 +76,8 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
     predictor = make_predictor(kernel_model, p)
     planner = Planner(topo, p.collectives, job.workload.comm.algorithm, job.workload.comm.protocol)
     options = EngineOptions(launch_s=p.host.launch_us * 1e-6, cpu_threads_per_node=p.host.cpu_threads,
-                            overlap_slowdown=p.gpu.overlap_slowdown, record_links=record_links)
+                            overlap_slowdown=p.gpu.overlap_slowdown, record_links=record_links,
+                            sms=p.gpu.sms)
     say(f"timing {len(workload.kernels):,} kernel shapes")
     durations, models = predictor.predict(workload.kernels)
     inside = True  # fold ranks inside nodes too

@@ -396,6 +396,12 @@ class Parallelism(Spec):
                            "--overlap-param-gather, default off; NeMo overlap_param_sync, on in its GPT recipes); "
                            "false: the step waits for every all-gather")
 
+    tp_comm_overlap: bool = Field(
+        False, description="Transformer Engine's userbuffers overlap of the tensor-parallel all-gather and "
+                           "reduce-scatter with the GEMMs beside them (Megatron-core / NeMo tp_comm_overlap, default "
+                           "off; NeMo's GPT and LLaMA recipes turn it on): the forward all-gather as a ring exchange "
+                           "with a GEMM chunk per step, the reduce-scatter after GEMM chunks; needs sp and tp > 1")
+
     sharding: EmbeddingSharding = Field(default_factory=lambda: EmbeddingSharding(),
                                         description="embedding sharding plan (DLRM)")
 
@@ -413,6 +419,9 @@ class Parallelism(Spec):
 
     @model_validator(mode="after")
     def _zero_or_fsdp(self) -> Parallelism:
+        if self.tp_comm_overlap and not (self.sp and self.tp > 1):
+            raise ValueError(f"tp_comm_overlap overlaps sequence parallelism's all-gathers and reduce-scatters; "
+                             f"expected sp: true and tp > 1, got sp: {str(self.sp).lower()}, tp: {self.tp}")
         if self.fsdp and self.zero not in (0, 3):
             raise ValueError(f"fsdp is ZeRO stage 3; it contradicts zero: {self.zero}; expected zero: 3 or no fsdp")
         return self

@@ -46,12 +46,14 @@ from .result import LINK_RECORD_COLUMNS, LINK_STAT_COLUMNS, RECORD_COLUMNS, SimR
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """Host and overlap costs, from the platform; ``record_links`` keeps link busy intervals."""
+    """Host and overlap costs, from the platform (``sms``: the GPU's SMs); ``record_links`` keeps link
+    busy intervals."""
 
     launch_s: float = 5e-6
     cpu_threads_per_node: int = 64
     overlap_slowdown: float = 0.0
     record_links: bool = False
+    sms: int = 132
 
 
 @dataclass
@@ -229,7 +231,10 @@ class Engine:
         r.start[i] = self.env.now
         if op.kind == "kernel":
             dur = self.durations[op.kernel]
-            if self._comm_active[r.rank]:
+            if op.sm_taken:  # shares the GPU with a communication kernel by design
+                sms = self.opt.sms
+                dur *= sms / max(1, sms - op.sm_taken)
+            elif self._comm_active[r.rank]:
                 dur *= 1.0 + self.opt.overlap_slowdown
             self._at(self.env.now + dur, lambda: self._finish(r, i))
         elif op.kind == "memcpy":

@@ -26,7 +26,7 @@ _INFERABLE = tuple(k for k in GROUP_KINDS if k != "pp")
 
 @dataclass(frozen=True)
 class Pair:
-    """A P2P direction: along ``dim`` (``pp`` or ``cp``), ``step`` (+1 next, -1 previous) away; this
+    """A P2P direction: along ``dim`` (``pp``, ``cp`` or ``tp``), ``step`` (+1 next, -1 previous) away; this
     rank sends (``send``) or receives."""
 
     dim: str
@@ -44,7 +44,9 @@ def _along(layout: Layout, rank: int, dim: str, step: int) -> int:
         return layout.neighbour(rank, step)
     if dim == "cp":
         return layout.rank(Coord(c.tp, (c.cp + step) % layout.cp, c.dp, c.pp))
-    raise ValueError(f"P2P runs along pp or cp, not {dim!r}")
+    if dim == "tp":
+        return layout.rank(Coord((c.tp + step) % layout.tp, c.cp, c.dp, c.pp))
+    raise ValueError(f"P2P runs along pp, cp or tp, not {dim!r}")
 
 
 class StageEmitter(Emitter):
@@ -126,7 +128,7 @@ def retarget(em: StageEmitter, rank: int) -> Program:
     cpu = em.cpu_s
     # Field by field: several times faster than dataclasses.replace on millions of ops.
     ops = [Op(o.name, o.kind, o.category, o.stream, o.phase, o.kernel, o.coll, o.nbytes, o.deps, cpu,
-              iteration=o.iteration) for o in em.program.ops]
+              iteration=o.iteration, sm_taken=o.sm_taken) for o in em.program.ops]
     groups: dict[str | Pair, tuple[int, ...]] = {}
     for idx, kind, suffix in em.calls:
         op = ops[idx]

@@ -317,7 +317,7 @@ def _unit_name(u: Unit) -> str:
     return u.name if isinstance(u, Block) else str(u)
 
 
-def replicas(lay: Layout, world: World) -> Replicas | None:
+def replicas(lay: Layout, world: World, tp_ring: bool = False) -> Replicas | None:
     """The identical ranks of ``lay`` as levels of :class:`Replicas`, or None.
 
     Every rank of a stage runs the same program, so shifting the data-parallel coordinate by a
@@ -325,7 +325,8 @@ def replicas(lay: Layout, world: World) -> Replicas | None:
     unit is the smallest such shift whose ranks fill whole nodes and that divides ``dp``. Shifting
     the tensor-parallel coordinate does too; where a tensor-parallel group lies inside a node, its
     level's unit is the smallest shift of GPUs that the node's topology allows
-    (``world.local_unit``). Levels that leave one copy are dropped.
+    (``world.local_unit``), unless ``tp_ring`` (tp_comm_overlap's ring exchange, whose pairs wrap
+    around the group and map onto no representative pair). Levels that leave one copy are dropped.
     """
     gpn = world.gpus_per_node
     per_dp = lay.tp * lay.cp
@@ -334,7 +335,7 @@ def replicas(lay: Layout, world: World) -> Replicas | None:
         if lay.dp % u == 0 and (u * per_dp) % gpn == 0:
             levels.append((per_dp * lay.dp, per_dp * u))
             break
-    if world.local_unit is not None and 1 < lay.tp <= gpn and gpn % lay.tp == 0:
+    if world.local_unit is not None and not tp_ring and 1 < lay.tp <= gpn and gpn % lay.tp == 0:
         unit = world.local_unit(lay.tp)
         if unit < lay.tp:
             levels.append((lay.tp, unit))
@@ -347,7 +348,7 @@ def build(spec: WorkloadSpec, world: World) -> Workload:
     rank only, when ``world.fold`` and the replicas fold)."""
     s = make_setup(spec, world)
     lay = s.layout
-    fold = replicas(lay, world) if world.fold else None
+    fold = replicas(lay, world, s.tp_overlap) if world.fold else None
     kernels = KernelTable()
     programs: dict[int, Program] = {}
     memory = {}
