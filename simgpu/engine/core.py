@@ -54,6 +54,9 @@ class EngineOptions:
     overlap_slowdown: float = 0.0
     record_links: bool = False
     sms: int = 132
+    #: per collective op (``all_reduce``, ``send_recv``, ...): the slowdown of a kernel that starts while
+    #: one runs on its GPU, instead of ``overlap_slowdown`` (the largest of those running applies)
+    overlap_slowdown_by_op: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass
@@ -132,6 +135,8 @@ class Engine:
         self.records: list[tuple[Any, ...]] = []
         self._rv: dict[str, _Rendezvous] = {}
         self._comm_active = np.zeros(topo.world, dtype=np.int64)
+        self._by_op = dict(options.overlap_slowdown_by_op)
+        self._ops_active: dict[int, dict[str, int]] = {}  # rank -> collective op -> running (by_op only)
         self._ranks: dict[int, _Rank] = {}
         self.ops_run = 0
         self.events = 0
@@ -235,7 +240,7 @@ class Engine:
                 sms = self.opt.sms
                 dur *= sms / max(1, sms - op.sm_taken)
             elif self._comm_active[r.rank]:
-                dur *= 1.0 + self.opt.overlap_slowdown
+                dur *= 1.0 + self._slowdown(r.rank)
             self._at(self.env.now + dur, lambda: self._finish(r, i))
         elif op.kind == "memcpy":
             route = self.topo.host_route(r.rank, to_device=True)
@@ -248,6 +253,12 @@ class Engine:
             self._arrive(r, i, op)
         else:
             raise SimulationError(f"rank {r.rank} op {op.name!r}: unknown kind {op.kind!r}")
+
+    def _slowdown(self, rank: int) -> float:
+        if not self._by_op:
+            return self.opt.overlap_slowdown
+        default = self.opt.overlap_slowdown
+        return max(self._by_op.get(op, default) for op, n in self._ops_active[rank].items() if n)
 
     def _finish(self, r: _Rank, i: int) -> None:
         op = r.ops[i]
@@ -299,6 +310,9 @@ class Engine:
                                   f"{rv.call.op} of {rv.call.nbytes} B over {len(rv.call.group)}")
         rv.arrived[rank] = (call, i)
         self._comm_active[rank] += 1
+        if self._by_op:
+            active = self._ops_active.setdefault(rank, {})
+            active[call.op] = active.get(call.op, 0) + 1
         if len(rv.arrived) < rv.needed:
             return
         if rv.call.duration_s is not None:
@@ -333,8 +347,10 @@ class Engine:
         for rank in rv.call.group:
             if rank not in rv.arrived:
                 continue  # another replica's member (folded)
-            _, i = rv.arrived[rank]
+            call, i = rv.arrived[rank]
             self._comm_active[rank] -= 1
+            if self._by_op:
+                self._ops_active[rank][call.op] -= 1
             self._finish(self._ranks[rank], i)
 
     def _request(self, rv: _Rendezvous) -> CollectiveRequest:
