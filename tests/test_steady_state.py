@@ -124,3 +124,26 @@ def test_exposed_by_kind_counts_each_kind_outside_compute():
     assert got["all_reduce"] == pytest.approx(0.002)
     assert got["all_gather"] == pytest.approx(0.002)
     assert isinstance(got, pd.Series)
+
+
+PP = ["model.layers=4", "parallelism.pp=2", "parallelism.dp=8", "parallelism.pp_schedule=interleaved",
+      "parallelism.virtual_stages=2", "training.grad_accumulation=4", "training.framework=megatron"]
+
+
+def test_overlap_p2p_comm_waits_on_the_gpu_not_the_host():
+    """overlap_p2p_comm: no host wait per step; each receive is waited for by a kernel; and
+    the iteration is no longer than with Megatron's batched P2P and host syncs."""
+    base = build(load_job(GPT, PP))
+    w = build(load_job(GPT, [*PP, "parallelism.overlap_p2p_comm=true"]))
+    for prog in w.programs:
+        ops = prog.ops
+        assert not any(o.name == "pp.sync" for o in ops)
+        recvs = {i for i, o in enumerate(ops) if o.name.startswith("pp.recv")}
+        waited = {d for o in ops if o.kind == "kernel" for d in o.deps}
+        assert recvs and recvs <= waited
+    assert any(o.name == "pp.sync" for o in base.programs[0].ops)
+    fast = simulate(load_job(GPT, [*PP, "parallelism.overlap_p2p_comm=true"])).iteration_time_s
+    slow = simulate(load_job(GPT, PP)).iteration_time_s
+    assert fast <= slow
+    with pytest.raises(ConfigError, match="expected pp_schedule: interleaved"):
+        load_job(GPT, ["parallelism.pp=2", "parallelism.dp=8", "parallelism.overlap_p2p_comm=true"])

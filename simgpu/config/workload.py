@@ -396,6 +396,12 @@ class Parallelism(Spec):
                            "--overlap-param-gather, default off; NeMo overlap_param_sync, on in its GPT recipes); "
                            "false: the step waits for every all-gather")
 
+    overlap_p2p_comm: bool = Field(
+        False, description="pipeline sends and receives issued one by one (not batched) and waited for on the GPU "
+                           "by the step that needs them, with no host synchronisation, so they overlap the "
+                           "compute around them (Megatron-LM --overlap-p2p-communication, default off, which "
+                           "turns batch_p2p_comm off; interleaved schedule only); false: Megatron's batched "
+                           "isend/irecv and a host wait before each step")
     tp_comm_overlap: bool = Field(
         False, description="Transformer Engine's userbuffers overlap of the tensor-parallel all-gather and "
                            "reduce-scatter with the GEMMs beside them (Megatron-core / NeMo tp_comm_overlap, default "
@@ -419,6 +425,9 @@ class Parallelism(Spec):
 
     @model_validator(mode="after")
     def _zero_or_fsdp(self) -> Parallelism:
+        if self.overlap_p2p_comm and self.pp_schedule != "interleaved":
+            raise ValueError(f"overlap_p2p_comm is Megatron's for the interleaved schedule; expected pp_schedule: "
+                             f"interleaved, got {self.pp_schedule}")
         if self.tp_comm_overlap and not (self.sp and self.tp > 1):
             raise ValueError(f"tp_comm_overlap overlaps sequence parallelism's all-gathers and reduce-scatters; "
                              f"expected sp: true and tp > 1, got sp: {str(self.sp).lower()}, tp: {self.tp}")

@@ -60,6 +60,7 @@ class StageEmitter(Emitter):
         self.layout = layout
         self.cpu_s = cpu_s
         self.iteration = 0  # the training iteration being emitted (see Op.iteration)
+        self._gate: tuple[int, ...] = ()
         self.calls: list[tuple[int, str | Pair, str]] = []
         self._groups: dict[str, tuple[int, ...]] = {}
         self._by_group: dict[tuple[int, ...], str] = {}
@@ -67,6 +68,17 @@ class StageEmitter(Emitter):
             g = layout.group(rank, kind)
             if len(g) > 1:
                 self._by_group.setdefault(g, kind)
+
+    def gate(self, deps: Iterable[int]) -> None:
+        """Make the next kernel also wait for ``deps`` (a stream waiting on another's event, as
+        ``req.wait()`` on an NCCL work handle does)."""
+        self._gate += tuple(deps)
+
+    def kernel(self, name: str, family: str, dtype: str, *, phase: str, deps: Iterable[int] = (),
+               **params: float) -> int:
+        if self._gate:
+            deps, self._gate = (*deps, *self._gate), ()
+        return super().kernel(name, family, dtype, phase=phase, deps=deps, **params)
 
     def group(self, kind: str) -> tuple[int, ...]:
         g = self._groups.get(kind)

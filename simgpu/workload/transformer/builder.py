@@ -149,7 +149,9 @@ class _Stage:
 
     def p2p(self, batch: Batch) -> None:
         """Megatron's batched isend/irecv (all posted at once, on per-kind streams), then the host
-        waits for the batch (``batch_p2p_sync``)."""
+        waits for the batch (``batch_p2p_sync``). Under overlap_p2p_comm the sends and receives go
+        one by one with no host wait, and the next step's first kernel waits for the receives on
+        the GPU (its ``wait_handles``)."""
         s = self.s
         nbytes = s.rows * s.model.hidden * s.width
         ops = []
@@ -158,6 +160,9 @@ class _Stage:
             ops.append(self.em.p2p(Pair("pp", t.peer, t.send), f"pp.{'send' if t.send else 'recv'}_{t.what}",
                                    t.key, nbytes, phase="fwd" if t.what == "act" else "bwd", deps=deps,
                                    stream=_PP_STREAMS[(t.what, t.send)]))
+        if s.p2p_overlap:
+            self.em.gate(op for op, t in zip(ops, batch, strict=True) if not t.send)
+            return
         self.em.host_wait("pp.sync", ops, phase="fwd" if batch[0].what == "act" else "bwd")
 
     def forward(self, g: int) -> int:

@@ -48,6 +48,7 @@ class Setup:
     sync_layers: bool = False
     param_overlap: bool = False  # overlap_param_gather (zero 1-2)
     tp_overlap: bool = False     # tp_comm_overlap (Transformer Engine userbuffers)
+    p2p_overlap: bool = False    # overlap_p2p_comm
     iterations: int = 1          # training iterations built back to back (two for the steady state)
 
     @property
@@ -140,7 +141,8 @@ def make_setup(spec: WorkloadSpec, world: World) -> Setup:
                  v=p.virtual_stages, cp_comm=p.cp_comm, dp_overlap=p.dp_overlap,
                  bucket_bytes=spec.comm.bucket_mib * 2**20, optimizer=t.optimizer,
                  host_s=None if host is None else host / 1e6, sync_layers=t.sync_each_layer,
-                 param_overlap=param_overlap, iterations=iterations, tp_overlap=p.tp_comm_overlap)
+                 param_overlap=param_overlap, iterations=iterations, tp_overlap=p.tp_comm_overlap,
+                 p2p_overlap=p.overlap_p2p_comm)
 
 
 @dataclass(frozen=True)
