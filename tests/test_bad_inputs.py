@@ -170,6 +170,8 @@ RUN = [
          w__yaml=gpt(parallelism__tp_comm_overlap=True)),
     case("overlap-grad-reduce-both", "run", W, "parallelism", "overlap_grad_reduce", "expected one of them",
          w__yaml=gpt(parallelism__overlap_grad_reduce=False, parallelism__dp_overlap=True)),
+    case("param-gather-zero0", "run", W, "parallelism", "expected zero: 1 or 2",
+         w__yaml=gpt(parallelism__overlap_param_gather=True)),
     case("p2p-overlap-1f1b", "run", W, "parallelism", "expected pp_schedule: interleaved",
          w__yaml=gpt(parallelism__overlap_p2p_comm=True)),
     case("steady-state-typo", "run", W, "training.steady_state", "'auto', 'always' or 'never'",

@@ -425,6 +425,9 @@ class Parallelism(Spec):
 
     @model_validator(mode="after")
     def _zero_or_fsdp(self) -> Parallelism:
+        if self.overlap_param_gather and self.zero_stage not in (1, 2):
+            raise ValueError(f"overlap_param_gather is the distributed optimizer's; expected zero: 1 or 2, got "
+                             f"zero: {self.zero_stage}")
         if self.overlap_p2p_comm and self.pp_schedule != "interleaved":
             raise ValueError(f"overlap_p2p_comm is Megatron's for the interleaved schedule; expected pp_schedule: "
                              f"interleaved, got {self.pp_schedule}")

@@ -134,7 +134,7 @@ def make_setup(spec: WorkloadSpec, world: World) -> Setup:
         m = t.grad_accumulation or 1
     schedule: Schedule = p.pp_schedule
     host = spec.training.host_overhead_us
-    param_overlap = p.overlap_param_gather and p.zero_stage in (1, 2)
+    param_overlap = p.overlap_param_gather  # zero 1 or 2, checked by the spec
     iterations = 2 if t.steady_state == "always" or (t.steady_state == "auto" and param_overlap) else 1
     return Setup(model=model, layout=layout, micro=t.batch_per_gpu, m=m, precision=t.precision,
                  framework=t.framework, recompute=t.recompute, sp=p.sp, zero=p.zero_stage, schedule=schedule,
