@@ -87,6 +87,11 @@ class Op:
     replacing the engine's per-op launch overhead; a replayed trace sets it from the measured host
     timeline. ``delay_s`` is how long the op waits on its stream, once its deps are done, before it
     starts (a replayed trace's measured GPU-side delay that nothing in the program explains).
+    ``iteration`` numbers the training iteration the op belongs to (0 the first), for programs that
+    run several iterations back to back to reach the steady state. ``sm_taken``, on a kernel, is how
+    many SMs a communication kernel running beside it by design holds (Transformer Engine's
+    userbuffers overlap): the kernel runs on the rest, stretched by ``sms / (sms - sm_taken)``,
+    instead of the platform's generic overlap slowdown.
     """
 
     name: str
@@ -100,6 +105,8 @@ class Op:
     deps: tuple[int, ...] = ()
     cpu_s: float | None = None
     delay_s: float = 0.0
+    iteration: int = 0
+    sm_taken: int = 0
 
 
 @dataclass
@@ -229,7 +236,9 @@ class Workload:
     ``samples`` and ``tokens`` are per iteration over the whole job; ``model_flops`` is the
     useful (model) FLOPs of one iteration over the whole job, for MFU. ``programs`` has one
     program per rank in rank order, or, when ``replicas`` is set (a folded workload), one per
-    representative rank only; ``memory`` is always per rank of the whole world.
+    representative rank only; ``memory`` is always per rank of the whole world. ``iterations`` is
+    how many training iterations the programs run back to back (their ops say which is which,
+    :attr:`Op.iteration`); ``samples``, ``tokens`` and ``model_flops`` are of one of them.
     """
 
     name: str
@@ -241,6 +250,7 @@ class Workload:
     model_flops: float = 0.0
     compute_dtype: str = "fp32"
     replicas: Replicas | None = None
+    iterations: int = 1
 
 
 class KernelTable:

@@ -18,6 +18,7 @@ from .config.loader import Job, load_job
 from .config.platform import PlatformSpec
 from .engine import Engine, EngineOptions, SimResult
 from .engine.fold import FoldBroken, fold_blocker, local_shift_unit
+from .engine.steady import steady_window
 from .errors import ConfigError
 from .graph import Workload
 from .kernels.base import make_predictor
@@ -51,6 +52,10 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
              on_stage: Callable[[str], None] | None = None) -> SimResult:
     """Simulate one training iteration of ``job``; ``kernel_model`` names a model or a chain of them.
 
+    Where work crosses the iteration boundary (``overlap_param_gather``) or ``steady_state: always``,
+    the programs run two iterations and the result is the steady one (:mod:`simgpu.engine.steady`);
+    ``meta["steady_state"]`` says how the reported iteration was found.
+
     With ``fold`` (the default), identical ranks (data-parallel replicas, tensor-parallel ranks inside
     a node) are simulated once where that is exact (see :mod:`simgpu.engine.fold`): the records then
     cover the representative ranks only
@@ -77,7 +82,8 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
     predictor = make_predictor(kernel_model, p)
     planner = Planner(topo, p.collectives, job.workload.comm.algorithm, job.workload.comm.protocol)
     options = EngineOptions(launch_s=p.host.launch_us * 1e-6, cpu_threads_per_node=p.host.cpu_threads,
-                            overlap_slowdown=p.gpu.overlap_slowdown, record_links=record_links)
+                            overlap_slowdown=p.gpu.overlap_slowdown, record_links=record_links,
+                            sms=p.gpu.sms, overlap_slowdown_by_op=tuple(sorted(p.gpu.overlap_slowdown_by_op.items())))
     say(f"timing {len(workload.kernels):,} kernel shapes")
     durations, models = predictor.predict(workload.kernels)
     inside = True  # fold ranks inside nodes too
@@ -96,6 +102,7 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
                 else:
                     workload = build(job)
             durations, models = predictor.predict(workload.kernels)
+    result = steady_window(result)
     slack = float(result.meta.pop("fold_slack_s", 0.0))
     if slack > 0:
         note = (f"replicas sit differently on the leaf switches; their latencies differ by at most "
@@ -112,8 +119,27 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
         kernel_model_share={str(k): float(v) for k, v in share.items()}, seed=job.workload.seed,
         workload_file=job.workload_file, platform_file=job.platform_file,
         fold=1 if reps is None else reps.factor, fold_note=note, run=run_info(job, topo),
+        steady_state=steady_note(job, workload.iterations, result),
     )
     return result
+
+
+def steady_note(job: Job, iterations: int, result: SimResult) -> str:
+    """How the reported iteration was found (see :mod:`simgpu.engine.steady`)."""
+    if iterations > 1:
+        first = float(result.meta.get("first_iteration_s", 0.0))
+        return (f"steady: the last of {iterations} iterations simulated back to back (the first, whose last "
+                f"kernel ended {first * 1e3:.3f} ms after a cold start, discarded), from the end of the previous "
+                "iteration's last kernel to the end of its own")
+    w = job.workload
+    if w.training is None:
+        return "one iteration: a served model's iterations are independent steps"
+    if w.training.steady_state == "never":
+        return "one isolated iteration (steady_state: never): what crosses the boundary is exposed at its end"
+    if w.training.steady_state == "always":
+        return f"one isolated iteration: the {w.model.kind} builder runs one"
+    return ("one isolated iteration: nothing crosses the iteration boundary, and it stands for the steady "
+            "one")
 
 
 def run_info(job: Job, topo: Topology) -> dict[str, object]:

@@ -221,6 +221,7 @@ def test_summary_fields() -> None:
         "throughput",
         "mfu",
         "breakdown_ms",
+        "exposed_communication_by_kind_ms",
         "per_rank",
         "categories_ms",
         "busiest_links",
@@ -235,6 +236,7 @@ def test_summary_fields() -> None:
     assert s["per_rank"][0]["compute_ms"] == pytest.approx(8.0)
     assert s["per_rank"][1]["exposed_communication_ms"] == pytest.approx(3.0)
     assert s["per_rank"][1]["idle_ms"] == pytest.approx(1.0)
+    assert s["exposed_communication_by_kind_ms"] == {"all_reduce": pytest.approx(1.5)}  # mean of 0 and 3
     # gemm: rank 0 4 ms, rank 1 6 ms -> mean 5; memcpy 6/2 = 3; all_reduce 3/2; softmax 2/2
     expected = [("gemm", 5.0), ("memcpy", 3.0), ("all_reduce", 1.5), ("softmax", 1.0)]
     assert list(s["categories_ms"].items()) == expected

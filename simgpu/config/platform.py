@@ -39,6 +39,11 @@ class GPUSpec(Spec):
     overlap_slowdown: Annotated[float, Field(ge=0, le=1)] = Field(
         0.05, description="fractional slowdown of a kernel that starts while a communication kernel "
                           "runs on the same GPU (SMs and HBM bandwidth taken by the collective)")
+    overlap_slowdown_by_op: dict[Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv",
+                                         "broadcast", "reduce"], Annotated[float, Field(ge=0, le=1)]] = Field(
+        default_factory=dict, description="the same per collective op, where it differs from overlap_slowdown "
+                                          "(the largest of the collectives running applies); measured with "
+                                          "python -m simgpu.trace.overlap")
 
 
 class HostSpec(Spec):

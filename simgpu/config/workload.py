@@ -405,6 +405,11 @@ class Training(Spec):
         False, description="the host synchronises with the GPU at the start and end of every block's forward and "
                            "backward (Megatron-DeepSpeed --synchronize-each-layer, DeepSpeed checkpointing's "
                            "synchronize)")
+    steady_state: Literal["auto", "always", "never"] = Field(
+        "auto", description="how the reported iteration is found: auto simulates two iterations and reports the "
+                            "second where work crosses the iteration boundary (overlap_param_gather), one "
+                            "isolated iteration otherwise; always: two iterations in every case; never: one "
+                            "isolated iteration (what crosses the boundary is then exposed at its end)")
     host_overhead_us: Annotated[float, Field(ge=0)] | None = Field(
         None, description="CPU time the framework spends per launched op (Python, dispatcher, autograd), us; "
                           "default: the platform's host.launch_us")
@@ -452,14 +457,56 @@ class Parallelism(Spec):
         "ring", description="context parallelism: ring (K/V passed around the ring, overlapping attention) or "
                             "all_gather (K/V all-gathered per block)")
     dp_overlap: bool = Field(
-        True, description="reduce gradient buckets while backward runs (DDP / Megatron overlap_grad_reduce); "
-                          "false: after the backward")
+        True, description="reduce gradient buckets while backward runs (DDP; Megatron's overlap_grad_reduce, "
+                          "which may be given by that name instead: all-reduce, or reduce-scatter per bucket "
+                          "under the distributed optimizer); false: after the backward. Default true as PyTorch "
+                          "DDP and NeMo (overlap_grad_sync: True); Megatron-LM's --overlap-grad-reduce is off "
+                          "unless given")
+    overlap_param_gather: bool = Field(
+        False, description="the distributed optimizer (zero: 1 or 2) all-gathers the updated parameters per "
+                           "bucket after the optimizer step without waiting, and the next iteration's forward "
+                           "waits for each bucket's all-gather before the layers that use it (Megatron-LM "
+                           "--overlap-param-gather, default off; NeMo overlap_param_sync, on in its GPT recipes); "
+                           "false: the step waits for every all-gather")
+
+    overlap_p2p_comm: bool = Field(
+        False, description="pipeline sends and receives issued one by one (not batched) and waited for on the GPU "
+                           "by the step that needs them, with no host synchronisation, so they overlap the "
+                           "compute around them (Megatron-LM --overlap-p2p-communication, default off, which "
+                           "turns batch_p2p_comm off; interleaved schedule only); false: Megatron's batched "
+                           "isend/irecv and a host wait before each step")
+    tp_comm_overlap: bool = Field(
+        False, description="Transformer Engine's userbuffers overlap of the tensor-parallel all-gather and "
+                           "reduce-scatter with the GEMMs beside them (Megatron-core / NeMo tp_comm_overlap, default "
+                           "off; NeMo's GPT and LLaMA recipes turn it on): the forward all-gather as a ring exchange "
+                           "with a GEMM chunk per step, the reduce-scatter after GEMM chunks; needs sp and tp > 1")
 
     sharding: EmbeddingSharding = Field(default_factory=lambda: EmbeddingSharding(),
                                         description="embedding sharding plan (DLRM)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _megatron_names(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "overlap_grad_reduce" in data:
+            data = dict(data)
+            value = data.pop("overlap_grad_reduce")
+            if "dp_overlap" in data and data["dp_overlap"] != value:
+                raise ValueError("overlap_grad_reduce is Megatron's name of dp_overlap; expected one of them, "
+                                 "or both equal")
+            data["dp_overlap"] = value
+        return data
+
     @model_validator(mode="after")
     def _zero_or_fsdp(self) -> Parallelism:
+        if self.overlap_param_gather and self.zero_stage not in (1, 2):
+            raise ValueError(f"overlap_param_gather is the distributed optimizer's; expected zero: 1 or 2, got "
+                             f"zero: {self.zero_stage}")
+        if self.overlap_p2p_comm and self.pp_schedule != "interleaved":
+            raise ValueError(f"overlap_p2p_comm is Megatron's for the interleaved schedule; expected pp_schedule: "
+                             f"interleaved, got {self.pp_schedule}")
+        if self.tp_comm_overlap and not (self.sp and self.tp > 1):
+            raise ValueError(f"tp_comm_overlap overlaps sequence parallelism's all-gathers and reduce-scatters; "
+                             f"expected sp: true and tp > 1, got sp: {str(self.sp).lower()}, tp: {self.tp}")
         if self.fsdp and self.zero not in (0, 3):
             raise ValueError(f"fsdp is ZeRO stage 3; it contradicts zero: {self.zero}; expected zero: 3 or no fsdp")
         return self

@@ -46,12 +46,17 @@ from .result import LINK_RECORD_COLUMNS, LINK_STAT_COLUMNS, RECORD_COLUMNS, SimR
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """Host and overlap costs, from the platform; ``record_links`` keeps link busy intervals."""
+    """Host and overlap costs, from the platform (``sms``: the GPU's SMs); ``record_links`` keeps link
+    busy intervals."""
 
     launch_s: float = 5e-6
     cpu_threads_per_node: int = 64
     overlap_slowdown: float = 0.0
     record_links: bool = False
+    sms: int = 132
+    #: per collective op (``all_reduce``, ``send_recv``, ...): the slowdown of a kernel that starts while
+    #: one runs on its GPU, instead of ``overlap_slowdown`` (the largest of those running applies)
+    overlap_slowdown_by_op: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass
@@ -130,11 +135,15 @@ class Engine:
         self.records: list[tuple[Any, ...]] = []
         self._rv: dict[str, _Rendezvous] = {}
         self._comm_active = np.zeros(topo.world, dtype=np.int64)
+        self._by_op = dict(options.overlap_slowdown_by_op)
+        self._ops_active: dict[int, dict[str, int]] = {}  # rank -> collective op -> running (by_op only)
         self._ranks: dict[int, _Rank] = {}
         self.ops_run = 0
         self.events = 0
         #: folded: the sum of latency differences between replicas met so far (see simgpu.engine.fold)
         self.fold_slack_s = 0.0
+        #: per training iteration of the programs, when its last kernel ended (over every rank)
+        self.iteration_ends = [0.0] * max(1, workload.iterations)
 
     def run(self) -> SimResult:
         topo = self.topo
@@ -227,8 +236,11 @@ class Engine:
         r.start[i] = self.env.now
         if op.kind == "kernel":
             dur = self.durations[op.kernel]
-            if self._comm_active[r.rank]:
-                dur *= 1.0 + self.opt.overlap_slowdown
+            if op.sm_taken:  # shares the GPU with a communication kernel by design
+                sms = self.opt.sms
+                dur *= sms / max(1, sms - op.sm_taken)
+            elif self._comm_active[r.rank]:
+                dur *= 1.0 + self._slowdown(r.rank)
             self._at(self.env.now + dur, lambda: self._finish(r, i))
         elif op.kind == "memcpy":
             route = self.topo.host_route(r.rank, to_device=True)
@@ -242,6 +254,12 @@ class Engine:
         else:
             raise SimulationError(f"rank {r.rank} op {op.name!r}: unknown kind {op.kind!r}")
 
+    def _slowdown(self, rank: int) -> float:
+        if not self._by_op:
+            return self.opt.overlap_slowdown
+        default = self.opt.overlap_slowdown
+        return max(self._by_op.get(op, default) for op, n in self._ops_active[rank].items() if n)
+
     def _finish(self, r: _Rank, i: int) -> None:
         op = r.ops[i]
         r.done[i] = True
@@ -249,6 +267,8 @@ class Engine:
         if op.kind in ("kernel", "memcpy", "collective"):
             self.ops_run += 1
             model = self.models[op.kernel] if op.kind == "kernel" else "network"
+            if op.kind == "kernel" and now > self.iteration_ends[op.iteration]:
+                self.iteration_ends[op.iteration] = now
             self.records.append((r.rank, op.stream, op.name, op.category, op.phase, op.kind, float(r.start[i]), now,
                                  op.nbytes, model))
             stream = r.streams[op.stream]
@@ -290,6 +310,9 @@ class Engine:
                                   f"{rv.call.op} of {rv.call.nbytes} B over {len(rv.call.group)}")
         rv.arrived[rank] = (call, i)
         self._comm_active[rank] += 1
+        if self._by_op:
+            active = self._ops_active.setdefault(rank, {})
+            active[call.op] = active.get(call.op, 0) + 1
         if len(rv.arrived) < rv.needed:
             return
         if rv.call.duration_s is not None:
@@ -324,8 +347,10 @@ class Engine:
         for rank in rv.call.group:
             if rank not in rv.arrived:
                 continue  # another replica's member (folded)
-            _, i = rv.arrived[rank]
+            call, i = rv.arrived[rank]
             self._comm_active[rank] -= 1
+            if self._by_op:
+                self._ops_active[rank][call.op] -= 1
             self._finish(self._ranks[rank], i)
 
     def _request(self, rv: _Rendezvous) -> CollectiveRequest:
@@ -374,5 +399,7 @@ class Engine:
                                         columns=list(LINK_RECORD_COLUMNS))
         iteration = float(records["end_s"].max()) if len(records) else 0.0
         events = self.ops_run + self.events + self.net.transfers + self.net.reschedules
-        meta = {} if self.fold is None else {"fold_slack_s": self.fold_slack_s}
+        meta: dict[str, Any] = {} if self.fold is None else {"fold_slack_s": self.fold_slack_s}
+        if len(self.iteration_ends) > 1:
+            meta["iteration_ends_s"] = list(self.iteration_ends)
         return SimResult(records, stats, iteration, events, meta, link_records)

@@ -244,7 +244,11 @@ def build_timeline_figure(
         if base:
             ax.axhline(base - 0.5, color="black", linewidth=0.6)
 
-    ax.set_xlim(0.0, t_ms if t_ms > 0 else 1.0)
+    # a steady iteration keeps the previous iteration's tail at negative times: show it, and the boundary
+    left = min(0.0, float(rec["start_s"].min()) * 1e3) if len(rec) else 0.0
+    if left < 0:
+        ax.axvline(0.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xlim(left, t_ms if t_ms > 0 else 1.0)
     ax.set_ylim(max(len(labels), 1) - 0.5, -0.5)  # first row (rank 0) at the top
     ax.set_yticks(range(len(labels)))
     ax.set_yticklabels(labels, fontsize=LABEL_PT)
@@ -253,6 +257,8 @@ def build_timeline_figure(
     meta: dict[str, Any] = result.meta
     where = f"{meta.get('workload', 'workload')} on {meta.get('platform', 'platform')}"
     title = f"{where}: iteration {t_ms:.3f} ms"
+    if left < 0:
+        title += " (steady; the previous iteration's tail left of 0)"
     if len(drawn_ranks) < len(all_ranks):
         shown = ", ".join(str(r) for r in drawn_ranks[:4])
         shown += f", ..., {drawn_ranks[-1]}" if len(drawn_ranks) > 4 else ""

@@ -14,7 +14,8 @@ Definitions, per rank, over the window [0, iteration_time] (intervals are clippe
 
 - compute: union of kernel and memcpy intervals (not on the ``cpu`` row);
 - communication: union of collective intervals, whichever stream they run on;
-- exposed communication: communication minus compute (comm time not hidden under compute);
+- exposed communication: communication minus compute (comm time not hidden under compute), also
+  per collective kind (each kind's collectives minus compute);
 - idle: iteration time minus the union of compute and communication;
 - cpu busy: union of intervals on the ``cpu`` stream (host waits excluded).
 """
@@ -220,6 +221,33 @@ def rank_breakdown(result: SimResult) -> pd.DataFrame:
     return out
 
 
+def exposed_by_kind(result: SimResult) -> pd.Series:
+    """Exposed communication per collective kind (category), seconds, mean over ranks: for each kind,
+    the time its collectives run while no compute does. Kinds overlapping one another each count
+    the time, so the kinds may sum to more than ``exposed_communication``."""
+    t = float(result.iteration_time_s)
+    rec = result.records
+    ranks = _rank_axis(result)
+    if len(rec) == 0 or len(ranks) == 0:
+        return pd.Series(dtype=np.float64, name="seconds")
+    kind = rec["kind"].astype(str).to_numpy()
+    is_comm = kind == "collective"
+    is_compute = (rec["stream"].astype(str).to_numpy() != "cpu") & np.isin(kind, COMPUTE_KINDS) & ~is_comm
+    rank_idx = np.searchsorted(ranks, rec["rank"].to_numpy(dtype=np.int64))
+    s = np.clip(rec["start_s"].to_numpy(dtype=np.float64), 0.0, t)
+    e = np.clip(rec["end_s"].to_numpy(dtype=np.float64), 0.0, t)
+    n = len(ranks)
+    compute = grouped_union_measure(rank_idx[is_compute], s[is_compute], e[is_compute], n)
+    cats = rec["category"].fillna("other").astype(str).to_numpy()
+    out = {}
+    for c in sorted(set(cats[is_comm])):
+        mask = is_compute | (is_comm & (cats == c))
+        either = grouped_union_measure(rank_idx[mask], s[mask], e[mask], n)
+        out[c] = float(np.clip(either - compute, 0.0, None).mean())
+    series = pd.Series(out, dtype=np.float64, name="seconds")
+    return series.sort_values(ascending=False, kind="stable")
+
+
 def category_times(result: SimResult) -> pd.Series:
     """Union time in seconds of GPU work per category, mean over ranks, sorted longest first.
 
@@ -385,6 +413,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "throughput": throughput,
         "mfu": mfu,
         "breakdown_ms": breakdown,
+        "exposed_communication_by_kind_ms": {str(c): _ms(float(v)) for c, v in exposed_by_kind(result).items()},
         "per_rank": rank_rows,
         "categories_ms": categories,
         "busiest_links": busiest,
@@ -393,6 +422,8 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "seed": _jsonable(seed),
         "events": int(result.events),
     })
+    if meta.get("steady_state"):  # how the reported iteration was found
+        out["steady_state"] = str(meta["steady_state"])
     if "fold" in meta:  # how many identical ranks each simulated rank stood for
         out["fold"] = {"replicas": int(meta["fold"]), "note": str(meta.get("fold_note", ""))}
     if meta.get("run"):  # overrides, seed, platform figures, versions

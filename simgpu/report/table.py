@@ -34,6 +34,9 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     measured = summary.get("measured_step_time_ms")
     if measured is not None:
         lines.append(f"traced step  {_f(measured)} ms   simulated / traced  {_pct(t, measured).strip()}")
+    steady = summary.get("steady_state")
+    if steady and str(steady).startswith("steady"):
+        lines.append(f"iteration found  {steady}")
     fold = summary.get("fold") or {}
     if fold.get("replicas", 1) > 1:
         lines.append(f"folded  each simulated rank stands for {fold['replicas']} identical ranks; the timeline "
@@ -54,6 +57,9 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         ("idle", "idle"),
     ):
         lines.append(f"  {label:<15}{_f(b.get(key)):>12} ms  {_pct(b.get(key), t)}")
+    kinds = summary.get("exposed_communication_by_kind_ms") or {}
+    if kinds:
+        lines.append("  exposed by kind  " + ", ".join(f"{k} {_f(v)} ms" for k, v in kinds.items()))
 
     rows = summary.get("per_rank") or []
     cols = ("compute_ms", "communication_ms", "exposed_communication_ms", "idle_ms", "cpu_busy_ms")

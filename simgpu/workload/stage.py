@@ -26,7 +26,7 @@ _INFERABLE = tuple(k for k in GROUP_KINDS if k != "pp")
 
 @dataclass(frozen=True)
 class Pair:
-    """A P2P direction: along ``dim`` (``pp`` or ``cp``), ``step`` (+1 next, -1 previous) away; this
+    """A P2P direction: along ``dim`` (``pp``, ``cp`` or ``tp``), ``step`` (+1 next, -1 previous) away; this
     rank sends (``send``) or receives."""
 
     dim: str
@@ -44,7 +44,9 @@ def _along(layout: Layout, rank: int, dim: str, step: int) -> int:
         return layout.neighbour(rank, step)
     if dim == "cp":
         return layout.rank(Coord(c.tp, (c.cp + step) % layout.cp, c.dp, c.pp))
-    raise ValueError(f"P2P runs along pp or cp, not {dim!r}")
+    if dim == "tp":
+        return layout.rank(Coord((c.tp + step) % layout.tp, c.cp, c.dp, c.pp))
+    raise ValueError(f"P2P runs along pp, cp or tp, not {dim!r}")
 
 
 class StageEmitter(Emitter):
@@ -57,6 +59,8 @@ class StageEmitter(Emitter):
         super().__init__(rank, kernels)
         self.layout = layout
         self.cpu_s = cpu_s
+        self.iteration = 0  # the training iteration being emitted (see Op.iteration)
+        self._gate: tuple[int, ...] = ()
         self.calls: list[tuple[int, str | Pair, str]] = []
         self._groups: dict[str, tuple[int, ...]] = {}
         self._by_group: dict[tuple[int, ...], str] = {}
@@ -64,6 +68,17 @@ class StageEmitter(Emitter):
             g = layout.group(rank, kind)
             if len(g) > 1:
                 self._by_group.setdefault(g, kind)
+
+    def gate(self, deps: Iterable[int]) -> None:
+        """Make the next kernel also wait for ``deps`` (a stream waiting on another's event, as
+        ``req.wait()`` on an NCCL work handle does)."""
+        self._gate += tuple(deps)
+
+    def kernel(self, name: str, family: str, dtype: str, *, phase: str, deps: Iterable[int] = (),
+               **params: float) -> int:
+        if self._gate:
+            deps, self._gate = (*deps, *self._gate), ()
+        return super().kernel(name, family, dtype, phase=phase, deps=deps, **params)
 
     def group(self, kind: str) -> tuple[int, ...]:
         g = self._groups.get(kind)
@@ -99,6 +114,8 @@ class StageEmitter(Emitter):
     def _add(self, name: str, kind: str | Pair, suffix: str, op: CollectiveOp, nbytes: int, phase: str,
              deps: Iterable[int], stream: str) -> int:
         group = self.group(kind) if isinstance(kind, str) else kind.resolve(self.layout, self.rank)
+        if self.iteration:  # keys unique over the iterations a program runs
+            suffix = f"it{self.iteration}.{suffix}"
         call = CollectiveCall(suffix, op, group, int(nbytes))
         idx = self.program.add(Op(name, "collective", op, stream=stream, phase=phase, coll=call,
                                   nbytes=call.nbytes, deps=tuple(sorted(set(deps)))))
@@ -122,8 +139,8 @@ def retarget(em: StageEmitter, rank: int) -> Program:
         raise ValueError(f"rank {rank} is not on the stage of rank {em.rank}")
     cpu = em.cpu_s
     # Field by field: several times faster than dataclasses.replace on millions of ops.
-    ops = [Op(o.name, o.kind, o.category, o.stream, o.phase, o.kernel, o.coll, o.nbytes, o.deps, cpu)
-           for o in em.program.ops]
+    ops = [Op(o.name, o.kind, o.category, o.stream, o.phase, o.kernel, o.coll, o.nbytes, o.deps, cpu,
+              iteration=o.iteration, sm_taken=o.sm_taken) for o in em.program.ops]
     groups: dict[str | Pair, tuple[int, ...]] = {}
     for idx, kind, suffix in em.calls:
         op = ops[idx]

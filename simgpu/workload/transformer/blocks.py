@@ -21,17 +21,33 @@ Recomputation: ``full`` re-runs each block's forward (with its collectives) befo
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from ...graph import CollectiveOp
 from ..common import Linear, Param
 from ..dataparallel import GradSink
-from ..stage import StageEmitter
+from ..stage import Pair, StageEmitter
 from .attention import core_bwd, core_fwd
 from .moe import moe_bwd, moe_fwd
 from .shapes import Block, Setup, embedding_params, head_linears, norm_params
 
 _TP_OPS: dict[str, CollectiveOp] = {"ar": "all_reduce", "rs": "reduce_scatter", "ag": "all_gather"}
+
+
+#: Transformer Engine's userbuffers defaults (``initialize_ub`` in transformer_engine/pytorch/module/
+#: base.py): the GEMM before a reduce-scatter (proj_fprop, fc2_fprop) runs "pipeline", in this many
+#: chunks, each chunk's reduce-scatter kernel on UB_PIPELINE_SMS SMs; the all-gathers before
+#: qkv_fprop / fc1_fprop and proj_dgrad / fc2_dgrad run "ring_exchange", a GEMM chunk per tp step,
+#: with the copy engines moving the shards (no SMs taken).
+UB_SPLITS = 4
+UB_PIPELINE_SMS = 16
+
+
+def _split(n: int, parts: int) -> list[int]:
+    """``n`` rows in ``parts`` chunks as even as integers allow (none empty)."""
+    parts = max(1, min(parts, n))
+    q, r = divmod(n, parts)
+    return [q + (1 if i < r else 0) for i in range(parts)]
 
 
 def _d(idx: int | None) -> tuple[int, ...]:
@@ -55,6 +71,9 @@ class Blocks:
         self.p = md.dropout
         self.causal = md.causal
         self.norm_kind = md.norm_kind
+        #: module name -> ops its forward must wait for first (the parameter all-gathers of its
+        #: buckets, Megatron's forward pre-hook); each is handed out once
+        self.waits: Callable[[str], tuple[int, ...]] = lambda _module: ()
 
     # ---- primitives
 
@@ -65,6 +84,8 @@ class Blocks:
         return self.em.elementwise(name, numel, reads, writes, dtype or self.aux, op=op, phase=phase, deps=deps)
 
     def norm(self, name: str, bwd: bool, phase: str, tag: str = "", deps: Iterable[int] = ()) -> int:
+        if not bwd:
+            deps = (*deps, *self.waits(name))
         return self.em.kernel(f"{name}.{'bwd' if bwd else 'fwd'}{tag}", "norm", self.aux, phase=phase, deps=deps,
                               rows=self.s.rows, cols=self.h, bwd=int(bwd))
 
@@ -82,23 +103,100 @@ class Blocks:
         return self.prec == "fp8" and not lin.name.startswith(("lm_head", "mlm", "pooler", "nsp"))
 
     def lin_fwd(self, lin: Linear, phase: str, tag: str = "", deps: Iterable[int] = (), rows: int | None = None,
-                quantize_input: bool = False) -> int:
+                quantize_input: bool = False, weight_ready: bool = False, sm_taken: int = 0) -> int:
         """``y = x W^T (+ b)``. Under autocast the weight is cast first; under FP8 it is quantised at the
         first micro-batch (then cached), and ``quantize_input`` casts an input that no fused kernel has
-        already produced in FP8 (bf16 read, fp8 written)."""
+        already produced in FP8 (bf16 read, fp8 written). ``weight_ready``: a later chunk of a split
+        GEMM, whose weight the first chunk prepared; ``sm_taken``: SMs a communication kernel beside
+        the GEMM holds."""
         t = self.s.tokens if rows is None else rows
-        if self.s.cast:
-            self.ew(f"{lin.name}.cast{tag}", lin.numel, 1, 1, phase, op="cast")
+        wait = self.waits(lin.name)  # on every op that reads the weight
+        deps = (*deps, *wait)
+        if self.s.cast and not weight_ready:
+            self.ew(f"{lin.name}.cast{tag}", lin.numel, 1, 1, phase, op="cast", deps=wait)
         fp8 = self.fp8(lin)
-        if fp8 and self.mb == 0 and not tag:
-            self.ew(f"{lin.name}.weight_fp8", lin.numel, 1, 1, phase, op="quantize")
+        if fp8 and self.mb == 0 and not tag and not weight_ready:
+            self.ew(f"{lin.name}.weight_fp8", lin.numel, 1, 1, phase, op="quantize", deps=wait)
         if fp8 and quantize_input:
             # counted in fp8 bytes: a 2-byte read and a 1-byte write per element
             self.em.elementwise(f"{lin.name}.quantize{tag}", t * lin.inputs, 2, 1, "fp8", op="quantize", phase=phase,
                                 deps=deps)
             deps = ()
-        return self.em.kernel(f"{lin.name}.fwd{tag}", "gemm", self.prec if fp8 else self.aux_gemm, phase=phase,
-                              deps=deps, m=t, n=lin.outputs, k=lin.inputs)
+        idx = self.em.kernel(f"{lin.name}.fwd{tag}", "gemm", self.prec if fp8 else self.aux_gemm, phase=phase,
+                             deps=deps, m=t, n=lin.outputs, k=lin.inputs)
+        self.em.program.ops[idx].sm_taken = sm_taken
+        return idx
+
+    # ---- tensor-parallel communication beside the GEMMs (tp_comm_overlap)
+
+    def gather_lin_fwd(self, lin: Linear, name: str, phase: str, tag: str, src: int) -> int:
+        """``lin`` over the norm output ``src``: under sequence parallelism all-gathered over tp first.
+        Under tp_comm_overlap, Transformer Engine's ring exchange: the GEMM in tp chunks, the first
+        over the local shard at once, chunk k once the k-th shard has arrived (:meth:`_ring`)."""
+        s = self.s
+        if not s.sp:
+            return self.lin_fwd(lin, phase, tag)
+        if not s.tp_overlap:
+            ag = self.tp_comm("ag", f"{name}{tag}", phase, deps=(src,))
+            return self.lin_fwd(lin, phase, tag, deps=_d(ag))
+        steps = self._ring(f"{name}{tag}", phase, src)
+        last = -1
+        for k, rows in enumerate(_split(s.tokens, s.tp)):
+            last = self.lin_fwd(lin, phase, tag, deps=(src,) if k == 0 else _d(steps[k - 1]), rows=rows,
+                                weight_ready=k > 0)
+        return last
+
+    def lin_fwd_reduce(self, lin: Linear, name: str, phase: str, tag: str, quantize_input: bool = False
+                       ) -> int | None:
+        """A row-parallel ``lin`` and the reduction of its output over tp (reduce-scatter under
+        sequence parallelism, all-reduce otherwise); returns the reduction (None where tp is 1).
+        Under tp_comm_overlap, Transformer Engine's pipelined overlap: the GEMM in :data:`UB_SPLITS`
+        chunks, each chunk's reduce-scatter beside the next chunk, which runs on the SMs the
+        reduce-scatter leaves (:data:`UB_PIPELINE_SMS` taken)."""
+        s = self.s
+        if not s.tp_overlap:
+            out = self.lin_fwd(lin, phase, tag, quantize_input=quantize_input)
+            return self.tp_comm("rs" if s.sp else "ar", f"{name}{tag}", phase, deps=(out,))
+        red: int | None = None
+        full = s.tokens * self.h * self.w
+        for j, rows in enumerate(_split(s.tokens, UB_SPLITS)):
+            g = self.lin_fwd(lin, phase, tag, rows=rows, quantize_input=quantize_input, weight_ready=j > 0,
+                             sm_taken=UB_PIPELINE_SMS if j > 0 else 0)
+            red = self.tp_comm("rs", f"{name}{tag}.chunk{j}", phase, deps=(g,), nbytes=full * rows // s.tokens)
+        return red
+
+    def gather_dgrad(self, lin: Linear, name: str, phase: str) -> int:
+        """The input gradient of a row-parallel ``lin`` (proj, fc2), its output gradient all-gathered
+        over tp first under sequence parallelism (Transformer Engine's ring exchange under
+        tp_comm_overlap, as :meth:`gather_lin_fwd`)."""
+        s = self.s
+        if not s.sp:
+            return self.lin_dgrad(lin, phase)
+        src = self.em.last
+        if not s.tp_overlap:
+            ag = self.tp_comm("ag", name, phase, deps=(src,))
+            return self.lin_dgrad(lin, phase, deps=_d(ag))
+        steps = self._ring(name, phase, src)
+        last = -1
+        for k, rows in enumerate(_split(s.tokens, s.tp)):
+            last = self.lin_dgrad(lin, phase, deps=(src,) if k == 0 else _d(steps[k - 1]), rows=rows)
+        return last
+
+    def _ring(self, name: str, phase: str, src: int) -> list[int | None]:
+        """The tp - 1 steps of a ring exchange of ``src``'s shard (1/tp of the gathered bytes): each
+        step sends the shard last received to the next tp rank and receives one from the previous;
+        returns the receives."""
+        shard = -(-self.s.tokens * self.h * self.w // self.s.tp)
+        recvs: list[int | None] = []
+        held = src
+        for k in range(1, self.s.tp):
+            key = f"{name}.ring{k}.mb{self.mb}"
+            self.em.p2p(Pair("tp", +1, True), f"{name}.ring_send", key, shard, phase=phase, deps=(held,),
+                        stream="comm.tp_send")
+            held = self.em.p2p(Pair("tp", -1, False), f"{name}.ring_recv", key, shard, phase=phase,
+                               stream="comm.tp_recv")
+            recvs.append(held)
+        return recvs
 
     def lin_dgrad(self, lin: Linear, phase: str, deps: Iterable[int] = (), rows: int | None = None) -> int:
         """Input gradient; under FP8 the output gradient is first cast and transposed (for the wgrad too)."""
@@ -166,26 +264,24 @@ class Blocks:
         if not tag:
             self.sync(f"{n}.sync", phase)
         ln1 = self.norm(f"{n}.ln1", False, phase, tag, deps=deps)
-        ag = self.tp_comm("ag", f"{n}.ln1{tag}", phase, deps=(ln1,)) if s.sp else None
-        self.lin_fwd(blk.qkv, phase, tag, deps=_d(ag))
+        self.gather_lin_fwd(blk.qkv, f"{n}.ln1", phase, tag, ln1)
         if s.model.rope:
             self.ew(f"{n}.rope{tag}", s.tokens * (self.heads + self.kv) * self.d, 1, 1, phase, op="rope")
         core_fwd(self, n, phase, tag)
-        out = self.lin_fwd(blk.proj, phase, tag, quantize_input=True)
-        red = self.tp_comm("rs" if s.sp else "ar", f"{blk.proj.name}{tag}", phase, deps=(out,))
+        red = self.lin_fwd_reduce(blk.proj, blk.proj.name, phase, tag, quantize_input=True)
         self.residual(f"{blk.proj.name}.residual{tag}", phase, deps=_d(red))
         ln2 = self.norm(f"{n}.ln2", False, phase, tag)
-        ag = self.tp_comm("ag", f"{n}.ln2{tag}", phase, deps=(ln2,)) if s.sp else None
         if blk.experts is not None:
+            ag = self.tp_comm("ag", f"{n}.ln2{tag}", phase, deps=(ln2,)) if s.sp else None
             out = moe_fwd(self, blk.experts, phase, tag, deps=_d(ag))
+            red = self.tp_comm("rs" if s.sp else "ar", f"{n}.moe{tag}", phase, deps=(out,))
             name = f"{n}.moe"
         else:
             assert blk.fc1 is not None and blk.fc2 is not None
-            act = self.lin_fwd(blk.fc1, phase, tag, deps=_d(ag))
+            act = self.gather_lin_fwd(blk.fc1, f"{n}.ln2", phase, tag, ln2)
             self.activation(blk.fc2.inputs, f"{blk.fc1.name}", phase, tag, deps=(act,))
-            out = self.lin_fwd(blk.fc2, phase, tag)
+            red = self.lin_fwd_reduce(blk.fc2, blk.fc2.name, phase, tag)
             name = blk.fc2.name
-        red = self.tp_comm("rs" if s.sp else "ar", f"{name}{tag}", phase, deps=(out,))
         last = self.residual(f"{name}.residual{tag}", phase, deps=_d(red))
         if not tag:
             self.sync(f"{n}.sync", phase)
@@ -215,8 +311,7 @@ class Blocks:
         else:
             assert blk.fc1 is not None and blk.fc2 is not None
             self.residual_bwd(f"{blk.fc2.name}.residual", phase)
-            ag = self.tp_comm("ag", f"{blk.fc2.name}.grad", phase, deps=(self.em.last,)) if s.sp else None
-            self.lin_dgrad(blk.fc2, phase, deps=_d(ag))
+            self.gather_dgrad(blk.fc2, f"{blk.fc2.name}.grad", phase)
             self.lin_wgrad(blk.fc2, phase, sink)
             self.activation(blk.fc2.inputs, blk.fc1.name, phase, bwd=True)
             red = self.column_bwd(blk.fc1, blk.fc1.name, phase, sink)
@@ -226,8 +321,7 @@ class Blocks:
         # The residual stream forks at each block input: its two gradients are summed.
         self.ew(f"{n}.ln2.residual_grad", s.rows * self.h, 2, 1, phase, op="add")
         self.residual_bwd(f"{blk.proj.name}.residual", phase)
-        ag = self.tp_comm("ag", f"{blk.proj.name}.grad", phase, deps=(self.em.last,)) if s.sp else None
-        self.lin_dgrad(blk.proj, phase, deps=_d(ag))
+        self.gather_dgrad(blk.proj, f"{blk.proj.name}.grad", phase)
         self.lin_wgrad(blk.proj, phase, sink)
         core_bwd(self, n, phase)
         if s.model.rope:
@@ -242,11 +336,11 @@ class Blocks:
 
     # ---- embedding and head
 
-    def embedding_fwd(self, copy: int) -> int:
+    def embedding_fwd(self, copy: int, deps: Iterable[int] = ()) -> int:
         """Token (vocabulary-parallel) and position / token-type embeddings of the micro-batch; returns
-        the op the first block must wait for."""
+        the op the first block must wait for. ``deps`` gate the first kernel, with the batch's copy."""
         s, h = self.s, self.h
-        self.ew("embed.tok_gather", s.tokens * h, 1, 1, "fwd", deps=(copy,), op="gather")
+        self.ew("embed.tok_gather", s.tokens * h, 1, 1, "fwd", deps=(copy, *deps), op="gather")
         if not s.model.rope:
             self.ew("embed.pos_gather", s.seq * h, 1, 1, "fwd", op="gather")
             self.ew("embed.add", s.tokens * h, 2, 1, "fwd", op="add")
@@ -293,11 +387,12 @@ class Blocks:
             sink.ready((params["wte"],), last)
         return last
 
-    def head_fwd(self, labels: int) -> int:
-        """Final norm, (BERT's MLM transform and next-sentence head), output layer and cross entropy."""
+    def head_fwd(self, labels: int, deps: Iterable[int] = ()) -> int:
+        """Final norm, (BERT's MLM transform and next-sentence head), output layer and cross entropy;
+        ``deps`` gate the first kernel."""
         s, h = self.s, self.h
         lins = head_linears(s)
-        ln = self.norm("ln_f", False, "fwd")
+        ln = self.norm("ln_f", False, "fwd", deps=deps)
         ag = self.tp_comm("ag", "ln_f", "fwd", deps=(ln,)) if s.sp else None
         if "mlm" in lins:
             self.lin_fwd(lins["mlm"], "fwd", deps=_d(ag))

@@ -8,9 +8,11 @@ reduction (DDP / ZeRO buckets during the last micro-batch's backward, or FSDP's 
 all-gathers with prefetch and reduce-scatters every micro-batch, :mod:`~simgpu.workload.dataparallel`),
 the tied embedding's gradient all-reduce between the first and last stage, the norms' gradient
 all-reduce over tp under sequence parallelism, the optimizer step and, under ZeRO 1-2, the
-parameter all-gather (after the step; Megatron can overlap it with the next iteration's forward,
-which one simulated iteration does not). One program is built per stage and retargeted to its ranks
-(:mod:`~simgpu.workload.stage`); it also gives the job's useful FLOPs and memory per GPU.
+parameter all-gather per bucket after the step (under ``overlap_param_gather`` the next
+iteration's forward waits for each bucket's all-gather before the layers that use it; the
+programs then run two iterations back to back, see :func:`simgpu.sim.simulate`). One program is
+built per stage and retargeted to its ranks (:mod:`~simgpu.workload.stage`); it also gives the
+job's useful FLOPs and memory per GPU.
 
 With no model parallelism, ``framework: pytorch`` and no recomputation the program is nanoGPT's
 under DDP: one micro-batch forward, backward with bucketed all-reduces, a fused optimizer step.
@@ -74,6 +76,15 @@ class _Stage:
                              for p in b.experts.params]
         self.dense: Reducer | None = None
         self.expert: Reducer | None = None
+        #: module name -> the previous iteration's all-gathers of its parameters' buckets, not yet waited for
+        self.gathered: dict[str, set[int]] = {}
+        self._every_gather: tuple[int, ...] = ()
+        if s.param_overlap:
+            self.bl.waits = self._module_waits
+
+    def _reducers(self) -> None:
+        """Fresh gradient reducers for an iteration (ZeRO 0-2)."""
+        s = self.s
         if s.zero < 3:
             op: CollectiveOp = "all_reduce" if s.zero == 0 else "reduce_scatter"
             self.dense = Reducer(self.em, assign_buckets(self.dense_order, s.bucket_bytes), "dp_cp", op=op)
@@ -92,23 +103,55 @@ class _Stage:
     # ---- the schedule
 
     def build(self) -> StageEmitter:
-        s = self.s
-        for item in plan(s.schedule, s.layout.pp, s.m, s.v, self.stage):
-            if isinstance(item, Step):
-                self.bl.mb = item.mb
-                g = self.chunks[item.chunk]
-                if item.kind == "F":
-                    self.out[("act", item.mb, g)] = self.forward(g)
+        """``s.iterations`` iterations back to back, each op tagged with its own (Op.iteration)."""
+        s, ops = self.s, self.em.program.ops
+        for it in range(s.iterations):
+            self.em.iteration = it
+            first = len(ops)
+            self.reductions = []
+            self._reducers()
+            for item in plan(s.schedule, s.layout.pp, s.m, s.v, self.stage):
+                if isinstance(item, Step):
+                    self.bl.mb = item.mb
+                    g = self.chunks[item.chunk]
+                    if item.kind == "F":
+                        self.out[("act", item.mb, g)] = self.forward(g)
+                    else:
+                        self.out[("grad", item.mb, g)] = self.backward(g, item.mb == s.m - 1)
                 else:
-                    self.out[("grad", item.mb, g)] = self.backward(g, item.mb == s.m - 1)
-            else:
-                self.p2p(item)
-        self.finish()
+                    self.p2p(item)
+            self.finish()
+            for op in ops[first:]:
+                op.iteration = it
         return self.em
+
+    def _module_waits(self, module: str) -> tuple[int, ...]:
+        found = self.gathered.pop(module, None)
+        return tuple(sorted(found)) if found else ()
+
+    def _waits(self, u: Unit) -> tuple[int, ...]:
+        """What unit ``u``'s first forward of an iteration waits for, before its first kernel, from the
+        iteration before. Under overlap_param_gather, Megatron's forward pre-hook on each module
+        waits for the all-gathers of the buckets holding the module's parameters: a dense block's
+        linears and norms wait as they run (:attr:`Blocks.waits`); the embedding, the head and an
+        MoE block wait here for all of theirs. Without it, the first unit waits for every
+        all-gather (the step waits for them all)."""
+        if not self.s.param_overlap:
+            out, self._every_gather = self._every_gather, ()
+            return out
+        if isinstance(u, Block) and u.experts is None:
+            return ()
+        dense, expert = self._unit_params(u)
+        found: set[int] = set()
+        for p in dense + expert:
+            found |= self.gathered.pop(_module(p.name), set())
+        return tuple(sorted(found))
 
     def p2p(self, batch: Batch) -> None:
         """Megatron's batched isend/irecv (all posted at once, on per-kind streams), then the host
-        waits for the batch (``batch_p2p_sync``)."""
+        waits for the batch (``batch_p2p_sync``). Under overlap_p2p_comm the sends and receives go
+        one by one with no host wait, and the next step's first kernel waits for the receives on
+        the GPU (its ``wait_handles``)."""
         s = self.s
         nbytes = s.rows * s.model.hidden * s.width
         ops = []
@@ -117,6 +160,9 @@ class _Stage:
             ops.append(self.em.p2p(Pair("pp", t.peer, t.send), f"pp.{'send' if t.send else 'recv'}_{t.what}",
                                    t.key, nbytes, phase="fwd" if t.what == "act" else "bwd", deps=deps,
                                    stream=_PP_STREAMS[(t.what, t.send)]))
+        if s.p2p_overlap:
+            self.em.gate(op for op, t in zip(ops, batch, strict=True) if not t.send)
+            return
         self.em.host_wait("pp.sync", ops, phase="fwd" if batch[0].what == "act" else "bwd")
 
     def forward(self, g: int) -> int:
@@ -130,13 +176,14 @@ class _Stage:
         gate: tuple[int, ...] = ()   # the embedding's tp reduction, which the first block waits for
         for i, u in enumerate(units):
             gather(i)
+            waits = self._waits(u)
             if u == "embed":
-                gate = (bl.embedding_fwd(copy),)
+                gate = (bl.embedding_fwd(copy, deps=waits),)
             elif u == "head":
-                bl.head_fwd(copy)
+                bl.head_fwd(copy, deps=waits)
             else:
                 assert isinstance(u, Block)
-                bl.block_fwd(u, deps=gate)
+                bl.block_fwd(u, deps=gate + waits)
                 gate = ()
         return em.last
 
@@ -247,18 +294,35 @@ class _Stage:
         if s.megatron and is_mixed(s.precision):
             em.elementwise("optimizer.copy_to_model", local, 1, 1, s.aux, op="cast", phase="opt")
         if s.zero in (1, 2):
+            # Per bucket, in the order the next forward uses them (Megatron dispatches the
+            # all-gathers in forward order: the last gradient bucket first).
             wb = weight_bytes(s.precision)
+            step = em.last
+            gathers: list[int] = []
             for kind, order in (("dp_cp", self.dense_order), ("edp_cp", self.expert_order)):
-                for i, b in enumerate(assign_buckets(order, s.bucket_bytes) if order else []):
-                    em.group_op(kind, f"params.bucket{i}.all_gather", f"params.{kind}.bucket{i}", "all_gather",
-                                sum(p.numel for p in b) * wb, phase="opt", deps=(em.last,), stream="comm.ag")
+                buckets = assign_buckets(order, s.bucket_bytes) if order else []
+                for i in reversed(range(len(buckets))):
+                    b = buckets[i]
+                    ag = em.group_op(kind, f"params.bucket{i}.all_gather", f"params.{kind}.bucket{i}", "all_gather",
+                                     sum(p.numel for p in b) * wb, phase="opt", deps=(step,), stream="comm.ag")
+                    if ag is not None:
+                        gathers.append(ag)
+                        for p in b:
+                            self.gathered.setdefault(_module(p.name), set()).add(ag)
+            self._every_gather = tuple(gathers)
+
+
+def _module(param: str) -> str:
+    """The module a parameter belongs to: ``h0.attn.qkv`` for ``h0.attn.qkv.weight``."""
+    head, _, tail = param.rpartition(".")
+    return head if head and tail in ("weight", "bias") else param
 
 
 def _unit_name(u: Unit) -> str:
     return u.name if isinstance(u, Block) else str(u)
 
 
-def replicas(lay: Layout, world: World) -> Replicas | None:
+def replicas(lay: Layout, world: World, tp_ring: bool = False) -> Replicas | None:
     """The identical ranks of ``lay`` as levels of :class:`Replicas`, or None.
 
     Every rank of a stage runs the same program, so shifting the data-parallel coordinate by a
@@ -266,7 +330,8 @@ def replicas(lay: Layout, world: World) -> Replicas | None:
     unit is the smallest such shift whose ranks fill whole nodes and that divides ``dp``. Shifting
     the tensor-parallel coordinate does too; where a tensor-parallel group lies inside a node, its
     level's unit is the smallest shift of GPUs that the node's topology allows
-    (``world.local_unit``). Levels that leave one copy are dropped.
+    (``world.local_unit``), unless ``tp_ring`` (tp_comm_overlap's ring exchange, whose pairs wrap
+    around the group and map onto no representative pair). Levels that leave one copy are dropped.
     """
     gpn = world.gpus_per_node
     per_dp = lay.tp * lay.cp
@@ -275,7 +340,7 @@ def replicas(lay: Layout, world: World) -> Replicas | None:
         if lay.dp % u == 0 and (u * per_dp) % gpn == 0:
             levels.append((per_dp * lay.dp, per_dp * u))
             break
-    if world.local_unit is not None and 1 < lay.tp <= gpn and gpn % lay.tp == 0:
+    if world.local_unit is not None and not tp_ring and 1 < lay.tp <= gpn and gpn % lay.tp == 0:
         unit = world.local_unit(lay.tp)
         if unit < lay.tp:
             levels.append((lay.tp, unit))
@@ -288,7 +353,7 @@ def build(spec: WorkloadSpec, world: World) -> Workload:
     rank only, when ``world.fold`` and the replicas fold)."""
     s = make_setup(spec, world)
     lay = s.layout
-    fold = replicas(lay, world) if world.fold else None
+    fold = replicas(lay, world, s.tp_overlap) if world.fold else None
     kernels = KernelTable()
     programs: dict[int, Program] = {}
     memory = {}
@@ -303,5 +368,5 @@ def build(spec: WorkloadSpec, world: World) -> Workload:
     return Workload(name=spec.name, programs=[programs[r] for r in sorted(programs)], kernels=kernels.specs,
                     memory=[memory[r] for r in range(lay.world)], samples=samples,
                     tokens=samples * s.model.seq_len, model_flops=model_flops(s.model, samples),
-                    compute_dtype=s.precision, replicas=fold)
+                    compute_dtype=s.precision, replicas=fold, iterations=s.iterations)
 

@@ -46,6 +46,10 @@ class Setup:
     optimizer: str
     host_s: float | None
     sync_layers: bool = False
+    param_overlap: bool = False  # overlap_param_gather (zero 1-2)
+    tp_overlap: bool = False     # tp_comm_overlap (Transformer Engine userbuffers)
+    p2p_overlap: bool = False    # overlap_p2p_comm
+    iterations: int = 1          # training iterations built back to back (two for the steady state)
 
     @property
     def tp(self) -> int:
@@ -130,11 +134,15 @@ def make_setup(spec: WorkloadSpec, world: World) -> Setup:
         m = t.grad_accumulation or 1
     schedule: Schedule = p.pp_schedule
     host = spec.train.host_overhead_us
+    param_overlap = p.overlap_param_gather  # zero 1 or 2, checked by the spec
+    iterations = 2 if t.steady_state == "always" or (t.steady_state == "auto" and param_overlap) else 1
     return Setup(model=model, layout=layout, micro=t.batch_per_gpu, m=m, precision=t.precision,
                  framework=t.framework, recompute=t.recompute, sp=p.sp, zero=p.zero_stage, schedule=schedule,
                  v=p.virtual_stages, cp_comm=p.cp_comm, dp_overlap=p.dp_overlap,
                  bucket_bytes=spec.comm.bucket_mib * 2**20, optimizer=t.optimizer,
-                 host_s=None if host is None else host / 1e6, sync_layers=t.sync_each_layer)
+                 host_s=None if host is None else host / 1e6, sync_layers=t.sync_each_layer,
+                 param_overlap=param_overlap, iterations=iterations, tp_overlap=p.tp_comm_overlap,
+                 p2p_overlap=p.overlap_p2p_comm)
 
 
 @dataclass(frozen=True)

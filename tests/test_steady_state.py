@@ -1,0 +1,149 @@
+"""The steady iteration: programs of two iterations back to back, the distributed optimizer's
+parameter all-gathers overlapped with the next forward (overlap_param_gather), and the window that
+reports the second iteration with the first one's tail."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from test_report import make_result, rec
+
+from simgpu import load_job, simulate
+from simgpu.engine.result import SimResult
+from simgpu.engine.steady import TAIL_FRACTION, steady_window
+from simgpu.errors import ConfigError
+from simgpu.report import summarize
+from simgpu.report.gantt import build_timeline_figure
+from simgpu.report.summary import exposed_by_kind
+from simgpu.sim import build
+
+GPT = "workloads/gpt_2x_dgx_h100.yaml"
+#: A ZeRO-1 job whose first bucket (a small vocabulary's embedding) is small and whose forward is long:
+#: every later bucket's all-gather fits under the forward of the layers before it.
+ZERO1 = ["model.layers=6", "model.vocab=1024", "training.batch_per_gpu=8", "parallelism.zero=1",
+         "training.framework=megatron"]
+
+
+def run(*extra: str) -> tuple[SimResult, dict]:
+    r = simulate(load_job(GPT, [*ZERO1, *extra]))
+    return r, summarize(r)
+
+
+def test_overlaps_off_build_one_iteration():
+    job = load_job(GPT, ZERO1)
+    assert build(job).iterations == 1
+    r, s = run()
+    assert "iteration_ends_s" not in r.meta
+    assert s["steady_state"].startswith("one isolated iteration: nothing crosses")
+
+
+def test_never_is_todays_isolated_iteration():
+    """steady_state: never with overlap_param_gather builds what the job without it builds."""
+    _, off = run()
+    _, never = run("parallelism.overlap_param_gather=true", "training.steady_state=never")
+    assert never["iteration_time_ms"] == off["iteration_time_ms"]
+    assert never["breakdown_ms"] == off["breakdown_ms"]
+
+
+def test_steady_iteration_is_the_isolated_one_when_nothing_crosses():
+    """With nothing in flight at the boundary, two iterations give the isolated one's time back."""
+    _, one = run()
+    r, two = run("training.steady_state=always")
+    assert len(r.meta["iteration_ends_s"]) == 2
+    assert two["iteration_time_ms"] == pytest.approx(one["iteration_time_ms"], rel=0.005)
+    assert two["steady_state"].startswith("steady: the last of 2 iterations")
+
+
+def test_overlap_param_gather_hides_all_but_the_first_bucket():
+    """Under overlap_param_gather the forward waits for each bucket before the layers that use it:
+    only the first bucket it needs (the embedding's) is exposed; without it, every all-gather is."""
+    r, s = run("parallelism.overlap_param_gather=true")
+    rec = r.records
+    ag = rec[rec["name"].str.startswith("params.bucket") & (rec["rank"] == 0)]
+    prev = ag[ag["start_s"] < r.iteration_time_s / 2]  # the previous iteration's, from the boundary (0) on
+    assert len(prev) > 3
+    first = prev.sort_values("start_s").iloc[0]
+    first_s = float(first["end_s"] - first["start_s"])
+    total_s = float((ag["end_s"] - ag["start_s"]).sum()) / 2  # two iterations' all-gathers
+    exposed = s["exposed_communication_by_kind_ms"].get("all_gather", 0.0) / 1e3
+    assert total_s > 5 * first_s  # the case the test is about: the first bucket is small
+    assert exposed <= first_s * 1.02 + 2e-6
+    _, never = run("parallelism.overlap_param_gather=true", "training.steady_state=never")
+    assert never["exposed_communication_by_kind_ms"]["all_gather"] / 1e3 >= 0.9 * total_s
+    assert s["iteration_time_ms"] < never["iteration_time_ms"] - 0.5 * (total_s - first_s) * 1e3
+
+
+def test_overlap_param_gather_forward_waits_per_bucket():
+    """Each of the second iteration's first forwards of a unit depends on its bucket's all-gather of
+    the iteration before, and nothing in the first iteration does."""
+    w = build(load_job(GPT, [*ZERO1, "parallelism.overlap_param_gather=true"]))
+    assert w.iterations == 2
+    ops = w.programs[0].ops
+    gathers = {i for i, o in enumerate(ops) if o.name.startswith("params.bucket") and o.iteration == 0}
+    waiting = [o for o in ops if set(o.deps) & gathers]
+    assert waiting and all(o.iteration == 1 and o.phase == "fwd" for o in waiting)
+    assert set().union(*(set(o.deps) & gathers for o in waiting)) == gathers
+    keys = [o.coll.key for o in ops if o.coll is not None]
+    assert len(keys) == len(set(keys))
+
+
+def test_overlap_grad_reduce_is_dp_overlap():
+    a = load_job(GPT, ["parallelism.overlap_grad_reduce=false"]).workload.parallelism
+    assert a.dp_overlap is False
+    with pytest.raises(ConfigError, match="expected"):
+        load_job(GPT, ["parallelism.overlap_grad_reduce=false", "parallelism.dp_overlap=true"])
+
+
+def _two_iterations() -> SimResult:
+    rows = [rec(0, "compute", 0, 8), rec(0, "comm", 8, 11, category="all_gather", name="ag"),
+            rec(0, "compute", 10, 18), rec(0, "comm", 18, 21, category="all_gather", name="ag")]
+    r = make_result(rows, 21.0, with_links=True)
+    r.meta["iteration_ends_s"] = [0.008, 0.018]
+    return r
+
+
+def test_steady_window_cuts_the_last_iteration():
+    r = steady_window(_two_iterations())
+    assert r.iteration_time_s == pytest.approx(0.010)
+    # kept: what ends within TAIL_FRACTION of an iteration before the window (the first compute, to -8 ms)
+    assert TAIL_FRACTION * 10 < 8
+    assert r.records["start_s"].min() == pytest.approx(-0.008)
+    # the first iteration's all-gather (8-11 ms) overlaps the second's compute (10-18): 2 ms exposed
+    assert exposed_by_kind(r)["all_gather"] == pytest.approx(0.002)
+    base = _two_iterations()
+    assert r.link_stats["nbytes"].tolist() == pytest.approx((base.link_stats["nbytes"] / 2).tolist())
+    fig = build_timeline_figure(r)
+    assert fig.axes[0].get_xlim()[0] < 0
+    assert steady_window(make_result([rec(0, "compute", 0, 1)], 1.0)).iteration_time_s == pytest.approx(1e-3)
+
+
+def test_exposed_by_kind_counts_each_kind_outside_compute():
+    rows = [rec(0, "compute", 0, 4), rec(0, "comm", 2, 6, category="all_reduce"),
+            rec(0, "comm", 5, 7, category="all_gather")]
+    got = exposed_by_kind(make_result(rows, 7.0))
+    assert got["all_reduce"] == pytest.approx(0.002)
+    assert got["all_gather"] == pytest.approx(0.002)
+    assert isinstance(got, pd.Series)
+
+
+PP = ["model.layers=4", "parallelism.pp=2", "parallelism.dp=8", "parallelism.pp_schedule=interleaved",
+      "parallelism.virtual_stages=2", "training.grad_accumulation=4", "training.framework=megatron"]
+
+
+def test_overlap_p2p_comm_waits_on_the_gpu_not_the_host():
+    """overlap_p2p_comm: no host wait per step; each receive is waited for by a kernel; and
+    the iteration is no longer than with Megatron's batched P2P and host syncs."""
+    base = build(load_job(GPT, PP))
+    w = build(load_job(GPT, [*PP, "parallelism.overlap_p2p_comm=true"]))
+    for prog in w.programs:
+        ops = prog.ops
+        assert not any(o.name == "pp.sync" for o in ops)
+        recvs = {i for i, o in enumerate(ops) if o.name.startswith("pp.recv")}
+        waited = {d for o in ops if o.kind == "kernel" for d in o.deps}
+        assert recvs and recvs <= waited
+    assert any(o.name == "pp.sync" for o in base.programs[0].ops)
+    fast = simulate(load_job(GPT, [*PP, "parallelism.overlap_p2p_comm=true"])).iteration_time_s
+    slow = simulate(load_job(GPT, PP)).iteration_time_s
+    assert fast <= slow
+    with pytest.raises(ConfigError, match="expected pp_schedule: interleaved"):
+        load_job(GPT, ["parallelism.pp=2", "parallelism.dp=8", "parallelism.overlap_p2p_comm=true"])
