@@ -3,7 +3,8 @@
 Writes ``requests.csv``, ``summary.json``, ``kv_occupancy.csv``, ``latency_cdf.png``,
 ``kv_occupancy.png`` and ``timeline.png`` into ``--out`` (default ``out/<name>``), and with a rate
 sweep (``--sweep 2,4,8`` or the file's ``outputs.sweep_rates_per_s``) ``sweep.csv`` and
-``throughput_vs_load.png``. ``--set`` overrides keys of the serving file
+``throughput_vs_load.png``. A file whose deployment is a ``dlrm_inference`` workload is served by
+the dynamic batcher of :mod:`simgpu.serve.dlrm` instead. ``--set`` overrides keys of the serving file
 (``scheduler.max_batch=64``; a pool's workload keys through ``deployment.set.<key>``).
 """
 
@@ -31,7 +32,7 @@ def rate_list(text: str) -> list[float]:
 
 
 def parser() -> ArgParser:
-    ap = ArgParser(prog="simgpu serve", description="Simulate an LLM serving deployment at the request level.")
+    ap = ArgParser(prog="simgpu serve", description="Simulate an LLM or DLRM serving deployment at the request level.")
     ap.add_argument("serving", help="serving YAML file (see workloads/serving/)")
     ap.add_argument("--out", help="output folder (default out/<name>)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -70,6 +71,11 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.out:
         check_out_dir(args.out)
     overrides = list(args.overrides) + ([f"seed={args.seed}"] if args.seed is not None else [])
+    from .dlrm import is_dlrm_serving, run_dlrm
+
+    if is_dlrm_serving(args.serving, overrides):
+        return run_dlrm(args.serving, overrides, Path(args.out) if args.out else None, args.sweep,
+                        not args.no_plots, args.quiet)
     serving = load_serving(args.serving, overrides)
     spec = serving.spec
     rates = args.sweep or spec.outputs.sweep_rates_per_s
