@@ -31,7 +31,7 @@ from pydantic import Field, model_validator
 from ..config.base import Spec
 from ..config.loader import Job, apply_override, check_name, load_job, parse_override, read_yaml, validate
 from ..errors import ConfigError
-from .spec import DeploymentSpec, LengthSpec, Serving
+from .spec import DeploymentSpec, LengthSpec, resolve_path
 
 PERCENTILES = (50, 90, 99)
 
@@ -111,7 +111,7 @@ def is_dlrm_serving(path: str | Path, overrides: tuple[str, ...] | list[str] = (
     dep = data.get("deployment")
     if not isinstance(dep, dict) or not isinstance(dep.get("workload"), str):
         return False
-    wl = Serving(None, str(path)).resolve(dep["workload"])  # type: ignore[arg-type]
+    wl = resolve_path(str(path), dep["workload"])
     if not wl.is_file():
         return False
     try:
@@ -131,7 +131,7 @@ class DlrmServing:
     overrides: tuple[str, ...] = ()
 
     def workload_path(self) -> Path:
-        return Serving(None, self.file).resolve(self.spec.deployment.workload)  # type: ignore[arg-type]
+        return resolve_path(self.file, self.spec.deployment.workload)
 
 
 def load_dlrm_serving(path: str | Path, overrides: tuple[str, ...] | list[str] = ()) -> DlrmServing:
