@@ -374,6 +374,7 @@ def latency_cdf(table: pd.DataFrame, path: Path, title: str, slo_ms: float | Non
             ax.plot(x, np.arange(1, len(x) + 1) / len(x), label=label)
     ax.set_xscale("log")
     ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlim(left=0.1 * float(table["service_ms"].min()))  # the shortest waits would stretch the axis
     if slo_ms is not None:
         ax.axvline(slo_ms, color="#d62728", linestyle="--", linewidth=1, label=f"SLO {slo_ms:g} ms")
     for p in (0.5, 0.9, 0.99):
