@@ -181,6 +181,9 @@ def refused(capsys, argv: list[str]) -> str:
     ({"batcher": None}, "batcher"),
     ({"slo": {"latency_ms": -1}}, "slo.latency_ms: Input should be greater than 0"),
     ({"queries__kind": "fixed", "outputs": {"sweep_rates_per_s": [1.0]}}, "outputs.sweep_rates_per_s: a sweep"),
+    ({"outputs": {"sweep_rates_per_s": [100.0, -1.0]}}, "outputs: rate -1; expected arrival rates > 0"),
+    ({"batcher__max_batch_samples": 8_000_000}, "batcher.max_batch_samples: a full batch of 8,000,000 samples "
+     "(1,000,000 per GPU): does not fit in GPU memory"),
 ])
 def test_bad_dlrm_serving_files(tmp_path, capsys, changes, where):
     line = refused(capsys, [str(serving_file(tmp_path, **changes)), "--out", str(tmp_path / "o")])

@@ -75,6 +75,13 @@ class DlrmOutputSpec(Spec):
     sweep_rates_per_s: list[float] = Field(default_factory=list, description="arrival rates of the "
                                            "throughput-vs-load sweep (poisson), none for no sweep")
 
+    @model_validator(mode="after")
+    def _positive(self) -> DlrmOutputSpec:
+        bad = [r for r in self.sweep_rates_per_s if not r > 0]
+        if bad:
+            raise ValueError(f"rate {bad[0]:g}; expected arrival rates > 0")
+        return self
+
 
 class DlrmServingSpec(Spec):
     """A DLRM serving file."""
@@ -341,7 +348,15 @@ def build_dlrm(serving: DlrmServing, simulate_bucket: Callable[[Job, int], float
     if job.workload.model.kind != "dlrm_inference":
         raise ConfigError(f"the workload is a {job.workload.model.kind} model; expected a dlrm_inference workload",
                           file=serving.file, key="deployment.workload")
-    return DlrmDeployment(job, BatchTimer(job, serving.spec.batcher.bucket_samples_per_gpu, simulate_bucket))
+    timer = BatchTimer(job, serving.spec.batcher.bucket_samples_per_gpu, simulate_bucket)
+    most = serving.spec.batcher.max_batch_samples
+    try:  # a full batch first: one that does not fit is refused before any query is served
+        timer(most)
+    except ConfigError as e:
+        why = e.message.replace("training.batch_per_gpu", "batcher.max_batch_samples")
+        raise ConfigError(f"a full batch of {most:,} samples ({timer.per_gpu(most):,} per GPU): {why}",
+                          file=serving.file, key="batcher.max_batch_samples") from None
+    return DlrmDeployment(job, timer)
 
 
 def serve_dlrm(serving: DlrmServing, deployment: DlrmDeployment,
