@@ -197,10 +197,10 @@ class Queries:
 
 def make_queries(spec: QueriesSpec, seed: int, rate_per_s: float | None = None) -> Queries:
     """The queries of ``spec`` (``rate_per_s`` replaces the spec's rate, for a sweep)."""
-    from .requests import _lengths
+    from .requests import draw_counts
 
     rng = np.random.default_rng(seed)
-    samples = _lengths(spec.samples, spec.count, rng)
+    samples = draw_counts(spec.samples, spec.count, rng)
     if spec.kind == "fixed":
         return Queries(np.zeros(spec.count), samples)
     rate = rate_per_s if rate_per_s is not None else spec.rate_per_s

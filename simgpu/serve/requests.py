@@ -40,7 +40,8 @@ class Requests:
         return Requests((self.arrival_s - self.arrival_s[0]) * (now / rate_per_s), self.prompt, self.output)
 
 
-def _lengths(spec: int | LengthSpec, n: int, rng: np.random.Generator) -> np.ndarray:
+def draw_counts(spec: int | LengthSpec, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` counts (tokens, or a DLRM query's samples): ``spec`` itself, or drawn from its distribution."""
     if isinstance(spec, int):
         return np.full(n, max(spec, 1), dtype=np.int64)
     if spec.dist == "fixed":
@@ -92,8 +93,8 @@ def make_requests(spec: RequestsSpec, seed: int, trace: Path | None = None,
         return reqs.rescaled(rate) if rate else reqs
     n = int(spec.count or 0)
     assert spec.prompt_tokens is not None and spec.output_tokens is not None  # checked by the spec
-    prompt = _lengths(spec.prompt_tokens, n, rng)
-    output = _lengths(spec.output_tokens, n, rng)
+    prompt = draw_counts(spec.prompt_tokens, n, rng)
+    output = draw_counts(spec.output_tokens, n, rng)
     if spec.kind == "fixed":
         arrival = np.zeros(n)
     else:
