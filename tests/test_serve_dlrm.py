@@ -196,3 +196,9 @@ def test_llm_serving_readers_refuse_a_dlrm_file():
 
     with pytest.raises(ConfigError, match=r"deployment\.workload: the deployment is a dlrm_inference workload"):
         load_serving(SHIPPED)
+
+
+def test_a_sweep_of_fixed_queries_names_the_option(tmp_path, capsys):
+    path = serving_file(tmp_path, queries__kind="fixed")
+    line = refused(capsys, [str(path), "--out", str(tmp_path / "o"), "--sweep", "100,200"])
+    assert "--sweep: a sweep of arrival rates needs poisson queries" in line, line

@@ -464,10 +464,11 @@ def run_dlrm(file: str, overrides: list[str], out: Path | None, rates: list[floa
 
     serving = load_dlrm_serving(file, overrides)
     spec = serving.spec
+    key = "--sweep" if rates else "outputs.sweep_rates_per_s"
     rates = rates or spec.outputs.sweep_rates_per_s
     if rates and spec.queries.kind == "fixed":
         raise ConfigError("a sweep of arrival rates needs poisson queries; expected queries.kind poisson",
-                          file=file, key="outputs.sweep_rates_per_s")
+                          file=file, key=key)
     out = out or Path("out") / safe_name(spec.name)
     check_out_dir(out)
     t0 = time.perf_counter()
