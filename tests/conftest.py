@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -52,3 +53,18 @@ from hypothesis import settings as _settings  # noqa: E402
 # CI runs the same examples every time: a property failure is reproducible, never flaky.
 _settings.register_profile("ci", derandomize=True, deadline=None)
 _settings.load_profile("ci")
+
+
+def edit_keys(data: dict[str, Any], changes: dict[str, Any], sep: str = ".") -> dict[str, Any]:
+    """``data`` with each ``changes`` key (a path of nested keys joined by ``sep``) set to its value,
+    or removed where the value is None; missing mappings on the way are created."""
+    for dotted, value in changes.items():
+        cur = data
+        *head, last = dotted.split(sep)
+        for h in head:
+            cur = cur.setdefault(h, {})
+        if value is None:
+            cur.pop(last, None)
+        else:
+            cur[last] = value
+    return data

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, edit_keys
 
 from simgpu import run
 from simgpu.config.loader import load_job
@@ -22,15 +22,7 @@ DLRM = ROOT / "workloads" / "inference" / "dlrm_dcnv2_dgx_a100.yaml"
 
 def _write(tmp: Path, edits: dict[str, object], base: Path = LLAMA) -> Path:
     data = yaml.safe_load(base.read_text())
-    for dotted, value in edits.items():
-        cur = data
-        *head, last = dotted.split(".")
-        for h in head:
-            cur = cur.setdefault(h, {})
-        if value is None:
-            cur.pop(last, None)
-        else:
-            cur[last] = value
+    edit_keys(data, edits)
     path = tmp / "w.yaml"
     path.write_text(yaml.safe_dump(data))
     return path

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, edit_keys
 
 from simgpu.serve.__main__ import main
 
@@ -21,15 +21,7 @@ needs_llama = pytest.mark.skipif(not LLAMA.is_file(), reason="no inference workl
 def serving_file(tmp_path: Path, **changes) -> Path:
     data = {"name": "t", "deployment": {"workload": str(LLAMA)},
             "requests": {"kind": "fixed", "count": 20, "prompt_tokens": 200, "output_tokens": 20}}
-    for dotted, value in changes.items():
-        cur = data
-        *head, last = dotted.split("__")
-        for h in head:
-            cur = cur.setdefault(h, {})
-        if value is None:
-            cur.pop(last, None)
-        else:
-            cur[last] = value
+    edit_keys(data, changes, "__")
     path = tmp_path / "serving.yaml"
     path.write_text(yaml.safe_dump(data))
     return path

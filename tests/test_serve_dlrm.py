@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, edit_keys
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -34,15 +34,7 @@ def serving_file(tmp_path: Path, **changes) -> Path:
     data = {"name": "t", "deployment": {"workload": str(WORKLOAD)},
             "queries": {"kind": "poisson", "count": 400, "rate_per_s": 2000, "samples": 200},
             "batcher": {"max_batch_samples": 4096, "max_queue_delay_us": 500, "bucket_samples_per_gpu": 64}}
-    for dotted, value in changes.items():
-        cur = data
-        *head, last = dotted.split("__")
-        for h in head:
-            cur = cur.setdefault(h, {})
-        if value is None:
-            cur.pop(last, None)
-        else:
-            cur[last] = value
+    edit_keys(data, changes, "__")
     path = tmp_path / "serving.yaml"
     path.write_text(yaml.safe_dump(data))
     return path

@@ -406,30 +406,12 @@ def latency_cdf(table: pd.DataFrame, path: Path, title: str, slo_ms: float | Non
 
 def load_plot(sweep: pd.DataFrame, path: Path, title: str) -> None:
     """Queries/s and latency percentiles against the arrival rate."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from .outputs import load_plot as plot
 
-    fig = Figure(figsize=(11, 4), dpi=120)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 2, 1)
-    ax.plot(sweep["rate_per_s"], sweep["queries_per_s"], marker="o", label="queries/s")
-    if sweep["goodput_queries_per_s"].notna().any():
-        ax.plot(sweep["rate_per_s"], sweep["goodput_queries_per_s"], marker="s", label="within SLO")
-    ax.set_xlabel("arrival rate (queries/s)")
-    ax.set_ylabel("queries/s")
-    ax.grid(linewidth=0.3, alpha=0.5)
-    ax.legend(fontsize=8)
-    ax2 = fig.add_subplot(1, 2, 2)
-    for col, label in (("latency_p50_ms", "P50"), ("latency_p99_ms", "P99"), ("latency_mean_ms", "mean")):
-        ax2.plot(sweep["rate_per_s"], sweep[col], marker="o", label=f"latency {label}")
-    ax2.set_yscale("log")
-    ax2.set_xlabel("arrival rate (queries/s)")
-    ax2.set_ylabel("ms")
-    ax2.grid(linewidth=0.3, alpha=0.5)
-    ax2.legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, format="png")
+    plot(sweep, path, title, unit="queries", served_axis="queries/s",
+         served=(("queries_per_s", "queries/s"), ("goodput_queries_per_s", "within SLO")),
+         latencies=(("latency_p50_ms", "latency P50"), ("latency_p99_ms", "latency P99"),
+                    ("latency_mean_ms", "latency mean")))
 
 
 def write_dlrm_outputs(res: DlrmResult, summary: dict[str, Any], out: Path, *, plots: bool = True,

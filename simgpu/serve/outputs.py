@@ -102,28 +102,36 @@ def gantt_result(res: ServeResult, iterations: int, name: str, platform: str) ->
                            "platform": platform})
 
 
-def throughput_plot(sweep: pd.DataFrame, path: Path, title: str) -> None:
-    """Output tokens/s and P99 latencies against the arrival rate."""
+def load_plot(sweep: pd.DataFrame, path: Path, title: str, *, unit: str, served: tuple[tuple[str, str], ...],
+              latencies: tuple[tuple[str, str], ...], served_axis: str) -> None:
+    """What is served (left) and latencies in ms (right, log scale) against the arrival rate of
+    ``unit`` per second; a column of ``served`` that is all missing is left out."""
     fig = Figure(figsize=(11, 4), dpi=120)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 2, 1)
-    ax.plot(sweep["rate_per_s"], sweep["output_tokens_per_s"], marker="o", label="output tokens/s")
-    ax.plot(sweep["rate_per_s"], sweep["goodput_tokens_per_s"], marker="s", label="within SLO")
-    ax.set_xlabel("arrival rate (requests/s)")
-    ax.set_ylabel("output tokens/s")
-    ax.grid(linewidth=0.3, alpha=0.5)
-    ax.legend(fontsize=8)
+    for (col, label), marker in zip(served, "osd^", strict=False):
+        if sweep[col].notna().any():
+            ax.plot(sweep["rate_per_s"], sweep[col], marker=marker, label=label)
     ax2 = fig.add_subplot(1, 2, 2)
-    for col, label in (("ttft_p99_ms", "TTFT P99"), ("tpot_p99_ms", "TPOT P99"), ("e2e_mean_ms", "E2E mean")):
+    for col, label in latencies:
         ax2.plot(sweep["rate_per_s"], sweep[col], marker="o", label=label)
     ax2.set_yscale("log")
-    ax2.set_xlabel("arrival rate (requests/s)")
+    ax.set_ylabel(served_axis)
     ax2.set_ylabel("ms")
-    ax2.grid(linewidth=0.3, alpha=0.5)
-    ax2.legend(fontsize=8)
+    for a in (ax, ax2):
+        a.set_xlabel(f"arrival rate ({unit}/s)")
+        a.grid(linewidth=0.3, alpha=0.5)
+        a.legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, format="png")
+
+
+def throughput_plot(sweep: pd.DataFrame, path: Path, title: str) -> None:
+    """Output tokens/s and P99 latencies against the arrival rate."""
+    load_plot(sweep, path, title, unit="requests", served_axis="output tokens/s",
+              served=(("output_tokens_per_s", "output tokens/s"), ("goodput_tokens_per_s", "within SLO")),
+              latencies=(("ttft_p99_ms", "TTFT P99"), ("tpot_p99_ms", "TPOT P99"), ("e2e_mean_ms", "E2E mean")))
 
 
 def write_outputs(res: ServeResult, summary: dict[str, Any], out: Path, *, slo: tuple[float, float],
