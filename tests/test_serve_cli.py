@@ -60,10 +60,25 @@ def test_bad_serving_files_before_any_timing(tmp_path, capsys, changes, where):
     ({"slo__tpot_ms": 1}, "slo.tpot_ms: 1 ms can never be met"),
     ({"slo__ttft_ms": 1}, "slo.ttft_ms: 1 ms can never be met"),
     ({"requests__prompt_tokens": 2_000_000}, "requests: request 0 needs KV for 2,000,019 tokens"),
+    ({"scheduler": {"kind": "continuous", "max_batch": 512}, "deployment__set": {"inference.max_batch_size": 128}},
+     "deployment.set.inference.max_batch_size: scheduler.max_batch = 512 but"),
 ])
 def test_bad_serving_configs_of_the_deployment(tmp_path, capsys, changes, where):
     line = refused(capsys, [str(serving_file(tmp_path, **changes)), "--out", str(tmp_path / "o")])
     assert where in line
+
+
+@needs_llama
+def test_the_memory_plan_holds_the_schedulers_largest_iteration(tmp_path):
+    """Unless the deployment sets them, the workload's batch limits follow the scheduler's, so the
+    KV blocks left are what the scheduler's largest iteration leaves."""
+    from simgpu.serve.deploy import pool_job
+    from simgpu.serve.spec import load_serving
+
+    small = load_serving(serving_file(tmp_path, scheduler={"kind": "chunked", "max_batch": 64, "max_tokens": 1024}))
+    large = load_serving(serving_file(tmp_path, scheduler={"kind": "chunked", "max_batch": 512, "max_tokens": 16384}))
+    inf = [pool_job(s, "deployment").workload.inference for s in (small, large)]
+    assert [(i.max_batch_size, i.max_batch_tokens) for i in inf if i is not None] == [(64, 1024), (512, 16384)]
 
 
 def test_bad_sweep_argument(tmp_path, capsys):

@@ -47,9 +47,31 @@ def check_memory(serving: Serving, deployment: Deployment) -> None:
                 "smaller precision", file=serving.file, key=f"{key}.set")
 
 
+#: the scheduler's limits and the inference workload keys whose memory plan must hold them
+LIMITS = (("scheduler.max_batch", "inference.max_batch_size"), ("scheduler.max_tokens", "inference.max_batch_tokens"))
+
+
 def pool_job(serving: Serving, key: str) -> Job:
+    """A pool's inference job. Its memory plan reserves room for the largest iteration the
+    scheduler forms: ``inference.max_batch_size`` and ``max_batch_tokens`` are the scheduler's
+    ``max_batch`` and ``max_tokens`` unless the deployment sets them, and one set below the
+    scheduler's limit is refused."""
     dep = getattr(serving.spec, key)
-    return load_job(serving.resolve(dep.workload), overrides_of(dep))
+    over = overrides_of(dep)
+    given = {item.split("=", 1)[0] for item in over}
+    sched = serving.spec.scheduler
+    limits = {"scheduler.max_batch": sched.max_batch, "scheduler.max_tokens": sched.max_tokens}
+    over += [f"{wkey}={limits[skey]}" for skey, wkey in LIMITS if wkey not in given]
+    job = load_job(serving.resolve(dep.workload), over)
+    inf = job.workload.inference
+    if inf is not None:
+        for skey, wkey in LIMITS:
+            held = getattr(inf, wkey.split(".", 1)[1])
+            if held < limits[skey]:
+                raise ConfigError(f"{skey} = {limits[skey]:,} but the deployment's {wkey} is {held:,}; expected "
+                                  f"{wkey} >= {skey} (or leave it unset: it follows the scheduler)",
+                                  file=serving.file, key=f"{key}.set.{wkey}")
+    return job
 
 
 def _timer(job: Job) -> Any:
