@@ -68,3 +68,14 @@ def edit_keys(data: dict[str, Any], changes: dict[str, Any], sep: str = ".") -> 
         else:
             cur[last] = value
     return data
+
+
+def refused_in_one_line(capsys: Any, main: Any, argv: list[str]) -> str:
+    """The one line a refused command prints: exit 2, nothing on stdout, one ``error:`` line that
+    says what was expected (pydantic's range messages say "greater than" instead)."""
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert not out and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "expected" in lines[0] or "greater than" in lines[0], err
+    return lines[0]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, edit_keys
+from conftest import ROOT, edit_keys, refused_in_one_line
 
 from simgpu.serve.__main__ import main
 
@@ -28,14 +28,7 @@ def serving_file(tmp_path: Path, **changes) -> Path:
 
 
 def refused(capsys, argv: list[str]) -> str:
-    """The one line a refused command prints (pydantic's range messages say "greater than" where
-    the others say what was expected)."""
-    assert main(argv) == 2
-    out, err = capsys.readouterr()
-    lines = err.strip().splitlines()
-    assert not out and len(lines) == 1 and lines[0].startswith("error: "), err
-    assert "expected" in lines[0] or "greater than" in lines[0], err
-    return lines[0]
+    return refused_in_one_line(capsys, main, argv)
 
 
 @pytest.mark.parametrize(("changes", "where"), [

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import ROOT, edit_keys
+from conftest import ROOT, edit_keys, refused_in_one_line
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -157,12 +157,7 @@ def test_shipped_example_writes_its_files(tmp_path, capsys):
 
 
 def refused(capsys, argv: list[str]) -> str:
-    assert main(argv) == 2
-    out, err = capsys.readouterr()
-    lines = err.strip().splitlines()
-    assert not out and len(lines) == 1 and lines[0].startswith("error: "), err
-    assert "expected" in lines[0] or "greater than" in lines[0], err
-    return lines[0]
+    return refused_in_one_line(capsys, main, argv)
 
 
 @pytest.mark.parametrize(("changes", "where"), [
