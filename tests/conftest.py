@@ -37,14 +37,14 @@ def pcie_4gpu() -> PlatformSpec:
 def run_programs(platform: PlatformSpec, nodes: int, programs: list[Program], durations: list[float],
                  *, gpus_per_node: int | None = None, launch_s: float = 0.0, overlap: float = 0.0,
                  algorithm: str = "auto", sms: int = 132,
-                 by_op: tuple[tuple[str, float], ...] = ()) -> SimResult:
+                 by_op: tuple[tuple[str, float], ...] = (), aggregate: bool = True) -> SimResult:
     """Run hand-made programs; kernel i of the table lasts durations[i] seconds."""
     topo = Topology(platform, nodes, gpus_per_node)
     kernels = [KernelSpec.make("elementwise", "fp32", numel=i + 1) for i in range(len(durations))]
     wl = Workload("hand", programs, kernels, [MemoryEstimate()] * len(programs), samples=1)
     planner = Planner(topo, platform.collectives, algorithm)
     opts = EngineOptions(launch_s=launch_s, cpu_threads_per_node=128, overlap_slowdown=overlap, sms=sms,
-                         overlap_slowdown_by_op=by_op)
+                         overlap_slowdown_by_op=by_op, aggregate=aggregate)
     return Engine(topo, wl, np.asarray(durations), ["fixed"] * len(durations), planner, opts).run()
 
 

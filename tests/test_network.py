@@ -234,3 +234,63 @@ def test_incremental_rates_equal_global_recomputation(trs, cap):
     assert out == pytest.approx(want, rel=1e-9, abs=1e-12)
     assert net.link_bytes == pytest.approx(link_bytes, rel=1e-9, abs=1e-9)
     assert net.link_busy_s == pytest.approx(busy, rel=1e-9, abs=1e-9)
+
+
+def _run_all(cap: list[float], batches: list[tuple[float, list[tuple[list[int], float, float]]]], aggregate: bool
+             ) -> tuple[list[float], FlowNetwork]:
+    """Finish time of every transfer of ``batches`` (each started together, by transfer_all, at its time)."""
+    env = simpy.Environment()
+    net = FlowNetwork(env, np.array(cap), aggregate=aggregate)
+    out: list[list[float]] = [[0.0] * len(items) for _, items in batches]
+
+    def go(b: int, start: float, items: list[tuple[list[int], float, float]]):
+        yield env.timeout(start)
+        for k, ev in enumerate(net.transfer_all(items)):
+            ev.callbacks.append(lambda _e, k=k: out[b].__setitem__(k, env.now))
+
+    for b, (start, items) in enumerate(batches):
+        env.process(go(b, start, items))
+    env.run()
+    net.finish()
+    return [t for ts in out for t in ts], net
+
+
+def _assert_same(cap, batches) -> FlowNetwork:
+    got, agg = _run_all(cap, batches, True)
+    want, plain = _run_all(cap, batches, False)
+    assert got == pytest.approx(want, rel=1e-9, abs=1e-12)
+    assert agg.link_busy_s == pytest.approx(plain.link_busy_s, rel=1e-9, abs=1e-12)
+    assert agg.link_bytes == pytest.approx(plain.link_bytes, rel=1e-9, abs=1e-9)
+    return agg
+
+
+def test_pairs_alike_ride_as_one_aggregate():
+    # four senders' pairs through one shared port (link 4, the slowest): one aggregate, no split
+    items = [([s, 4, 5 + d], 10.0, float("inf")) for s in range(4) for d in range(2)]
+    net = _assert_same([20.0] * 4 + [8.0] + [20.0, 20.0], [(0.0, items)])
+    assert (net.aggregates, net.splits) == (1, 0)
+
+
+def test_an_aggregate_whose_members_would_part_is_split():
+    # the same pairs, but one destination port (link 6, not the slowest) is contended by later
+    # transfers: the members crossing it slow down, the others speed up, so the aggregate must
+    # split, and the times still match
+    items = [([s, 4, 5 + d], 10.0, float("inf")) for s in range(4) for d in range(2)]
+    other = [([6], 40.0, float("inf"))] * 10
+    net = _assert_same([20.0] * 4 + [8.0] + [20.0, 9.0], [(0.0, items), (0.5, other)])
+    assert net.splits >= 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0.0, 0.0, 0.7, 2.0]),
+                          st.lists(st.tuples(st.lists(st.integers(0, 6), min_size=1, max_size=4),
+                                             st.sampled_from([5.0, 5.0, 12.0]),
+                                             st.sampled_from([float("inf"), float("inf"), 2.0])),
+                                   min_size=1, max_size=9)),
+                min_size=1, max_size=3),
+       st.lists(st.sampled_from([1.0, 2.0, 2.0, 5.0, 9.0]), min_size=7, max_size=7))
+def test_aggregates_equal_one_flow_per_transfer(batches, cap):
+    """Property: carrying transfers alike as aggregates (split where their members would part)
+    gives every transfer's finish time and every link's bytes and busy time of one flow each,
+    contended or not."""
+    _assert_same(cap, batches)

@@ -16,7 +16,7 @@ messages, whose chunks are small, below the links' bandwidth on high-latency fab
 
 from __future__ import annotations
 
-from itertools import permutations
+from itertools import chain, permutations
 
 import numpy as np
 
@@ -442,6 +442,70 @@ def _p2p_rate(a: int, b: int, nbytes: float, ranks: int, topo: Topology, spec: C
     return min(channels * per_channel, spec.net_peer_share * topo.nic_bw / proto.bandwidth)
 
 
+def _pairs(req: CollectiveRequest, topo: Topology
+           ) -> tuple[list[int], list[int], list[tuple[int, ...]], list[float], np.ndarray]:
+    """The pairs of an all-to-all with bytes to move (member indices from and to, route, bytes),
+    and their kinds (:func:`_route_kinds`); the same for every protocol, so found once per request."""
+    key = ("direct pairs", req)
+    cached = topo.memo.get(key)
+    if cached is not None:
+        return cached  # type: ignore[return-value]
+    g, n = req.group, len(req.group)
+    src: list[int] = []
+    dst: list[int] = []
+    routes: list[tuple[int, ...]] = []
+    sizes: list[float] = []
+    route = topo.route
+    for i in range(n):
+        row = req.send_matrix[i] if req.send_matrix is not None else None
+        for j in range(n):
+            if i == j:
+                continue
+            nbytes = row[j] if row is not None else req.nbytes / n
+            if nbytes <= 0:
+                continue
+            src.append(i)
+            dst.append(j)
+            routes.append(route(g[i], g[j]))
+            sizes.append(nbytes)
+    # pairs whose routes cross the same kinds of link in the same order (so the same hardware,
+    # latency and bottleneck) and whose sizes are equal get the same step and rate
+    out = (src, dst, routes, sizes, _route_kinds(routes, sizes, topo))
+    topo.memo[key] = out
+    return out
+
+
+def _link_classes(topo: Topology) -> np.ndarray:
+    """Per link, a number shared by the links of the same kind, capacity and latency."""
+    cached = topo.memo.get("link_classes")
+    if cached is None:
+        seen: dict[tuple[str, float, float], int] = {}
+        cached = topo.memo["link_classes"] = np.array(
+            [seen.setdefault((lk.kind, lk.capacity, lk.latency), len(seen)) for lk in topo.links], dtype=float)
+    return cached  # type: ignore[return-value]
+
+
+def _route_kinds(routes: list[tuple[int, ...]], sizes: list[float], topo: Topology) -> np.ndarray:
+    """A number per pair, shared by the pairs whose routes cross the same kinds of link in the same
+    order (so the same hardware, latency and bottleneck) and whose sizes are equal; numbered in
+    the order they first appear."""
+    m = len(routes)
+    if m == 0:
+        return np.zeros(0, dtype=np.int64)
+    lens = np.fromiter(map(len, routes), dtype=np.int64, count=m)
+    flat = np.fromiter(chain.from_iterable(routes), dtype=np.int64, count=int(lens.sum()))
+    owner = np.repeat(np.arange(m), lens)
+    pos = np.arange(len(flat)) - np.repeat(np.cumsum(lens) - lens, lens)
+    table = np.full((m, int(lens.max()) + 2), -1.0)
+    table[:, 0] = sizes
+    table[:, 1] = lens
+    table[owner, pos + 2] = _link_classes(topo)[flat]
+    _, first, inverse = np.unique(table, axis=0, return_index=True, return_inverse=True)
+    renumber = np.empty(len(first), dtype=np.int64)
+    renumber[np.argsort(first, kind="stable")] = np.arange(len(first))
+    return renumber[inverse.reshape(-1)]
+
+
 @register("direct", {"all_to_all", "send_recv", "all_gather", "reduce_scatter"})
 def direct(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: ProtocolSpec) -> CollectivePlan:
     """Every pair exchanges its share at once (NCCL's all-to-all as grouped send/recv), each pair's
@@ -465,34 +529,21 @@ def direct(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: 
                               _base(spec, proto) + step)
     if n == 1:
         return CollectivePlan("direct", (), 0.0)
-    transfers = []
-    worst = 0.0
-    peers = [[0, 0] for _ in range(n)]  # per member: (peers inside its node, peers across the network)
+    src, dst, routes, sizes, kinds = _pairs(req, topo)
     spread = len({topo.node_of(r) for r in g}) > 2
-    alike: dict[tuple[str, float, float, float], tuple[float, float, float]] = {}
-    for i in range(n):
-        for j in range(n):
-            if i == j:
-                continue
-            nbytes = req.send_matrix[i][j] if req.send_matrix is not None else req.nbytes / n
-            if nbytes <= 0:
-                continue
-            e = topo.edge(g[i], g[j])
-            net = e.hardware == "net"
-            # pairs whose routes are alike (hardware, latency, bottleneck) and sizes equal get the same
-            # step and rate: computed once
-            kind = (e.hardware, e.latency, e.capacity, nbytes)
-            known = alike.get(kind)
-            if known is None:
-                step = _edges([(g[i], g[j])], topo, proto)[1]
-                rate = _p2p_rate(g[i], g[j], nbytes, ranks, topo, spec, proto)
-                eff = topo.platform.network.many_peer_efficiency if net and spread else 1.0
-                wire = nbytes / proto.bandwidth / eff
-                known = alike[kind] = (step, rate, wire)
-            step, rate, wire = known
-            worst = max(worst, step)
-            peers[i][net] += 1
-            transfers.append(Transfer(e.route, wire, rate))
-    per_peer = max((local * spec.p2p_local_peer_us + remote * spec.p2p_net_peer_us for local, remote in peers),
-                   default=0.0) * US
+    per_kind: list[tuple[float, float, float, bool]] = []
+    for first in np.unique(kinds, return_index=True)[1].tolist():  # kinds are numbered as they first appear
+        a, b, nbytes = g[src[first]], g[dst[first]], sizes[first]
+        net = topo.edge(a, b).hardware == "net"
+        step = _edges([(a, b)], topo, proto)[1]
+        rate = _p2p_rate(a, b, nbytes, ranks, topo, spec, proto)
+        eff = topo.platform.network.many_peer_efficiency if net and spread else 1.0
+        per_kind.append((step, rate, nbytes / proto.bandwidth / eff, net))
+    worst = max((step for step, _, _, _ in per_kind), default=0.0)
+    # per member: peers inside its node, peers across the network
+    remote = np.bincount(src, weights=np.array([net for *_, net in per_kind], dtype=float)[kinds], minlength=n)
+    local = np.bincount(src, minlength=n) - remote
+    wire_rate = [(wire, rate) for _, rate, wire, _ in per_kind]
+    transfers = [Transfer(r, *wire_rate[k]) for r, k in zip(routes, kinds.tolist(), strict=True)]
+    per_peer = float(np.max(local * spec.p2p_local_peer_us + remote * spec.p2p_net_peer_us, initial=0.0)) * US
     return CollectivePlan("direct", tuple(transfers), _base(spec, proto) + worst + per_peer)

@@ -8,35 +8,126 @@ chunks shrink, at the cost of one event per start and end instead of one per chu
 A transfer may be a *coflow*: several edges that progress at one common rate (the edges of a ring,
 which in steady state all move at the pace of the slowest). Its ``links`` list the links of all
 edges, a link appearing once per edge that crosses it; each of its edges moves ``nbytes``.
+
+Transfers started together (:meth:`FlowNetwork.transfer_all`) that move the same bytes under the
+same cap and have the same first slowest link on their route (the NIC port of a rail, for the pairs
+of an all-to-all) are carried as one *aggregate* flow: one entry in the max-min computation, one
+finish time, whose load on each link is the sum of its members'. That is exact whenever every member
+would get the aggregate's rate on its own, and the network checks it at every recomputation: the
+max-min fair allocation is the one in which every flow is at its cap or crosses a saturated link
+on which no flow gets more (its bottleneck), and an aggregate whose bottleneck is a link all its
+members cross gives each member such a bottleneck. An aggregate without one (its members would
+part: one of them crosses a contended link the others do not) is split into its members, each
+with the bytes the aggregate had left, and the rates are computed again.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 import numpy as np
 import simpy
 
 _EPS_S = 1e-12  # flows within this many seconds of completion are complete
+#: relative slack of the aggregate check: a link this close to its capacity is saturated, a rate
+#: this close to a link's highest is the highest (the progressive filling's own tolerance is 1e-9)
+_CHECK_TOL = 1e-8
+
+
+class _Join:
+    """Fires ``event`` once ``left`` member transfers have ended."""
+
+    __slots__ = ("event", "left")
+
+    def __init__(self, event: simpy.Event, left: int) -> None:
+        self.event, self.left = event, left
+
+
+def _fire(target: Any) -> None:
+    if isinstance(target, _Join):
+        target.left -= 1
+        if target.left == 0:
+            target.event.succeed()
+    elif isinstance(target, simpy.Event):
+        target.succeed()
 
 
 class _Flow:
-    __slots__ = ("cap", "done", "finish", "last", "links", "rate", "remaining", "serial", "uniq")
+    """A transfer on the network, or an aggregate of several started together.
 
-    def __init__(self, links: np.ndarray, nbytes: float, done: simpy.Event, cap: float = float("inf"),
-                 serial: int = 0) -> None:
-        # a link appears once per edge of the flow that crosses it
-        self.links, self.remaining, self.rate, self.done, self.cap = links, nbytes, 0.0, done, cap
+    ``links`` are the distinct links it crosses and ``w`` how many edges (of all its members) cross
+    each; ``members`` the member transfers as ``(links, target)`` (``target``: what to fire when it
+    ends); ``common`` (aggregates only) the links every member crosses."""
+
+    __slots__ = ("cap", "common", "finish", "last", "links", "members", "rate", "remaining", "serial", "w")
+
+    def __init__(self, links: np.ndarray, w: np.ndarray, nbytes: float, members: list[tuple[Any, Any]],
+                 cap: float = float("inf"), common: np.ndarray | None = None, serial: int = 0) -> None:
+        self.links, self.w, self.remaining, self.rate, self.cap = links, w, nbytes, 0.0, cap
+        self.members, self.common = members, common
         self.serial, self.last, self.finish = serial, 0.0, float("inf")
-        self.uniq: list[int] = np.unique(links).tolist()
 
     def settle(self, now: float) -> None:
         """Bring ``remaining`` up to ``now`` at the current rate."""
         if now > self.last:
             self.remaining -= self.rate * (now - self.last)
             self.last = now
+
+
+def _single(links: Sequence[int], nbytes: float, cap: float, target: Any) -> _Flow:
+    ids, mult = np.unique(np.asarray(links, dtype=np.int64), return_counts=True)
+    return _Flow(ids, mult.astype(float), float(nbytes), [(links, target)], float(cap))
+
+
+def _flows_of(items: Sequence[tuple[Sequence[int], float, float, Any]], capacity: np.ndarray) -> list[_Flow]:
+    """Flows for ``(links, nbytes, max_rate, target)`` items (none empty) started together: items with
+    the same bytes, cap and first slowest link form one aggregate (see the module docstring)."""
+    n = len(items)
+    if n < 2:
+        return [_single(*it) for it in items]
+    lens = np.fromiter((len(it[0]) for it in items), dtype=np.int64, count=n)
+    flat = np.fromiter(chain.from_iterable(it[0] for it in items), dtype=np.int64, count=int(lens.sum()))
+    starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
+    owner = np.repeat(np.arange(n), lens)
+    cap_at = capacity[flat]
+    low = np.minimum.reduceat(cap_at, starts)
+    hits = np.flatnonzero(cap_at == low[owner])
+    anchor = flat[hits[np.searchsorted(hits, starts)]]
+    nbytes = np.fromiter((it[1] for it in items), dtype=float, count=n)
+    caps = np.fromiter((it[2] for it in items), dtype=float, count=n)
+    order = np.lexsort((caps, nbytes, anchor))
+    a, b, c = anchor[order], nbytes[order], caps[order]
+    first = np.concatenate(([True], (a[1:] != a[:-1]) | (b[1:] != b[:-1]) | (c[1:] != c[:-1])))
+    gid = np.empty(n, dtype=np.int64)
+    gid[order] = np.cumsum(first) - 1
+    size = np.bincount(gid)
+    L = len(capacity)
+    # per (group, link): the edges crossing it, and the members crossing it (each member once)
+    keys, mult = np.unique(gid[owner] * L + flat, return_counts=True)
+    crossing = np.sort(owner * L + flat)
+    crossing = crossing[np.concatenate(([True], crossing[1:] != crossing[:-1]))]
+    _, ccount = np.unique(gid[crossing // L] * L + crossing % L, return_counts=True)
+    kg, kl = np.divmod(keys, L)
+    bounds = np.searchsorted(kg, np.arange(len(size) + 1))
+    members: list[list[int]] = [[] for _ in range(len(size))]
+    for i, g in enumerate(gid.tolist()):
+        members[g].append(i)
+    out: list[_Flow] = []
+    for g in sorted(range(len(members)), key=lambda g: members[g][0]):  # in the order the items came
+        idx = members[g]
+        i0 = idx[0]
+        if len(idx) == 1:
+            out.append(_single(*items[i0]))
+            continue
+        lo, hi = bounds[g], bounds[g + 1]
+        links = kl[lo:hi]
+        common = links[ccount[lo:hi] == size[g]]
+        out.append(_Flow(links, mult[lo:hi].astype(float), float(nbytes[i0]),
+                         [(items[i][0], items[i][3]) for i in idx], float(caps[i0]), common))
+    return out
 
 
 class FlowNetwork:
@@ -49,7 +140,7 @@ class FlowNetwork:
     next completion comes from a heap of finish times."""
 
     def __init__(self, env: simpy.Environment, capacity: np.ndarray, link_kinds: Sequence[str] | None = None,
-                 record: bool = False) -> None:
+                 record: bool = False, aggregate: bool = True) -> None:
         if np.any(capacity <= 0):
             raise ValueError("link capacities must be positive")
         self.env = env
@@ -58,6 +149,10 @@ class FlowNetwork:
         self.link_busy_s = np.zeros(len(capacity))
         self.transfers = 0
         self.reschedules = 0
+        #: aggregates split because their members would part, and aggregates started
+        self.splits = 0
+        self.aggregates = 0
+        self._aggregate = aggregate
         self._serial = 0
         self._on_link: dict[int, dict[int, _Flow]] = {}   # link -> active flows crossing it, by serial
         self._link_rate: dict[int, float] = {}            # link -> total rate on it (links in use only)
@@ -87,11 +182,13 @@ class FlowNetwork:
         self.transfers += 1
         if nbytes <= 0 or len(links) == 0:
             if latency > 0:
-                self.env.timeout(latency).callbacks.append(lambda _e: _succeed(done))
+                self.env.timeout(latency).callbacks.append(lambda _e: _fire(done))
             else:
                 done.succeed()
             return done
-        flow = self._flow(links, nbytes, done, max_rate)
+        flow = _single(links, nbytes, max_rate, done)
+        self._serial += 1
+        flow.serial = self._serial
         if latency > 0:
             self.env.timeout(latency).callbacks.append(lambda _e: self._start([flow]))
         else:
@@ -103,21 +200,23 @@ class FlowNetwork:
         the rates (``max_rate``: bytes/s the transfer never exceeds, ``inf`` for none).
 
         The same as calling :meth:`transfer` for each, but a collective of thousands of pairs (an
-        all-to-all over many GPUs) costs one max-min computation instead of one per pair.
+        all-to-all over many GPUs) costs one max-min computation instead of one per pair, and its
+        pairs alike are carried as aggregates (see the module docstring).
         """
-        events: list[simpy.Event] = []
-        flows: list[_Flow] = []
-        for links, nbytes, cap in items:
-            done = self.env.event()
-            self.transfers += 1
-            events.append(done)
-            if nbytes <= 0 or len(links) == 0:
-                done.succeed()
-                continue
-            flows.append(self._flow(links, nbytes, done, cap))
-        if flows:
-            self._start(flows)
+        events = [self.env.event() for _ in items]
+        self._start_items([(links, b, c, ev) for (links, b, c), ev in zip(items, events, strict=True)])
         return events
+
+    def transfer_group(self, items: Sequence[tuple[Sequence[int], float, float]]) -> simpy.Event:
+        """Like :meth:`transfer_all`, but one event that fires when the last of them has ended."""
+        done = self.env.event()
+        join = _Join(done, sum(1 for links, b, _ in items if b > 0 and len(links) > 0))
+        if join.left == 0:
+            self.transfers += len(items)
+            done.succeed()
+            return done
+        self._start_items([(links, b, c, join) for links, b, c in items])
+        return done
 
     def finish(self) -> None:
         """Close the busy intervals still open and bring link counters up to date (call once the
@@ -131,18 +230,32 @@ class FlowNetwork:
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _flow(self, links: Sequence[int], nbytes: float, done: simpy.Event, cap: float) -> _Flow:
-        self._serial += 1
-        return _Flow(np.asarray(links, dtype=np.int64), float(nbytes), done, float(cap), self._serial)
+    def _start_items(self, items: list[tuple[Sequence[int], float, float, Any]]) -> None:
+        live = []
+        for it in items:
+            self.transfers += 1
+            if it[1] <= 0 or len(it[0]) == 0:
+                _fire(it[3])
+            else:
+                live.append(it)
+        if not live:
+            return
+        flows = _flows_of(live, self.capacity) if self._aggregate else [_single(*it) for it in live]
+        self.aggregates += sum(1 for f in flows if f.common is not None)
+        self._start(flows)
 
     def _start(self, flows: list[_Flow]) -> None:
         now = self.env.now
         seeds: set[int] = set()
         for f in flows:
+            if not f.serial:
+                self._serial += 1
+                f.serial = self._serial
             f.last = now
-            for lid in f.uniq:
+            uniq = f.links.tolist()
+            for lid in uniq:
                 self._on_link.setdefault(lid, {})[f.serial] = f
-            seeds.update(f.uniq)
+            seeds.update(uniq)
         self._reschedule(seeds)
 
     def _component(self, seeds: set[int]) -> list[_Flow]:
@@ -158,7 +271,7 @@ class FlowNetwork:
                 if k in comp:
                     continue
                 comp[k] = f
-                for lid in f.uniq:
+                for lid in f.links.tolist():
                     if lid not in seen:
                         seen.add(lid)
                         stack.append(lid)
@@ -172,6 +285,26 @@ class FlowNetwork:
             self.link_busy_s[lid] += now - last
         self._link_last[lid] = now
 
+    def _split(self, flows: list[_Flow], broken: list[int], now: float) -> list[_Flow]:
+        """``flows`` with the aggregates at ``broken`` replaced by their members (each with the
+        bytes the aggregate had left), by serial."""
+        out = [f for k, f in enumerate(flows) if k not in set(broken)]
+        for k in broken:
+            agg = flows[k]
+            agg.settle(now)
+            self.splits += 1
+            for lid in agg.links.tolist():
+                del self._on_link[lid][agg.serial]
+            for links, target in agg.members:
+                f = _single(links, agg.remaining, agg.cap, target)
+                self._serial += 1
+                f.serial, f.last = self._serial, now
+                for lid in f.links.tolist():
+                    self._on_link.setdefault(lid, {})[f.serial] = f
+                out.append(f)
+        out.sort(key=lambda f: f.serial)
+        return out
+
     def _reschedule(self, seeds: set[int]) -> None:
         """New max-min rates for the component of the links ``seeds`` (whose flows changed)."""
         self.reschedules += 1
@@ -179,11 +312,15 @@ class FlowNetwork:
         flows = self._component(seeds)
         touched = set(seeds)
         for f in flows:
-            touched.update(f.uniq)
+            touched.update(f.links.tolist())
         for lid in touched:
             self._settle_link(lid, now)
         if flows:
-            rates, ids, load = _max_min(flows, self.capacity)
+            while True:
+                rates, ids, load, broken = _fair(flows, self.capacity)
+                if not broken:
+                    break
+                flows = self._split(flows, broken, now)
             heap = self._heap
             for f, r in zip(flows, rates.tolist(), strict=True):
                 if r == f.rate:
@@ -209,10 +346,13 @@ class FlowNetwork:
                     self.intervals.append((lid, self._busy_since.pop(lid), now))
         self._arm()
 
+    def _live(self, t: float, serial: int, f: _Flow) -> bool:
+        return f.finish == t and serial in self._on_link.get(int(f.links[0]), {})
+
     def _arm(self) -> None:
         """Keep one timeout pending, at the earliest finish time."""
         heap = self._heap
-        while heap and (heap[0][2].finish != heap[0][0] or heap[0][1] not in self._on_link.get(heap[0][2].uniq[0], {})):
+        while heap and not self._live(*heap[0]):
             heapq.heappop(heap)
         if not heap:
             self._wake_at = float("inf")
@@ -234,7 +374,7 @@ class FlowNetwork:
         heap = self._heap
         while heap:
             t, serial, f = heap[0]
-            if f.finish != t or serial in ended or serial not in self._on_link.get(f.uniq[0], {}):
+            if serial in ended or not self._live(t, serial, f):
                 heapq.heappop(heap)
                 continue
             f.settle(now)
@@ -248,50 +388,85 @@ class FlowNetwork:
             return
         seeds: set[int] = set()
         for f in finished:
-            for lid in f.uniq:
+            uniq = f.links.tolist()
+            for lid in uniq:
                 on = self._on_link[lid]
                 del on[f.serial]
                 if not on:
                     del self._on_link[lid]
-            seeds.update(f.uniq)
+            seeds.update(uniq)
         self._reschedule(seeds)
         for f in sorted(finished, key=lambda f: f.serial):
-            f.done.succeed()
+            for _, target in f.members:
+                _fire(target)
 
 
-def _succeed(event: simpy.Event) -> None:
-    event.succeed()
+def isolated_rates(items: Sequence[tuple[Sequence[int], float]], capacity: np.ndarray) -> list[float]:
+    """The max-min fair rate of each ``(links, max_rate)`` transfer started together on an
+    otherwise idle network, computed as the network does (aggregates, checked and split)."""
+    live = [(links, 1.0, cap, k) for k, (links, cap) in enumerate(items) if len(links)]
+    out = [float("inf")] * len(items)
+    flows = _flows_of(live, np.asarray(capacity, dtype=float))
+    while True:
+        rates, _, _, broken = _fair(flows, capacity)
+        if not broken:
+            break
+        flows = [f for k, f in enumerate(flows) if k not in set(broken)] + [
+            _single(links, 1.0, flows[k].cap, target) for k in broken for links, target in flows[k].members]
+    for f, r in zip(flows, rates.tolist(), strict=True):
+        for _, k in f.members:
+            out[k] = r
+    return out
 
 
-def _max_min(flows: Sequence[Any], capacity: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Max-min fair rates (bytes/s per edge) by progressive filling.
-
-    ``flows`` have ``links`` (a link once per edge that crosses it) and ``cap`` (a rate they never
-    exceed). Returns the rate of each flow, the ids of the links in use, and the total rate on each.
-    """
+def _fair(flows: Sequence[_Flow], capacity: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
+    """Max-min fair rates of ``flows`` (distinct links, weights), the links in use and the total rate
+    on each, and the positions of the aggregates that do not give every member a bottleneck."""
     n = len(flows)
-    if n == 1:  # alone: its bottleneck link, shared by its own edges crossing it, or its cap
-        f = flows[0]
-        ids, mult = np.unique(f.links, return_counts=True)
-        rate = min(float(np.min(capacity[ids] / mult)), f.cap)
-        return np.array([rate]), ids, mult * rate
     caps = np.fromiter((f.cap for f in flows), dtype=float, count=n)
-    capped = bool(np.isfinite(caps).any())
+    if n == 1 and flows[0].common is None:
+        f = flows[0]
+        rate = min(float(np.min(capacity[f.links] / f.w)), f.cap)
+        return np.array([rate]), f.links, f.w * rate, []
     counts = np.fromiter((len(f.links) for f in flows), dtype=np.int64, count=n)
-    raw_flow = np.repeat(np.arange(n), counts)
+    pair_flow = np.repeat(np.arange(n), counts)
     raw_link = np.concatenate([f.links for f in flows])
-    ids, link_idx = np.unique(raw_link, return_inverse=True)
-    # one pair per (flow, link), weighted by how many of the flow's edges cross the link
-    pairs, mult = np.unique(raw_flow * len(ids) + link_idx, return_counts=True)
-    pair_flow, pair_link = np.divmod(pairs, len(ids))
-    pair_mult = mult.astype(float)
-    cap_left = capacity[ids].astype(float).copy()
-    tol = capacity[ids] * 1e-9
+    ids, pair_link = np.unique(raw_link, return_inverse=True)
+    pair_w = np.concatenate([f.w for f in flows])
+    rates, link_rate = _fill(pair_flow, pair_link, pair_w, caps, capacity[ids])
+    aggs = [k for k, f in enumerate(flows) if f.common is not None]
+    if not aggs:
+        return rates, ids, link_rate, []
+    cap_l = capacity[ids]
+    saturated = link_rate >= cap_l * (1 - _CHECK_TOL)
+    top = np.zeros(len(ids))
+    np.maximum.at(top, pair_link, rates[pair_flow])
+    broken = []
+    for k in aggs:
+        f, r = flows[k], float(rates[k])
+        if f.common is None or r >= f.cap * (1 - _CHECK_TOL):
+            continue
+        c = np.searchsorted(ids, f.common)
+        if not np.any(saturated[c] & (r >= top[c] * (1 - _CHECK_TOL))):
+            broken.append(k)
+    return rates, ids, link_rate, broken
+
+
+def _fill(pair_flow: np.ndarray, pair_link: np.ndarray, pair_w: np.ndarray, caps: np.ndarray,
+          capacity: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Progressive filling over (flow, link, edges crossing) pairs: every unfrozen flow's rate rises
+    together until a link it crosses saturates or it reaches its cap. Returns the rate of each flow
+    and the total rate on each link (``capacity``: of the links the pairs index)."""
+    n = len(caps)
+    capped = bool(np.isfinite(caps).any())
+    cap_left = capacity.astype(float).copy()
+    tol = capacity * 1e-9
     rates = np.zeros(n)
     active = np.ones(n, dtype=bool)
+    nl = len(capacity)
     while True:
         act_pairs = active[pair_flow]
-        load = np.bincount(pair_link[act_pairs], weights=pair_mult[act_pairs], minlength=len(ids))
+        load = np.bincount(pair_link[act_pairs], weights=pair_w[act_pairs], minlength=nl)
         used = load > 0
         if not used.any():
             break
@@ -307,5 +482,29 @@ def _max_min(flows: Sequence[Any], capacity: np.ndarray) -> tuple[np.ndarray, np
             active &= rates < caps * (1 - 1e-9)
         if not active.any():
             break
-    link_rate = np.bincount(pair_link, weights=pair_mult * rates[pair_flow], minlength=len(ids))
+    link_rate = np.bincount(pair_link, weights=pair_w * rates[pair_flow], minlength=nl)
+    return rates, link_rate
+
+
+def _max_min(flows: Sequence[Any], capacity: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Max-min fair rates (bytes/s per edge) by progressive filling.
+
+    ``flows`` have ``links`` (a link once per edge that crosses it) and ``cap`` (a rate they never
+    exceed). Returns the rate of each flow, the ids of the links in use, and the total rate on each.
+    """
+    n = len(flows)
+    if n == 1:  # alone: its bottleneck link, shared by its own edges crossing it, or its cap
+        f = flows[0]
+        ids, mult = np.unique(f.links, return_counts=True)
+        rate = min(float(np.min(capacity[ids] / mult)), f.cap)
+        return np.array([rate]), ids, mult * rate
+    caps = np.fromiter((f.cap for f in flows), dtype=float, count=n)
+    counts = np.fromiter((len(f.links) for f in flows), dtype=np.int64, count=n)
+    raw_flow = np.repeat(np.arange(n), counts)
+    raw_link = np.concatenate([f.links for f in flows])
+    ids, link_idx = np.unique(raw_link, return_inverse=True)
+    # one pair per (flow, link), weighted by how many of the flow's edges cross the link
+    pairs, mult = np.unique(raw_flow * len(ids) + link_idx, return_counts=True)
+    pair_flow, pair_link = np.divmod(pairs, len(ids))
+    rates, link_rate = _fill(pair_flow, pair_link, mult.astype(float), caps, capacity[ids])
     return rates, ids, link_rate

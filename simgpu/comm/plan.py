@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..config.platform import CollectiveSpec, ProtocolSpec
 from ..platform.topology import Topology
 
@@ -40,17 +38,10 @@ class CollectivePlan:
         """Seconds this plan takes alone on the network (no other traffic), for algorithm choice."""
         if not self.transfers or self.latency_s == float("inf"):
             return self.latency_s
-        from .network import _max_min
+        from .network import isolated_rates
 
-        flows = [_FlowView(np.asarray(t.links, dtype=np.int64), t.max_rate) for t in self.transfers]
-        rates, _, _ = _max_min(flows, topo.capacity)
+        rates = isolated_rates([(t.links, t.max_rate) for t in self.transfers], topo.capacity)
         return self.latency_s + max(t.nbytes / r for t, r in zip(self.transfers, rates, strict=True))
-
-
-@dataclass(frozen=True, slots=True)
-class _FlowView:
-    links: np.ndarray
-    cap: float
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,9 @@ class EngineOptions:
     #: per collective op (``all_reduce``, ``send_recv``, ...): the slowdown of a kernel that starts while
     #: one runs on its GPU, instead of ``overlap_slowdown`` (the largest of those running applies)
     overlap_slowdown_by_op: tuple[tuple[str, float], ...] = ()
+    #: carry a collective's transfers alike as aggregate flows (exact, see simgpu.comm.network); off:
+    #: one flow per transfer, the plain simulation the aggregates are checked against
+    aggregate: bool = True
 
 
 @dataclass
@@ -131,7 +134,8 @@ class Engine:
         self.durations = np.asarray(durations, dtype=float)
         self.models = models
         self.env = simpy.Environment()
-        self.net = FlowNetwork(self.env, topo.capacity, record=options.record_links)
+        self.net = FlowNetwork(self.env, topo.capacity, record=options.record_links,
+                               aggregate=options.aggregate)
         self.records: list[tuple[Any, ...]] = []
         self._rv: dict[str, _Rendezvous] = {}
         self._comm_active = np.zeros(topo.world, dtype=np.int64)
@@ -327,18 +331,10 @@ class Engine:
             self.fold_slack_s += self.fold.latency_slack(self.planner, req, plan)
 
         def move() -> None:
-            events = self.net.transfer_all(items)
-            if not events:
+            if not items:
                 self._complete(rv)
                 return
-            left = [len(events)]
-
-            def one(_e: Any) -> None:
-                left[0] -= 1
-                if left[0] == 0:
-                    self._complete(rv)
-            for ev in events:
-                ev.callbacks.append(one)  # events already triggered have not been processed yet
+            self.net.transfer_group(items).callbacks.append(lambda _e: self._complete(rv))
 
         # through the event queue even without latency, so a collective never ends inside the walk
         self._at(self.env.now + plan.latency_s, move)
