@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +16,8 @@ from .comm.planner import Planner
 from .config.checks import check_memory, gpus_per_node
 from .config.loader import Job, load_job
 from .config.platform import PlatformSpec
-from .engine import Engine, EngineOptions, SimResult
-from .engine.fold import FoldBroken, fold_blocker, local_shift_unit
+from .engine import EngineOptions, SimResult, shortcuts
+from .engine.fold import local_shift_unit
 from .engine.steady import steady_window
 from .errors import ConfigError
 from .graph import Workload
@@ -67,46 +67,16 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
     say("building the topology")
     p = job.platform
     topo = Topology(p, job.workload.nodes, gpus_per_node(job))
-    note = "" if fold else "turned off"
-    if fold and record_links:
-        fold, note = False, "link intervals are recorded for every link"
-    say("building the programs")
-    workload = build(job, fold=fold, topo=topo)
-    if workload.replicas is not None:
-        blocker = fold_blocker(topo, workload.replicas)
-        if blocker is not None:
-            note = blocker
-            workload = build(job)
-    elif fold:
-        note = "no identical ranks that fill whole nodes or sit alike inside nodes"
-    predictor = make_predictor(kernel_model, p)
+    predictor = cache(lambda: make_predictor(kernel_model, p))  # made once the programs are built and checked
     planner = Planner(topo, p.collectives, job.workload.comm.algorithm, job.workload.comm.protocol)
     options = EngineOptions(launch_s=p.host.launch_us * 1e-6, cpu_threads_per_node=p.host.cpu_threads,
                             overlap_slowdown=p.gpu.overlap_slowdown, record_links=record_links,
                             sms=p.gpu.sms, overlap_slowdown_by_op=tuple(sorted(p.gpu.overlap_slowdown_by_op.items())))
-    say(f"timing {len(workload.kernels):,} kernel shapes")
-    durations, models = predictor.predict(workload.kernels)
-    inside = True  # fold ranks inside nodes too
-    while True:
-        try:
-            say(f"simulating {len(workload.programs):,} ranks")
-            result = Engine(topo, workload, durations, models, planner, options).run()
-            break
-        except FoldBroken as e:
-            note = str(e)
-            workload = build(job, fold=e.inside_nodes and inside)  # whole nodes folded only, if that may hold
-            inside = False
-            if workload.replicas is not None:
-                if fold_blocker(topo, workload.replicas) is None:
-                    note = f"not folded inside nodes: {e}"
-                else:
-                    workload = build(job)
-            durations, models = predictor.predict(workload.kernels)
-    result = steady_window(result)
-    slack = float(result.meta.pop("fold_slack_s", 0.0))
-    if slack > 0:
-        note = (f"replicas sit differently on the leaf switches; their latencies differ by at most "
-                f"{slack * 1e6:.1f} us in all ({slack / max(result.iteration_time_s, 1e-30):.3%} of the iteration)")
+    outcome = shortcuts.run(topo, lambda folded, inside: build(job, fold=folded, topo=topo if inside else None),
+                            lambda w: predictor().predict(w.kernels), planner, options, fold=fold, say=say)
+    workload = outcome.workload
+    result = steady_window(outcome.result)
+    note = shortcuts.slack_note(result, outcome.note)
     kernels = result.records[result.records["kind"] == "kernel"]
     share = (kernels.assign(d=kernels["end_s"] - kernels["start_s"]).groupby("model")["d"].sum())
     reps = workload.replicas

@@ -44,14 +44,16 @@ def _allreduce(platform: str, nodes: int, nbytes: int) -> Callable[[], tuple[flo
 
 
 def _alltoall(platform: str, nodes: int, sizes: Sequence[int]) -> Callable[[], tuple[float, int]]:
-    """An all-to-all of each size in ``sizes`` over ``nodes`` nodes, one simulation a size; the
-    simulated time is the sum over sizes."""
+    """An all-to-all of each size in ``sizes`` over ``nodes`` nodes, one simulation a size on one
+    topology (as ``python -m simgpu.comm`` sweeps sizes); the simulated time is the sum over sizes."""
     def run() -> tuple[float, int]:
         from .comm.collective import collective_result
         from .config.loader import load_platform
+        from .platform.topology import Topology
 
         spec = load_platform(platform)[0]
-        rs = [collective_result(spec, "all_to_all", n, nodes=nodes) for n in sizes]
+        topo = Topology(spec, nodes)
+        rs = [collective_result(spec, "all_to_all", n, nodes=nodes, topology=topo) for n in sizes]
         return sum(r.iteration_time_s for r in rs), sum(r.events for r in rs)
     return run
 

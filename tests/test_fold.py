@@ -186,3 +186,33 @@ def test_replicas_maps():
     with pytest.raises(ValueError):
         Replicas(world=24, levels=((12, 5),))
     assert gpus_per_node(load_job(GPT3)) == 8
+
+
+def test_the_engine_owns_the_fold_fallback():
+    """``simgpu.engine.shortcuts.run`` decides the fold, runs it and rebuilds where the run finds it
+    inexact: the tree case is built folded, breaks, and is built again with every rank."""
+    from simgpu.comm.planner import Planner
+    from simgpu.engine import EngineOptions, shortcuts
+    from simgpu.kernels.base import make_predictor
+    from simgpu.sim import build
+
+    job = load_job(GPT3, SMALL_GPT3 + ["parallelism.zero=0", "comm.algorithm=tree"])
+    topo = Topology(job.platform, job.workload.nodes, gpus_per_node(job))
+    calls: list[tuple[bool, bool]] = []
+
+    def building(fold: bool, inside: bool):
+        calls.append((fold, inside))
+        return build(job, fold=fold, topo=topo if inside else None)
+
+    predictor = make_predictor("analytical", job.platform)
+    planner = Planner(topo, job.platform.collectives, "tree")
+    out = shortcuts.run(topo, building, lambda w: predictor.predict(w.kernels), planner, EngineOptions())
+    assert calls[0] == (True, True) and calls[-1][0] is False
+    assert out.workload.replicas is None and "not the same seen from every replica" in out.note
+    plain = shortcuts.run(topo, building, lambda w: predictor.predict(w.kernels), planner, EngineOptions(),
+                          fold=False)
+    assert plain.note == "turned off" and calls[-1] == (False, True)
+    assert plain.result.iteration_time_s == out.result.iteration_time_s
+    linked = shortcuts.run(topo, building, lambda w: predictor.predict(w.kernels), planner,
+                           EngineOptions(record_links=True))
+    assert linked.note == "link intervals are recorded for every link"

@@ -445,11 +445,10 @@ def _p2p_rate(a: int, b: int, nbytes: float, ranks: int, topo: Topology, spec: C
 def _pairs(req: CollectiveRequest, topo: Topology
            ) -> tuple[list[int], list[int], list[tuple[int, ...]], list[float], np.ndarray]:
     """The pairs of an all-to-all with bytes to move (member indices from and to, route, bytes),
-    and their kinds (:func:`_route_kinds`); the same for every protocol, so found once per request."""
-    key = ("direct pairs", req)
-    cached = topo.memo.get(key)
-    if cached is not None:
-        return cached  # type: ignore[return-value]
+    and their kinds (:func:`_route_kinds`); the same for every protocol, so the last request's are kept."""
+    cached = topo.memo.get("direct pairs")
+    if cached is not None and cached[0] == req:  # type: ignore[index]
+        return cached[1]  # type: ignore[index]
     g, n = req.group, len(req.group)
     src: list[int] = []
     dst: list[int] = []
@@ -471,7 +470,7 @@ def _pairs(req: CollectiveRequest, topo: Topology
     # pairs whose routes cross the same kinds of link in the same order (so the same hardware,
     # latency and bottleneck) and whose sizes are equal get the same step and rate
     out = (src, dst, routes, sizes, _route_kinds(routes, sizes, topo))
-    topo.memo[key] = out
+    topo.memo["direct pairs"] = (req, out)
     return out
 
 
@@ -544,6 +543,7 @@ def direct(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: 
     remote = np.bincount(src, weights=np.array([net for *_, net in per_kind], dtype=float)[kinds], minlength=n)
     local = np.bincount(src, minlength=n) - remote
     wire_rate = [(wire, rate) for _, rate, wire, _ in per_kind]
-    transfers = [Transfer(r, *wire_rate[k]) for r, k in zip(routes, kinds.tolist(), strict=True)]
+    make = tuple.__new__  # a Transfer straight from its fields: one per pair, so the cheapest way
+    transfers = [make(Transfer, (r, *wire_rate[k])) for r, k in zip(routes, kinds.tolist(), strict=True)]
     per_peer = float(np.max(local * spec.p2p_local_peer_us + remote * spec.p2p_net_peer_us, initial=0.0)) * US
     return CollectivePlan("direct", tuple(transfers), _base(spec, proto) + worst + per_peer)

@@ -46,28 +46,41 @@ class _Join:
         self.event, self.left = event, left
 
 
-def _fire(target: Any) -> None:
-    if isinstance(target, _Join):
-        target.left -= 1
-        if target.left == 0:
-            target.event.succeed()
-    elif isinstance(target, simpy.Event):
-        target.succeed()
+class _Batch:
+    """Transfers started together: each one's links, and what fires when each ends (``shared``: one
+    join for all of them, else ``targets``, an event or None each)."""
+
+    __slots__ = ("links", "shared", "targets")
+
+    def __init__(self, links: Sequence[Sequence[int]], targets: Sequence[Any] = (), shared: _Join | None = None
+                 ) -> None:
+        self.links, self.targets, self.shared = links, targets, shared
+
+    def ended(self, idx: np.ndarray) -> None:
+        """The transfers at ``idx`` have ended."""
+        if self.shared is not None:
+            self.shared.left -= len(idx)
+            if self.shared.left == 0:
+                self.shared.event.succeed()
+            return
+        for i in idx.tolist():
+            if self.targets[i] is not None:
+                self.targets[i].succeed()
 
 
 class _Flow:
     """A transfer on the network, or an aggregate of several started together.
 
     ``links`` are the distinct links it crosses and ``w`` how many edges (of all its members) cross
-    each; ``members`` the member transfers as ``(links, target)`` (``target``: what to fire when it
-    ends); ``common`` (aggregates only) the links every member crosses."""
+    each; its members are the transfers ``idx`` of ``batch``; ``common`` (aggregates only) the
+    links every member crosses."""
 
-    __slots__ = ("cap", "common", "finish", "last", "links", "members", "rate", "remaining", "serial", "w")
+    __slots__ = ("batch", "cap", "common", "finish", "idx", "last", "links", "rate", "remaining", "serial", "w")
 
-    def __init__(self, links: np.ndarray, w: np.ndarray, nbytes: float, members: list[tuple[Any, Any]],
+    def __init__(self, links: np.ndarray, w: np.ndarray, nbytes: float, batch: _Batch, idx: np.ndarray,
                  cap: float = float("inf"), common: np.ndarray | None = None, serial: int = 0) -> None:
         self.links, self.w, self.remaining, self.rate, self.cap = links, w, nbytes, 0.0, cap
-        self.members, self.common = members, common
+        self.batch, self.idx, self.common = batch, idx, common
         self.serial, self.last, self.finish = serial, 0.0, float("inf")
 
     def settle(self, now: float) -> None:
@@ -77,32 +90,34 @@ class _Flow:
             self.last = now
 
 
-def _single(links: Sequence[int], nbytes: float, cap: float, target: Any) -> _Flow:
-    ids, mult = np.unique(np.asarray(links, dtype=np.int64), return_counts=True)
-    return _Flow(ids, mult.astype(float), float(nbytes), [(links, target)], float(cap))
+def _single(batch: _Batch, i: int, nbytes: float, cap: float) -> _Flow:
+    ids, mult = np.unique(np.asarray(batch.links[i], dtype=np.int64), return_counts=True)
+    return _Flow(ids, mult.astype(float), float(nbytes), batch, np.array([i]), float(cap))
 
 
-def _flows_of(items: Sequence[tuple[Sequence[int], float, float, Any]], capacity: np.ndarray) -> list[_Flow]:
-    """Flows for ``(links, nbytes, max_rate, target)`` items (none empty) started together: items with
-    the same bytes, cap and first slowest link form one aggregate (see the module docstring)."""
-    n = len(items)
-    if n < 2:
-        return [_single(*it) for it in items]
-    lens = np.fromiter((len(it[0]) for it in items), dtype=np.int64, count=n)
-    flat = np.fromiter(chain.from_iterable(it[0] for it in items), dtype=np.int64, count=int(lens.sum()))
+def _flows_of(batch: _Batch, live: np.ndarray, nbytes: np.ndarray, caps: np.ndarray, capacity: np.ndarray,
+              aggregate: bool = True) -> list[_Flow]:
+    """Flows for the transfers ``live`` of ``batch`` (none empty; their bytes and caps) started
+    together: with ``aggregate``, those with the same bytes, cap and first slowest link form one
+    aggregate (see the module docstring)."""
+    n = len(live)
+    if n < 2 or not aggregate:
+        return [_single(batch, i, b, c) for i, b, c in zip(live.tolist(), nbytes.tolist(), caps.tolist(), strict=True)]
+    routes = [batch.links[i] for i in live.tolist()]
+    lens = np.fromiter(map(len, routes), dtype=np.int64, count=n)
+    flat = np.fromiter(chain.from_iterable(routes), dtype=np.int64, count=int(lens.sum()))
     starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
     owner = np.repeat(np.arange(n), lens)
     cap_at = capacity[flat]
     low = np.minimum.reduceat(cap_at, starts)
     hits = np.flatnonzero(cap_at == low[owner])
     anchor = flat[hits[np.searchsorted(hits, starts)]]
-    nbytes = np.fromiter((it[1] for it in items), dtype=float, count=n)
-    caps = np.fromiter((it[2] for it in items), dtype=float, count=n)
     order = np.lexsort((caps, nbytes, anchor))
     a, b, c = anchor[order], nbytes[order], caps[order]
     first = np.concatenate(([True], (a[1:] != a[:-1]) | (b[1:] != b[:-1]) | (c[1:] != c[:-1])))
     gid = np.empty(n, dtype=np.int64)
     gid[order] = np.cumsum(first) - 1
+    groups = np.split(order, np.flatnonzero(first)[1:])  # members of each group, group by group
     size = np.bincount(gid)
     L = len(capacity)
     # per (group, link): the edges crossing it, and the members crossing it (each member once)
@@ -112,21 +127,18 @@ def _flows_of(items: Sequence[tuple[Sequence[int], float, float, Any]], capacity
     _, ccount = np.unique(gid[crossing // L] * L + crossing % L, return_counts=True)
     kg, kl = np.divmod(keys, L)
     bounds = np.searchsorted(kg, np.arange(len(size) + 1))
-    members: list[list[int]] = [[] for _ in range(len(size))]
-    for i, g in enumerate(gid.tolist()):
-        members[g].append(i)
     out: list[_Flow] = []
-    for g in sorted(range(len(members)), key=lambda g: members[g][0]):  # in the order the items came
-        idx = members[g]
-        i0 = idx[0]
-        if len(idx) == 1:
-            out.append(_single(*items[i0]))
+    heads = np.fromiter((m.min() for m in groups), dtype=np.int64, count=len(groups))
+    for g in np.argsort(heads, kind="stable").tolist():  # in the order the transfers came
+        m = np.sort(groups[g])
+        i0 = int(m[0])
+        if len(m) == 1:
+            out.append(_single(batch, int(live[i0]), float(nbytes[i0]), float(caps[i0])))
             continue
         lo, hi = bounds[g], bounds[g + 1]
         links = kl[lo:hi]
-        common = links[ccount[lo:hi] == size[g]]
-        out.append(_Flow(links, mult[lo:hi].astype(float), float(nbytes[i0]),
-                         [(items[i][0], items[i][3]) for i in idx], float(caps[i0]), common))
+        out.append(_Flow(links, mult[lo:hi].astype(float), float(nbytes[i0]), batch, live[m], float(caps[i0]),
+                         links[ccount[lo:hi] == size[g]]))
     return out
 
 
@@ -182,11 +194,11 @@ class FlowNetwork:
         self.transfers += 1
         if nbytes <= 0 or len(links) == 0:
             if latency > 0:
-                self.env.timeout(latency).callbacks.append(lambda _e: _fire(done))
+                self.env.timeout(latency).callbacks.append(lambda _e: _succeed(done))
             else:
                 done.succeed()
             return done
-        flow = _single(links, nbytes, max_rate, done)
+        flow = _single(_Batch([links], [done]), 0, nbytes, max_rate)
         self._serial += 1
         flow.serial = self._serial
         if latency > 0:
@@ -204,7 +216,7 @@ class FlowNetwork:
         pairs alike are carried as aggregates (see the module docstring).
         """
         events = [self.env.event() for _ in items]
-        self._start_items([(links, b, c, ev) for (links, b, c), ev in zip(items, events, strict=True)])
+        self._start_items(_Batch([links for links, _, _ in items], events), items)
         return events
 
     def transfer_group(self, items: Sequence[tuple[Sequence[int], float, float]]) -> simpy.Event:
@@ -215,7 +227,7 @@ class FlowNetwork:
             self.transfers += len(items)
             done.succeed()
             return done
-        self._start_items([(links, b, c, join) for links, b, c in items])
+        self._start_items(_Batch([links for links, _, _ in items], shared=join), items)
         return done
 
     def finish(self) -> None:
@@ -230,17 +242,18 @@ class FlowNetwork:
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _start_items(self, items: list[tuple[Sequence[int], float, float, Any]]) -> None:
-        live = []
-        for it in items:
-            self.transfers += 1
-            if it[1] <= 0 or len(it[0]) == 0:
-                _fire(it[3])
-            else:
-                live.append(it)
-        if not live:
+    def _start_items(self, batch: _Batch, items: Sequence[tuple[Sequence[int], float, float]]) -> None:
+        m = len(items)
+        self.transfers += m
+        nbytes = np.fromiter((b for _, b, _ in items), dtype=float, count=m)
+        caps = np.fromiter((c for _, _, c in items), dtype=float, count=m)
+        empty = (nbytes <= 0) | (np.fromiter(map(len, batch.links), dtype=np.int64, count=m) == 0)
+        if empty.any():
+            batch.ended(np.flatnonzero(empty))
+        live = np.flatnonzero(~empty)
+        if not len(live):
             return
-        flows = _flows_of(live, self.capacity) if self._aggregate else [_single(*it) for it in live]
+        flows = _flows_of(batch, live, nbytes[live], caps[live], self.capacity, self._aggregate)
         self.aggregates += sum(1 for f in flows if f.common is not None)
         self._start(flows)
 
@@ -288,15 +301,16 @@ class FlowNetwork:
     def _split(self, flows: list[_Flow], broken: list[int], now: float) -> list[_Flow]:
         """``flows`` with the aggregates at ``broken`` replaced by their members (each with the
         bytes the aggregate had left), by serial."""
-        out = [f for k, f in enumerate(flows) if k not in set(broken)]
+        gone = set(broken)
+        out = [f for k, f in enumerate(flows) if k not in gone]
         for k in broken:
             agg = flows[k]
             agg.settle(now)
             self.splits += 1
             for lid in agg.links.tolist():
                 del self._on_link[lid][agg.serial]
-            for links, target in agg.members:
-                f = _single(links, agg.remaining, agg.cap, target)
+            for i in agg.idx.tolist():
+                f = _single(agg.batch, i, agg.remaining, agg.cap)
                 self._serial += 1
                 f.serial, f.last = self._serial, now
                 for lid in f.links.tolist():
@@ -397,25 +411,32 @@ class FlowNetwork:
             seeds.update(uniq)
         self._reschedule(seeds)
         for f in sorted(finished, key=lambda f: f.serial):
-            for _, target in f.members:
-                _fire(target)
+            f.batch.ended(f.idx)
 
 
-def isolated_rates(items: Sequence[tuple[Sequence[int], float]], capacity: np.ndarray) -> list[float]:
+def _succeed(event: simpy.Event) -> None:
+    event.succeed()
+
+
+def isolated_rates(items: Sequence[tuple[Sequence[int], float]], capacity: np.ndarray) -> np.ndarray:
     """The max-min fair rate of each ``(links, max_rate)`` transfer started together on an
-    otherwise idle network, computed as the network does (aggregates, checked and split)."""
-    live = [(links, 1.0, cap, k) for k, (links, cap) in enumerate(items) if len(links)]
-    out = [float("inf")] * len(items)
-    flows = _flows_of(live, np.asarray(capacity, dtype=float))
+    otherwise idle network (inf for one that crosses no link), computed as the network does
+    (aggregates, checked and split)."""
+    m = len(items)
+    batch = _Batch([links for links, _ in items])
+    caps = np.fromiter((c for _, c in items), dtype=float, count=m)
+    live = np.flatnonzero(np.fromiter(map(len, batch.links), dtype=np.int64, count=m) > 0)
+    out = np.full(m, float("inf"))
+    flows = _flows_of(batch, live, np.ones(len(live)), caps[live], np.asarray(capacity, dtype=float))
     while True:
         rates, _, _, broken = _fair(flows, capacity)
         if not broken:
             break
-        flows = [f for k, f in enumerate(flows) if k not in set(broken)] + [
-            _single(links, 1.0, flows[k].cap, target) for k in broken for links, target in flows[k].members]
+        gone = set(broken)
+        flows = [f for k, f in enumerate(flows) if k not in gone] + [
+            _single(batch, i, 1.0, flows[k].cap) for k in broken for i in flows[k].idx.tolist()]
     for f, r in zip(flows, rates.tolist(), strict=True):
-        for _, k in f.members:
-            out[k] = r
+        out[f.idx] = r
     return out
 
 

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..config.platform import CollectiveSpec, ProtocolSpec
 from ..platform.topology import Topology
 
 
-@dataclass(frozen=True, slots=True)
-class Transfer:
+class Transfer(NamedTuple):
     """Edges moving ``nbytes`` each at one common rate; ``links`` lists every edge's route links.
     ``max_rate`` (bytes/s per edge) bounds that rate whatever the links could give: a protocol
-    whose buffer slots are all in flight waits for their credits to come back."""
+    whose buffer slots are all in flight waits for their credits to come back. (A named tuple: an
+    all-to-all has one per pair, a million over 1,024 GPUs, and a tuple is the cheapest to make.)"""
 
     links: tuple[int, ...]
     nbytes: float
@@ -41,7 +42,7 @@ class CollectivePlan:
         from .network import isolated_rates
 
         rates = isolated_rates([(t.links, t.max_rate) for t in self.transfers], topo.capacity)
-        return self.latency_s + max(t.nbytes / r for t, r in zip(self.transfers, rates, strict=True))
+        return self.latency_s + max(t.nbytes / r for t, r in zip(self.transfers, rates.tolist(), strict=True))
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ The engine knows no model family and calls no kernel model: kernel durations arr
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -324,8 +325,9 @@ class Engine:
             return
         req = self._request(rv)
         plan = self.planner.plan(req)
+        items: Sequence[tuple[Sequence[int], float, float]]
         if self.fold is None:
-            items = [(t.links, t.nbytes, t.max_rate) for t in plan.transfers]
+            items = plan.transfers  # (links, nbytes, max_rate) each
         else:
             items = self.fold.transfers(self.planner, req, plan)
             self.fold_slack_s += self.fold.latency_slack(self.planner, req, plan)
