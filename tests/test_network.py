@@ -240,7 +240,7 @@ def _run_all(cap: list[float], batches: list[tuple[float, list[tuple[list[int], 
              ) -> tuple[list[float], FlowNetwork]:
     """Finish time of every transfer of ``batches`` (each started together, by transfer_all, at its time)."""
     env = simpy.Environment()
-    net = FlowNetwork(env, np.array(cap), aggregate=aggregate)
+    net = FlowNetwork(env, np.array(cap), aggregate_from=2 if aggregate else 0)
     out: list[list[float]] = [[0.0] * len(items) for _, items in batches]
 
     def go(b: int, start: float, items: list[tuple[list[int], float, float]]):

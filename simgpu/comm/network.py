@@ -9,16 +9,17 @@ A transfer may be a *coflow*: several edges that progress at one common rate (th
 which in steady state all move at the pace of the slowest). Its ``links`` list the links of all
 edges, a link appearing once per edge that crosses it; each of its edges moves ``nbytes``.
 
-Transfers started together (:meth:`FlowNetwork.transfer_all`) that move the same bytes under the
-same cap and have the same first slowest link on their route (the NIC port of a rail, for the pairs
-of an all-to-all) are carried as one *aggregate* flow: one entry in the max-min computation, one
-finish time, whose load on each link is the sum of its members'. That is exact whenever every member
-would get the aggregate's rate on its own, and the network checks it at every recomputation: the
-max-min fair allocation is the one in which every flow is at its cap or crosses a saturated link
-on which no flow gets more (its bottleneck), and an aggregate whose bottleneck is a link all its
-members cross gives each member such a bottleneck. An aggregate without one (its members would
-part: one of them crosses a contended link the others do not) is split into its members, each
-with the bytes the aggregate had left, and the rates are computed again.
+Transfers started together (:meth:`FlowNetwork.transfer_all`, at least :data:`AGGREGATE_FROM` of
+them) that move the same bytes under the same cap and have the same first slowest link on their
+route (the NIC port of a rail, for the pairs of an all-to-all) are carried as one *aggregate* flow:
+one entry in the max-min computation, one finish time, whose load on each link is the sum of its
+members'. That is exact whenever every member would get the aggregate's rate on its own, and the
+network checks it at every recomputation: the max-min fair allocation is the one in which every
+flow is at its cap or crosses a saturated link on which no flow gets more (its bottleneck), and an
+aggregate whose bottleneck is a link all its members cross gives each member such a bottleneck. An
+aggregate without one (its members would part: one of them crosses a contended link the others do
+not) is split into its members, each with the bytes the aggregate had left, and the rates are
+computed again.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ _EPS_S = 1e-12  # flows within this many seconds of completion are complete
 #: relative slack of the aggregate check: a link this close to its capacity is saturated, a rate
 #: this close to a link's highest is the highest (the progressive filling's own tolerance is 1e-9)
 _CHECK_TOL = 1e-8
+#: the fewest transfers started together that are grouped into aggregates (fewer cost less one by one)
+AGGREGATE_FROM = 64
 
 
 class _Join:
@@ -91,17 +94,22 @@ class _Flow:
 
 
 def _single(batch: _Batch, i: int, nbytes: float, cap: float) -> _Flow:
-    ids, mult = np.unique(np.asarray(batch.links[i], dtype=np.int64), return_counts=True)
-    return _Flow(ids, mult.astype(float), float(nbytes), batch, np.array([i]), float(cap))
+    links = batch.links[i]
+    if len(set(links)) == len(links):  # a route: each link once
+        ids, w = np.array(links, dtype=np.int64), np.ones(len(links))
+    else:  # a coflow: a link once per edge crossing it
+        ids, mult = np.unique(np.asarray(links, dtype=np.int64), return_counts=True)
+        w = mult.astype(float)
+    return _Flow(ids, w, float(nbytes), batch, np.array([i]), float(cap))
 
 
 def _flows_of(batch: _Batch, live: np.ndarray, nbytes: np.ndarray, caps: np.ndarray, capacity: np.ndarray,
-              aggregate: bool = True) -> list[_Flow]:
+              aggregate_from: int = AGGREGATE_FROM) -> list[_Flow]:
     """Flows for the transfers ``live`` of ``batch`` (none empty; their bytes and caps) started
-    together: with ``aggregate``, those with the same bytes, cap and first slowest link form one
-    aggregate (see the module docstring)."""
+    together: where there are at least ``aggregate_from`` (0: never), those with the same bytes, cap
+    and first slowest link form one aggregate (see the module docstring)."""
     n = len(live)
-    if n < 2 or not aggregate:
+    if n < max(2, aggregate_from) or aggregate_from <= 0:
         return [_single(batch, i, b, c) for i, b, c in zip(live.tolist(), nbytes.tolist(), caps.tolist(), strict=True)]
     routes = [batch.links[i] for i in live.tolist()]
     lens = np.fromiter(map(len, routes), dtype=np.int64, count=n)
@@ -152,7 +160,7 @@ class FlowNetwork:
     next completion comes from a heap of finish times."""
 
     def __init__(self, env: simpy.Environment, capacity: np.ndarray, link_kinds: Sequence[str] | None = None,
-                 record: bool = False, aggregate: bool = True) -> None:
+                 record: bool = False, aggregate_from: int = AGGREGATE_FROM) -> None:
         if np.any(capacity <= 0):
             raise ValueError("link capacities must be positive")
         self.env = env
@@ -164,7 +172,7 @@ class FlowNetwork:
         #: aggregates split because their members would part, and aggregates started
         self.splits = 0
         self.aggregates = 0
-        self._aggregate = aggregate
+        self._aggregate_from = aggregate_from
         self._serial = 0
         self._on_link: dict[int, dict[int, _Flow]] = {}   # link -> active flows crossing it, by serial
         self._link_rate: dict[int, float] = {}            # link -> total rate on it (links in use only)
@@ -253,7 +261,7 @@ class FlowNetwork:
         live = np.flatnonzero(~empty)
         if not len(live):
             return
-        flows = _flows_of(batch, live, nbytes[live], caps[live], self.capacity, self._aggregate)
+        flows = _flows_of(batch, live, nbytes[live], caps[live], self.capacity, self._aggregate_from)
         self.aggregates += sum(1 for f in flows if f.common is not None)
         self._start(flows)
 

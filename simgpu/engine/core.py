@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from ..comm.network import FlowNetwork
+from ..comm.network import AGGREGATE_FROM, FlowNetwork
 from ..comm.plan import CollectiveRequest
 from ..comm.planner import Planner
 from ..errors import SimulationError
@@ -136,7 +136,7 @@ class Engine:
         self.models = models
         self.env = simpy.Environment()
         self.net = FlowNetwork(self.env, topo.capacity, record=options.record_links,
-                               aggregate=options.aggregate)
+                               aggregate_from=AGGREGATE_FROM if options.aggregate else 0)
         self.records: list[tuple[Any, ...]] = []
         self._rv: dict[str, _Rendezvous] = {}
         self._comm_active = np.zeros(topo.world, dtype=np.int64)
