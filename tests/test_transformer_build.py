@@ -168,11 +168,13 @@ def test_fsdp_gathers_and_scatters_every_unit_every_micro_batch() -> None:
     units = LAYERS + 2  # blocks, embedding, head
     assert count(w, 0, "all_gather", "comm.ag") == 2 * 2 * units        # forward and backward
     assert count(w, 0, "reduce_scatter", "comm") == 2 * units
-    # prefetch: the next unit's all-gather is issued before this unit's first kernel
-    ops = w.programs[0].ops
-    first_h0 = next(i for i, o in enumerate(ops) if o.name == "h0.ln1.fwd")
-    ag_h1 = next(i for i, o in enumerate(ops) if o.name == "h1.all_gather")
-    assert ag_h1 < first_h0
+    # implicit forward prefetch: the next unit's all-gather is issued after this unit's kernels;
+    # forward_prefetch issues it before them
+    for explicit in (False, True):
+        ops = build(spec(training={"grad_accumulation": 2}, fsdp=True, forward_prefetch=explicit), 4).programs[0].ops
+        last_h0 = next(i for i, o in enumerate(ops) if o.name == "h0.mlp.fc2.fwd")
+        ag_h1 = next(i for i, o in enumerate(ops) if o.name == "h1.all_gather")
+        assert (ag_h1 < last_h0) == explicit
 
 
 def test_zero1_reduce_scatters_and_gathers_parameters() -> None:

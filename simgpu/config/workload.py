@@ -449,6 +449,32 @@ class Parallelism(Spec):
         0, description="ZeRO stage over the data-parallel ranks: 0 replicated (DDP), 1 optimizer states, "
                        "2 and gradients, 3 and parameters (all-gathered per block, FSDP)")
     fsdp: bool = Field(False, description="PyTorch FSDP full sharding: the same as zero: 3")
+    # FSDP's prefetch and rate limiter, as torch.distributed.fsdp.FullyShardedDataParallel's arguments of
+    # the same names (PyTorch docs, "FullyShardedDataParallel" and "FSDP Notes: FSDP Prefetch Nuances";
+    # torch/distributed/fsdp/_limiter_utils.py for the limit of two); zero: 3 only.
+    forward_prefetch: bool = Field(
+        False, description="zero 3 / FSDP: the next unit's all-gather is issued before this unit's forward "
+                           "kernels (explicit prefetch) instead of after them (implicit prefetch: a separate "
+                           "stream still lets it run under this unit's compute); PyTorch FSDP forward_prefetch, "
+                           "default False")
+    backward_prefetch: Literal["backward_pre", "backward_post", "none"] = Field(
+        "backward_pre", description="zero 3 / FSDP: when the backward all-gathers the next unit (in backward "
+                                    "order): backward_pre before this unit's gradient computation (it runs under "
+                                    "it), backward_post after it, before this unit's reduce-scatter (exposed; "
+                                    "the reduce-scatter runs under the next unit), none when the next unit's "
+                                    "backward starts, behind this unit's reduce-scatter on the process group's "
+                                    "NCCL stream (no overlap); PyTorch FSDP backward_prefetch, default "
+                                    "BackwardPrefetch.BACKWARD_PRE")
+    limit_all_gathers: bool = Field(
+        True, description="zero 3 / FSDP's rate limiter: before issuing an all-gather the CPU waits for the "
+                          "older of the two last units' frees, so at most two units are gathered at once; "
+                          "false: the CPU issues all-gathers as far ahead as it runs (every unit gathered at "
+                          "once in the memory estimate); PyTorch FSDP limit_all_gathers, default True")
+    reshard_after_forward: bool = Field(
+        True, description="zero 3 / FSDP: free each unit's gathered parameters after its forward and all-gather "
+                          "them again in backward (ZeRO-3, FULL_SHARD); false: keep them from the forward to "
+                          "the backward (ZeRO-2 style, SHARD_GRAD_OP): no backward all-gathers, the stage's "
+                          "unsharded weights held; PyTorch FSDP2 fully_shard reshard_after_forward, default True")
     pp_schedule: Literal["1f1b", "gpipe", "interleaved"] = Field(
         "1f1b", description="pipeline schedule: 1f1b, gpipe (all forwards, then all backwards) or interleaved "
                             "1F1B over virtual_stages model chunks per stage")
@@ -509,6 +535,11 @@ class Parallelism(Spec):
                              f"expected sp: true and tp > 1, got sp: {str(self.sp).lower()}, tp: {self.tp}")
         if self.fsdp and self.zero not in (0, 3):
             raise ValueError(f"fsdp is ZeRO stage 3; it contradicts zero: {self.zero}; expected zero: 3 or no fsdp")
+        fsdp_keys = [k for k in ("forward_prefetch", "backward_prefetch", "limit_all_gathers", "reshard_after_forward")
+                     if k in self.model_fields_set]
+        if fsdp_keys and self.zero_stage != 3:
+            raise ValueError(f"{fsdp_keys[0]} is FSDP's (ZeRO stage 3); expected zero: 3 or fsdp: true, got "
+                             f"zero: {self.zero}")
         return self
 
     @property

@@ -50,6 +50,10 @@ class Setup:
     tp_overlap: bool = False     # tp_comm_overlap (Transformer Engine userbuffers)
     p2p_overlap: bool = False    # overlap_p2p_comm
     iterations: int = 1          # training iterations built back to back (two for the steady state)
+    forward_prefetch: bool = False          # FSDP (zero 3): explicit forward prefetch
+    backward_prefetch: str = "backward_pre"  # FSDP: backward_pre, backward_post or none
+    limit_all_gathers: bool = True          # FSDP's rate limiter (two units gathered at most)
+    reshard_after_forward: bool = True      # FSDP: free gathered weights after the forward (ZeRO-3)
 
     @property
     def tp(self) -> int:
@@ -142,7 +146,9 @@ def make_setup(spec: WorkloadSpec, world: World) -> Setup:
                  bucket_bytes=spec.comm.bucket_mib * 2**20, optimizer=t.optimizer,
                  host_s=None if host is None else host / 1e6, sync_layers=t.sync_each_layer,
                  param_overlap=param_overlap, iterations=iterations, tp_overlap=p.tp_comm_overlap,
-                 p2p_overlap=p.overlap_p2p_comm)
+                 p2p_overlap=p.overlap_p2p_comm, forward_prefetch=p.forward_prefetch,
+                 backward_prefetch=p.backward_prefetch, limit_all_gathers=p.limit_all_gathers,
+                 reshard_after_forward=p.reshard_after_forward)
 
 
 @dataclass(frozen=True)
