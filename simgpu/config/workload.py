@@ -488,6 +488,12 @@ class Parallelism(Spec):
                           "under the distributed optimizer); false: after the backward. Default true as PyTorch "
                           "DDP and NeMo (overlap_grad_sync: True); Megatron-LM's --overlap-grad-reduce is off "
                           "unless given")
+    gradient_as_bucket_view: bool = Field(
+        False, description="PyTorch DDP (zero: 0, framework: pytorch): gradients are views into the all-reduce "
+                           "buckets; false, DDP's default: each bucket's gradients are copied into it before its "
+                           "all-reduce and back after it (a copy kernel each way per bucket) and the buckets take "
+                           "as much memory again as the gradients (torch.nn.parallel.DistributedDataParallel "
+                           "gradient_as_bucket_view, default False)")
     overlap_param_gather: bool = Field(
         False, description="the distributed optimizer (zero: 1 or 2) all-gathers the updated parameters per "
                            "bucket after the optimizer step without waiting, and the next iteration's forward "
@@ -535,6 +541,8 @@ class Parallelism(Spec):
                              f"expected sp: true and tp > 1, got sp: {str(self.sp).lower()}, tp: {self.tp}")
         if self.fsdp and self.zero not in (0, 3):
             raise ValueError(f"fsdp is ZeRO stage 3; it contradicts zero: {self.zero}; expected zero: 3 or no fsdp")
+        if self.gradient_as_bucket_view and self.zero_stage != 0:
+            raise ValueError(f"gradient_as_bucket_view is PyTorch DDP's; expected zero: 0, got zero: {self.zero_stage}")
         fsdp_keys = [k for k in ("forward_prefetch", "backward_prefetch", "limit_all_gathers", "reshard_after_forward")
                      if k in self.model_fields_set]
         if fsdp_keys and self.zero_stage != 3:
@@ -556,7 +564,12 @@ class Comm(Spec):
     protocol: Literal["auto", "ll", "ll128", "simple"] = Field(
         "auto", description="NCCL protocol; auto picks per collective")
     bucket_mib: Annotated[float, Field(gt=0)] = Field(
-        25.0, description="gradient bucket size of data-parallel all-reduce, MiB (DDP default 25)")
+        25.0, description="gradient bucket size of data-parallel all-reduce, MiB (PyTorch DDP bucket_cap_mb, "
+                          "default 25); buckets are filled in the order backward readies the gradients, the "
+                          "reverse of the parameters' order, as DDP's rebuilt buckets after the first iteration")
+    first_bucket_mib: Annotated[float, Field(gt=0)] = Field(
+        1.0, description="size of the first gradient bucket, MiB, so that the first all-reduce starts early "
+                         "(PyTorch DDP's torch.distributed._DEFAULT_FIRST_BUCKET_BYTES, 1 MiB)")
 
 
 class WorkloadSpec(Spec):
@@ -590,6 +603,10 @@ class WorkloadSpec(Spec):
         if not served and self.training is None:
             raise ValueError(f"training: missing required key (a {self.model.kind} model is trained); expected "
                              "training: {...}")
+        framework = self.training.framework if self.training is not None else "pytorch"
+        if self.parallelism.gradient_as_bucket_view and (self.model.kind != "transformer" or framework != "pytorch"):
+            raise ValueError("parallelism.gradient_as_bucket_view is PyTorch DDP's for a transformer; expected "
+                             "model.kind: transformer and training.framework: pytorch")
         return self
 
     @property

@@ -207,8 +207,8 @@ def _rank_program(rank: int, spec: WorkloadSpec, model: DLRMModel, arch: Arch, l
     em = Emitter(rank, kernels)
     replicas = layout.of("data_parallel", rank)
     replicated = [Param(f"emb.t{s.table.index}.weight", s.rows * s.dim) for s in replicas]
-    grads = GradBuckets(em, assign_buckets(arch.ready_order(replicated), spec.comm.bucket_mib * MIB),
-                        tuple(range(w)))
+    buckets = assign_buckets(arch.ready_order(replicated), spec.comm.bucket_mib * MIB, spec.comm.first_bucket_mib * MIB)
+    grads = GradBuckets(em, buckets, tuple(range(w)))
     sharded = [t for t in layout.types if t != "data_parallel"]
 
     # ---- data: the local batch, then each sharding's ids to the shards' owners

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from ...config.workload import WorkloadSpec
 from ...graph import CollectiveOp, KernelTable, Program, Replicas, Workload
-from ..common import Param, assign_buckets, is_mixed, optimizer_step
+from ..common import GRAD_BYTES, Param, assign_buckets, is_mixed, optimizer_step
 from ..dataparallel import GradSink, NoSync, Reducer
 from ..parallel import Coord, Layout
 from ..registry import World, register
@@ -90,10 +90,13 @@ class _Stage:
         s = self.s
         if s.zero < 3:
             op: CollectiveOp = "all_reduce" if s.zero == 0 else "reduce_scatter"
-            self.dense = Reducer(self.em, assign_buckets(self.dense_order, s.bucket_bytes), "dp_cp", op=op)
+            kind = _BucketCopies if s.bucket_copies else Reducer
+            self.dense = kind(self.em, self._buckets(self.dense_order), "dp_cp", op=op)
             if self.expert_order:
-                self.expert = Reducer(self.em, assign_buckets(self.expert_order, s.bucket_bytes), "edp_cp", op=op,
-                                      key="expert_grads")
+                self.expert = kind(self.em, self._buckets(self.expert_order), "edp_cp", op=op, key="expert_grads")
+
+    def _buckets(self, order: list[Param]) -> list[tuple[Param, ...]]:
+        return assign_buckets(order, self.s.bucket_bytes, self.s.first_bucket_bytes)
 
     def _chunk_params(self, g: int) -> list[Param]:
         out: list[Param] = list(head_params(self.s)) if g == self.last_g else []
@@ -262,6 +265,9 @@ class _Stage:
                     r.flush(last)
                 self.reductions += r.done()
         deps = list(self.reductions) or [last]
+        for r in (self.dense, self.expert):
+            if isinstance(r, _BucketCopies):
+                deps += r.copy_back()
         if s.layout.pp > 1 and s.model.tied and (0 in self.chunks or self.last_g in self.chunks):
             nbytes = s.vocab // s.tp * s.model.hidden * 4
             ar = em.group_op("embed", "embed.wte_grad.all_reduce", "embed.wte_grad", "all_reduce", nbytes,
@@ -288,7 +294,7 @@ class _Stage:
             step = em.last
             gathers: list[int] = []
             for kind, order in (("dp_cp", self.dense_order), ("edp_cp", self.expert_order)):
-                buckets = assign_buckets(order, s.bucket_bytes) if order else []
+                buckets = self._buckets(order) if order else []
                 for i in reversed(range(len(buckets))):
                     b = buckets[i]
                     ag = em.group_op(kind, f"params.bucket{i}.all_gather", f"params.{kind}.bucket{i}", "all_gather",
@@ -298,6 +304,34 @@ class _Stage:
                         for p in b:
                             self.gathered.setdefault(_module(p.name), set()).add(ag)
             self._every_gather = tuple(gathers)
+
+
+class _BucketCopies(Reducer):
+    """PyTorch DDP without ``gradient_as_bucket_view``: a bucket's gradients are copied into it on
+    the compute stream once its last gradient is ready, before its all-reduce, and copied back into
+    the gradients after it (:meth:`copy_back`, DDP's ``finalize_backward``). DDP copies each gradient
+    as it becomes ready; one copy per bucket moves the same bytes."""
+
+    def __init__(self, em: StageEmitter, buckets: list[tuple[Param, ...]], kind: str, *, op: CollectiveOp,
+                 key: str = "grads") -> None:
+        super().__init__(em, buckets, kind, op=op, key=key)
+        self._reduced: list[tuple[int, int, int]] = []   # bucket, elements, its all-reduce
+
+    def _issue(self, i: int, nbytes: int, producer: int) -> int | None:
+        if len(self._em.group(self._kind)) < 2:
+            return None
+        numel = nbytes // GRAD_BYTES
+        copy = self._em.elementwise(f"{self._key}.bucket{i}.copy_in", numel, 1, 1, "fp32", op="copy", phase="bwd",
+                                     deps=(producer,))
+        idx = super()._issue(i, nbytes, copy)
+        if idx is not None:
+            self._reduced.append((i, numel, idx))
+        return idx
+
+    def copy_back(self) -> list[int]:
+        """The copies of the reduced buckets into the gradients, each after its all-reduce."""
+        return [self._em.elementwise(f"{self._key}.bucket{i}.copy_back", numel, 1, 1, "fp32", op="copy",
+                                      phase="bwd", deps=(idx,)) for i, numel, idx in self._reduced]
 
 
 def _module(param: str) -> str:

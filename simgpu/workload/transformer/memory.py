@@ -17,7 +17,8 @@ a pipeline stage.
   s^2 terms, full recomputation keeps only each block's input (plus one block's full set while it
   is recomputed). A stage holds the activations of as many chunk forwards as its schedule has in
   flight at its peak (1F1B: ``pp - stage`` micro-batches; GPipe: all of them).
-- Buffers: DDP's flat gradient buckets (PyTorch; Megatron's main grads are the buckets), ZeRO-3's
+- Buffers: DDP's flat gradient buckets (PyTorch without ``gradient_as_bucket_view``; with it, and
+  under Megatron, whose main grads are the buckets, the gradients are the buckets), ZeRO-3's
   gathered weights and gradients of the unit computing and the one prefetched (FSDP's rate limiter,
   ``limit_all_gathers``; without it, or without ``reshard_after_forward``, the gathered weights of
   every unit of the stage), P2P send/receive buffers, MoE all-to-all buffers.
@@ -122,8 +123,8 @@ def stage_memory(s: Setup, stage: int) -> MemoryEstimate:
     act += max((_working_block(s, b) for b in blocks), default=0.0)
 
     buffers = 0.0
-    if z == 0 and not s.megatron:
-        buffers += GRAD_BYTES * (dense + expert)          # DDP's flat bucket buffers
+    if s.bucket_copies:
+        buffers += GRAD_BYTES * (dense + expert)          # DDP's flat bucket buffers (gradients are no views)
     elif z == 2:
         buffers += 2 * s.bucket_bytes                     # buckets being reduced
     if z == 3:
