@@ -159,7 +159,8 @@ def test_ddp_buckets_only_in_the_last_micro_batch() -> None:
     nbytes = sum(ops[i].nbytes for i in reduces)
     assert nbytes == 4 * parameter_count(w.programs and spec().model)  # type: ignore[arg-type]
     late = build(spec(training={"grad_accumulation": 3}, dp_overlap=False), 2).programs[0].ops
-    last_bwd = max(i for i, o in enumerate(late) if o.phase == "bwd" and o.kind == "kernel")
+    last_bwd = max(i for i, o in enumerate(late) if o.phase == "bwd" and o.kind == "kernel"
+                   and not o.name.startswith("grads."))   # DDP's copies into and out of its buckets aside
     assert all(i > last_bwd for i, o in enumerate(late) if o.stream == "comm")
 
 
