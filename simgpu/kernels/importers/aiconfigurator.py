@@ -16,9 +16,10 @@ into the tables of :mod:`simgpu.kernels.store`:
 - ``moe``: TensorRT-LLM's fused MoE layer (``moe/moe_perf.parquet``: routing, the experts' fc1
   with its activation, fc2 and the weighted sum of each token's ``topk`` outputs) in bf16 and fp8,
   as one rank's ``moe`` kernel (:data:`~simgpu.kernels.features.FAMILY_PARAMS`). ``num_tokens`` are
-  the tokens of the whole expert-parallel group: TensorRT-LLM gathers them to every rank, whose
-  experts take the copies routed to them, ``rows = num_tokens x topk / moe_ep_size`` on average;
-  the rank holds ``num_experts / moe_ep_size`` experts of ``inter_size / moe_tp_size``.
+  read as the tokens of the whole expert-parallel group, of which this rank's experts take their
+  share of copies, ``rows = num_tokens x topk / moe_ep_size`` (read as tokens per rank, rows with
+  the same local experts and another ``moe_ep_size`` would be one kernel, yet differ up to 30x in
+  time); the rank holds ``num_experts / moe_ep_size`` experts of ``inter_size / moe_tp_size``.
   ``moe_torch_flow_nongated`` rows are plain (non-gated) experts, the others SwiGLU ones (``gated``);
   ``distribution`` ``balanced`` is ``skew`` 0, ``power_law_<a>`` is ``skew`` a. Block-scaled fp8 and
   4-bit rows are other kernels than any simgpu builder emits and are left out; a GPU folder without
