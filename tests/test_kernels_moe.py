@@ -206,3 +206,21 @@ def test_heldout_moe_within_limit_and_better_than_analytical_and_the_bmm_rule(he
     assert not bad, "; ".join(bad)
     assert set(heldout) == {("dgx_a100", "bf16"), ("dgx_h100", "bf16"), ("dgx_h100", "fp8"), ("dgx_h200", "bf16"),
                             ("dgx_h200", "fp8")}
+
+
+def test_harness_measures_the_three_passes_with_the_kernels_shapes():
+    pytest.importorskip("torch")
+    from simgpu.bench.cases import SCALES, sweep
+    from simgpu.bench.ops import build
+
+    cases = sweep(["moe"], SCALES["cpu"], seed=0)[:3]
+    assert [c.get("bwd") for c in cases] == [0, 1, 2] and len({c.params[1:] for c in cases}) == 1
+    g = {k: int(v) for k, v in cases[0].params}
+    active = min(g["experts"], g["rows"])
+    m = -(-g["rows"] // active)
+    up = g["inter"] * (1 + g["gated"])
+    y = build(cases[0], "cpu", 0).run()
+    dx = build(cases[1], "cpu", 0).run()
+    dw2, dw1 = build(cases[2], "cpu", 0).run()
+    assert tuple(y.shape) == tuple(dx.shape) == (active, m, g["hidden"])
+    assert tuple(dw2.shape) == (active, g["inter"], g["hidden"]) and tuple(dw1.shape) == (active, g["hidden"], up)
