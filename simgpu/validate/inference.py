@@ -119,6 +119,7 @@ SPLITWISE_FOLDS: dict[str, dict[tuple[str, int], dict[str, Any]]] = {
     },
 }
 
+
 def make_job(model: dict[str, Any], platform: str, tp: int, precision: str, *, gpus: int | None = None,
              pp: int = 1, inference: dict[str, Any] | None = None,
              platform_overrides: Sequence[tuple[str, Any]] = ()) -> Job:
