@@ -403,8 +403,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--untuned", action="store_true", help="Splitwise with the defaults, not the stack's figures")
     ap.add_argument("--in-sample", action="store_true", help="Splitwise with the figures fitted to every group "
                     "(SPLITWISE_STACK), not each group's held-out ones")
-    ap.add_argument("--fit", nargs="+", choices=SCORED_HARDWARE, help="fit these machines' stack figures (from "
-                    "SPLITWISE_STACK) and print them")
+    ap.add_argument("--fit", nargs="+", choices=SCORED_HARDWARE, help="fit these machines' stack figures from "
+                    "FIT_START, to all groups and leaving each group out, and print them")
     args = ap.parse_args(argv)
     data = args.data or data_root()
     if not (data / SPLITWISE).is_file():
