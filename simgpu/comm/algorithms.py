@@ -299,9 +299,35 @@ def _tree_efficiency(proto: ProtocolSpec, nbytes: float, power: float = 1.0) -> 
     return (proto.tree_efficiency[i] if 0 <= i < len(proto.tree_efficiency) else 1.0) ** power
 
 
-def _binary_tree(items: list[int]) -> list[tuple[int, int]]:
-    """(child, parent) pairs of a complete binary tree over ``items`` in heap order."""
-    return [(items[i], items[(i - 1) // 2]) for i in range(1, len(items))]
+def _btree_parent(n: int, rank: int) -> int:
+    """The parent of ``rank`` in NCCL's binary tree over ``n`` ranks (-1: the root), which keeps
+    each subtree on a range of consecutive ranks (src/graph/trees.cc, ncclGetBtree): clear the
+    lowest set bit and set the one above it, or only clear it where that is out of range."""
+    if rank == 0:
+        return -1
+    bit = rank & -rank
+    up = (rank ^ bit) | (bit << 1)
+    return up if up < n else rank ^ bit
+
+
+def _binary_tree(items: list[int], second: bool = False) -> list[tuple[int, int]]:
+    """(child, parent) pairs of NCCL's tree over ``items`` (in node order), or of the second tree of
+    its double binary tree: the first mirrored where there are an even number of items, shifted
+    by one where odd (ncclGetDtree), so the inner nodes of one tree are leaves of the other."""
+    n = len(items)
+    pairs = []
+    for i in range(n):
+        if not second:
+            p = _btree_parent(n, i)
+        elif n % 2:
+            u = _btree_parent(n, (i - 1) % n)
+            p = -1 if u == -1 else (u + 1) % n
+        else:
+            u = _btree_parent(n, n - 1 - i)
+            p = -1 if u == -1 else n - 1 - u
+        if p != -1:
+            pairs.append((items[i], items[p]))
+    return pairs
 
 
 @register("tree", {"all_reduce"})
@@ -333,7 +359,7 @@ def tree(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: Pr
             heads.append(chain[0])
             chain_edges += [(chain[i + 1], chain[i]) for i in range(len(chain) - 1)]
         # the second tree of each pair mirrors the first, so leaves of one are inner nodes of the other
-        tree_edges = _binary_tree(heads if c % 2 == 0 else heads[::-1])
+        tree_edges = _binary_tree(heads, second=c % 2 == 1)
         both = tree_edges if nvls_nodes else chain_edges + tree_edges
         links, _ = _edges(both + [(p, ch) for ch, p in both], topo, proto)
         if chain_edges:
@@ -425,7 +451,8 @@ def _p2p_rate(a: int, b: int, nbytes: float, ranks: int, topo: Topology, spec: C
     each half a thread block's rate (a channel's warps are split between its send and its receive);
     across nodes the channels NCCL gives a network peer, each at the network channel's own bound
     (``collectives.net_channel_gbytes_per_s``, where given, instead of the block's) and its window
-    of slots, and at most the share of a NIC one send/recv pair's connection reaches."""
+    of slots, and at most the share of a NIC one send/recv pair's connection reaches (of as many
+    NICs as it has channels, up to the GPU's own, on a multi-rail node)."""
     e = topo.edge(a, b)
     piece = P2P_CHUNK[e.hardware]
     net = e.hardware == "net"
@@ -439,7 +466,9 @@ def _p2p_rate(a: int, b: int, nbytes: float, ranks: int, topo: Topology, spec: C
     if spec.net_channel_gbytes_per_s is not None:  # a network channel's own bound replaces the block's
         per_channel = spec.net_channel_gbytes_per_s * 1e9 / proto.bandwidth
     per_channel = min(per_channel, _window([(a, b)], topo, proto, min(piece, nbytes / channels)))
-    return min(channels * per_channel, spec.net_peer_share * topo.nic_bw / proto.bandwidth)
+    # a channel leaves through one NIC: on a multi-rail node a pair's channels spread over the GPU's NICs
+    nics = topo.rails if topo.platform.network.stripe_messages else min(channels, topo.rails)
+    return min(channels * per_channel, spec.net_peer_share * nics * topo.nic_bw / proto.bandwidth)
 
 
 @register("direct", {"all_to_all", "send_recv", "all_gather", "reduce_scatter"})

@@ -101,13 +101,13 @@ def estimates(platform: PlatformSpec, topo: Topology, op: str, nbytes: int, rank
         return []
     ppn = ranks / nodes
     net, nv = platform.network, platform.node.nvlink
-    rings = max(1, min(platform.collectives.channels or net.nics_per_node, int(ppn)))
+    rings = max(1, min(platform.collectives.channels or topo.ports, int(ppn)))
     nch = 2 * rings if nodes > 1 else 2 * max(1, int(ppn) // 2)
     intra_hw = "nvlink" if nv is not None else "pcie"
     port = (nv.gbytes_per_s * nv.efficiency if nv is not None
             else platform.node.pcie.gbytes_per_s * platform.node.pcie.efficiency)
     bw_intra = port / max(1, nch / 2)
-    bw_inter = topo.nic_bw / 1e9 * rings / nch if nodes > 1 else bw_intra
+    bw_inter = topo.port_bw / 1e9 * rings / nch if nodes > 1 else bw_intra
     idx = 0 if nodes == 1 else 1 if nodes == 2 else 2
     nsteps = 2 * (ranks - 1) if op == "all_reduce" else ranks - 1 if op in ("all_gather", "reduce_scatter") else ranks
     inter_steps = ((2 * nodes if nodes > 1 else 0) if op == "all_reduce"
