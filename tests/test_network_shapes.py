@@ -23,7 +23,8 @@ PERLMUTTER, _ = load_platform("perlmutter_gpu")
 def small_dragonfly(**dragonfly: object):
     """Perlmutter's node on a toy dragonfly: 2 nodes a switch, 2 switches a group, one global link
     between two groups (unless ``dragonfly`` says otherwise)."""
-    keys = {"nodes_per_switch": 2, "switches_per_group": 2, "global_links_per_group_pair": 1, **dragonfly}
+    keys = {"nodes_per_switch": 2, "switches_per_group": 2, "global_links_per_group_pair": 1, "routing": "minimal",
+            **dragonfly}
     p, _ = load_platform("perlmutter_gpu", [(f"network.dragonfly.{k}", v) for k, v in keys.items()])
     return p
 
@@ -66,16 +67,32 @@ def test_one_global_link_is_shared_by_the_flows_between_two_groups():
 
 
 def test_dragonfly_links_carry_the_datasheet_rates():
-    topo = Topology(PERLMUTTER, 256)  # two groups of 128 nodes
-    net, df = PERLMUTTER.network, PERLMUTTER.network.dragonfly
-    assert df is not None
+    net = PERLMUTTER.network
+    link = 200 / 8 * 1e9 * net.efficiency
+    minimal, _ = load_platform("perlmutter_gpu", [("network.dragonfly.routing", "minimal")])
+    topo = Topology(minimal, 256)  # two groups of 128 nodes
     by_kind = Counter(lk.kind for lk in topo.links if lk.kind in ("local", "global"))
-    assert by_kind["local"] == 2 * 32 * 31
-    assert by_kind["global"] == 2 * df.global_links_per_group_pair
+    assert by_kind["local"] == 2 * 32 * 31 and by_kind["global"] == 2 * 15
     rate = {lk.kind: lk.capacity for lk in topo.links}
-    assert rate["global"] == pytest.approx(200 / 8 * 1e9 * net.efficiency)
+    assert rate["global"] == pytest.approx(link) and rate["local"] == pytest.approx(link)
     assert rate["nic"] == pytest.approx(topo.nic_bw)
-    assert topo.core_may_limit and not Topology(PERLMUTTER, 4).core_may_limit
+    # adaptive routing: a switch's 31 local links and a group pair's 15 global links each one pool
+    pooled = Topology(PERLMUTTER, 256)
+    rate = {lk.name: lk.capacity for lk in pooled.links}
+    assert rate["g0->g1"] == pytest.approx(15 * link) and rate["sw1.7->local"] == pytest.approx(31 * link)
+    assert pooled.core_may_limit and not Topology(PERLMUTTER, 4).core_may_limit
+
+
+def test_adaptive_routes_cross_the_pools():
+    p = small_dragonfly(routing="adaptive", global_links_per_group_pair=4)
+    topo = Topology(p, 8, 1)
+    names = [topo.links[i].name for i in topo.route(0, 6) if topo.links[i].kind in ("local", "global")]
+    assert names == ["sw0.0->local", "g0->g1", "local->sw1.1"]
+    assert [topo.links[i].name for i in topo.route(0, 2) if topo.links[i].kind == "local"] == [
+        "sw0.0->local", "local->sw0.1"]
+    assert not {topo.links[i].kind for i in topo.route(0, 1)} & {"local", "global"}
+    shared = {i for a in range(4) for b in range(4, 8) for i in topo.route(a, b) if topo.links[i].kind == "global"}
+    assert [topo.links[i].name for i in shared] == ["g0->g1"]
 
 
 def test_all_reduce_across_groups_is_bounded_by_the_global_links_taper():
@@ -148,14 +165,15 @@ def test_one_send_recv_pair_reaches_as_many_nics_as_it_has_channels():
     assert rate(multi_rail(2, False, fast), 2) == pytest.approx(2 * share, rel=0.01)
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=16, deadline=None)
 @given(op=st.sampled_from(["all_gather", "all_to_all", "all_reduce"]), gpn=st.sampled_from([1, 2, 4]),
-       nodes=st.integers(1, 9), more=st.integers(1, 6), log_per_rank=st.integers(12, 26))
-def test_dragonfly_time_never_falls_as_ranks_are_added(op, gpn, nodes, more, log_per_rank):
+       nodes=st.integers(1, 9), more=st.integers(1, 6), log_per_rank=st.integers(12, 26),
+       routing=st.sampled_from(["minimal", "adaptive"]))
+def test_dragonfly_time_never_falls_as_ranks_are_added(op, gpn, nodes, more, log_per_rank, routing):
     """On a dragonfly of two-node switches and two-switch groups, with a 2:1 taper of the global
     link, adding nodes (into more switches and groups) at a fixed message per rank never makes a
     collective faster."""
-    p = small_dragonfly(global_link_gbps=100)
+    p = small_dragonfly(global_link_gbps=100, routing=routing)
     per_rank = 1 << log_per_rank
 
     def time(n: int) -> float:
@@ -182,3 +200,20 @@ def test_bad_network_shapes_are_refused_naming_the_key(changes, key, words):
         load_platform("perlmutter_gpu", changes)
     message = str(err.value)
     assert key in message and words in message and "\n" not in message
+
+
+def test_trees_take_nccls_double_binary_tree_shape():
+    """NCCL's tree over 14 nodes (src/graph/trees.cc's illustration): subtrees on consecutive nodes,
+    root 0 above 8; the second tree mirrors the first on an even count and shifts it by one on an
+    odd count, so no node is inner in both."""
+    from simgpu.comm.algorithms import _binary_tree
+
+    parent = dict(_binary_tree(list(range(14))))
+    assert parent == {1: 2, 3: 2, 5: 6, 7: 6, 9: 10, 11: 10, 13: 12, 2: 4, 6: 4, 10: 12, 4: 8, 12: 8, 8: 0}
+    second = dict(_binary_tree(list(range(12)), second=True))
+    assert second[11 - 8] == 11 and second[0] == 1  # mirrored: 3 below the root 11, 0 a leaf under 1
+    for n in (5, 12, 13):
+        for tree in (_binary_tree(list(range(n))), _binary_tree(list(range(n)), second=True)):
+            assert len(tree) == n - 1 and len({c for c, _ in tree}) == n - 1
+        inner = [{p for _, p in _binary_tree(list(range(n)), second=s)} for s in (False, True)]
+        assert len(inner[0] & inner[1]) <= 1

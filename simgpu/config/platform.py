@@ -105,7 +105,7 @@ class NodeSpec(Spec):
 
 class DragonflySpec(Spec):
     """A dragonfly network (Slingshot, Aries): nodes on switches, switches in groups joined all to all by
-    local links, groups joined all to all by global links. Routing is minimal: at most one local hop in
+    local links, groups joined all to all by global links. Paths are minimal: at most one local hop in
     the source group, one global link, one local hop in the destination group."""
 
     nodes_per_switch: PositiveInt = Field(description="nodes whose NICs all attach to one switch")
@@ -118,6 +118,11 @@ class DragonflySpec(Spec):
     global_links_per_group_pair: PositiveInt = Field(
         description="global links between two groups; each sits on its own switch of either group (spread round "
                     "the switches), and a flow between the groups takes one of them, chosen by its end nodes")
+    routing: Literal["minimal", "adaptive"] = Field(
+        "minimal", description="minimal: a flow pinned to one path, its global link picked by its end nodes (static "
+                               "routing); adaptive: a switch spreads its packets over every path (Slingshot's "
+                               "adaptive routing), so a switch's local links and the global links between two "
+                               "groups each serve as one pool")
     local_latency_us: NonNegFloat = Field(0.3, description="extra one-way latency of a local hop, us")
     global_latency_us: NonNegFloat = Field(0.5, description="extra one-way latency of a global hop, us")
 

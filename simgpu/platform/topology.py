@@ -133,9 +133,10 @@ class Topology:
 
     def _add_dragonfly(self) -> None:
         """Local links between every two switches of each group in use, and the global links between
-        every two groups in use: ``global_links_per_group_pair`` (L) of them, link m of groups (a, b)
-        on switch ``(b * L + m) % S`` of group a and ``(a * L + m) % S`` of group b, so a group's
-        global links spread round its switches (named ``sw{a}.{x}->sw{b}.{y}/g{m}``)."""
+        every two groups in use (pooled under adaptive routing: see ``DragonflySpec.routing``):
+        ``global_links_per_group_pair`` (L) of them, link m of groups (a, b) on switch
+        ``(b * L + m) % S`` of group a and ``(a * L + m) % S`` of group b, so a group's global links
+        spread round its switches (named ``sw{a}.{x}->sw{b}.{y}/g{m}``)."""
         net = self.platform.network
         df = net.dragonfly
         assert df is not None
@@ -146,6 +147,19 @@ class Topology:
         switches = (self.nodes + df.nodes_per_switch - 1) // df.nodes_per_switch
         groups = (switches + S - 1) // S
         in_group = S if groups > 1 else switches  # one group: only its switches in use route
+        if df.routing == "adaptive":
+            # every path used at once: a switch's local links as one pool each way, the global links
+            # between two groups as one
+            lat = df.local_latency_us * 1e-6
+            for grp in range(groups if in_group > 1 else 0):  # one switch a group: no local links
+                for a in range(in_group):
+                    self._add(f"sw{grp}.{a}->local", "local", (in_group - 1) * local_bw, lat)
+                    self._add(f"local->sw{grp}.{a}", "local", (in_group - 1) * local_bw, 0.0)
+            for ga in range(groups):
+                for gb in range(groups):
+                    if ga != gb:
+                        self._add(f"g{ga}->g{gb}", "global", L * global_bw, df.global_latency_us * 1e-6)
+            return
         for grp in range(groups):
             for a in range(in_group):
                 for b in range(in_group):
@@ -182,6 +196,14 @@ class Topology:
         df = net.dragonfly
         assert df is not None
         (ga, sa), (gb, sb) = self.switch_at(na), self.switch_at(nb)
+        if df.routing == "adaptive":
+            if ga == gb:
+                return [f"sw{ga}.{sa}->local", f"local->sw{ga}.{sb}"] if sa != sb else []
+            # out through the source switch's local links to the switches holding global links, across
+            # the groups' pool, in through the destination switch's local links
+            if df.switches_per_group == 1:
+                return [f"g{ga}->g{gb}"]
+            return [f"sw{ga}.{sa}->local", f"g{ga}->g{gb}", f"local->sw{gb}.{sb}"]
         if ga == gb:
             return [f"sw{ga}.{sa}->sw{ga}.{sb}"] if sa != sb else []
         # minimal: to the switch holding the global link, across it, on to the destination's switch;
