@@ -244,7 +244,7 @@ class CollectiveSpec(Spec):
                            "direct pointers to each other's buffers, so a ring's loop inside the node has "
                            "no step that only copies locally; false: a process per GPU, as training runs")
     nccl_version: str = Field(
-        "2.20", pattern=r"^2\.\d+(\.\d+)?$",
+        "2.23", pattern=r"^2\.\d+(\.\d+)?$",
         description="the NCCL release this machine runs, e.g. 2.21.5: it chooses the rules of NCCL's tuning "
                     "model (simgpu/comm/tuning.py) the tuner follows; default the newest modelled")
     tuner: Literal["nccl", "isolated"] = Field(
