@@ -354,6 +354,8 @@ COMM = [
          "expected rail_optimized, fat_tree or dragonfly"),
     case("set-rails-mismatch", "comm", "--platform dgx_h100 --set network.nics_per_gpu=2", "network.nics_per_node",
          "expected node.gpus x nics_per_gpu = 16"),
+    case("set-sharp-number", "comm", "--platform dgx_h100 --set network.in_network_reduction=3",
+         "network.in_network_reduction", "expected true or false"),
     case("set-dragonfly-typo", "comm", "--platform perlmutter_gpu --set network.dragonfly.groups=3",
          "network.dragonfly.groups: unknown key", "expected one of"),
     case("csv-folder", "comm", "--platform dgx_h100 --csv {tmp}/cdir", "--csv", "is a folder", "expected a file",

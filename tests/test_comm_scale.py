@@ -180,3 +180,40 @@ def test_pat_runs_in_log_steps_at_a_rings_bandwidth():
     assert all(p.algorithm != "pat" for p in plans)  # falls back: PAT needs one GPU per node
     ll = Planner(topo, CLUSTER.collectives, algorithm="pat", protocol="ll").plan(request("all_gather", 1 << 22, topo))
     assert ll.algorithm != "pat" or ll.latency_s == float("inf")
+
+
+def test_collnet_is_weighed_where_the_switches_reduce():
+    """With in-network reduction (SHARP) NCCL's model weighs CollNet for all-reduce across nodes
+    (Direct on NVSwitch nodes, Chain anywhere, Simple only); without it, never. --explain shows it."""
+    from simgpu.comm.tuning import choose, estimates
+
+    protos = ["ll", "ll128", "simple"]
+    sharp, _ = load_platform("dgx_h100", [("network.in_network_reduction", True)])
+    plain, _ = load_platform("dgx_h100")
+    topo = Topology(sharp, 8, 8)
+    algos = {(c.algorithm, c.protocol) for c in estimates(sharp, topo, "all_reduce", 1 << 30, 64, 8, protos)}
+    assert {("collnet_direct", "simple"), ("collnet_chain", "simple")} <= algos
+    assert not any(a.startswith("collnet") and p != "simple" for a, p in algos)
+    assert not any(c.algorithm.startswith("collnet")
+                   for c in estimates(plain, Topology(plain, 8, 8), "all_reduce", 1 << 30, 64, 8, protos))
+    gather = estimates(sharp, topo, "all_gather", 1 << 30, 64, 8, protos)
+    assert gather and not any(c.algorithm.startswith("collnet") for c in gather)
+    assert choose(sharp, topo, "all_reduce", 1 << 30, 64, 8, protos).algorithm == "collnet_direct"
+    from simgpu.comm.__main__ import explain
+
+    lines = explain(sharp, topo, "all_reduce", 1 << 30, "auto")
+    assert "collnet_direct/simple" in lines[1] and "simulated   collnet/simple" in lines[3]
+
+
+def test_collnet_moves_the_message_once_each_way_per_nic():
+    """A ring carries 2(n-1)/n of the message over each node's NIC, in-network reduction once each
+    way: on eight nodes of one GPU (NIC-bound) the ring takes 1.75x as long; without in-network
+    reduction CollNet cannot run."""
+    sharp, _ = load_platform("dgx_h100", [("network.in_network_reduction", True)])
+
+    def t(platform, algorithm: str) -> float:
+        return simulate_collective(platform, "all_reduce", 1 << 30, nodes=8, gpus_per_node=1, algorithm=algorithm)
+
+    assert t(sharp, "ring") / t(sharp, "collnet") == pytest.approx(1.75, rel=0.03)
+    plain, _ = load_platform("dgx_h100")
+    assert t(plain, "collnet") == pytest.approx(t(plain, "ring"), rel=1e-9)  # falls back to the ring

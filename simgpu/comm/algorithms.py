@@ -384,6 +384,51 @@ def tree(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: Pr
     return CollectivePlan("tree", tuple(transfers), latency)
 
 
+@register("collnet", {"all_reduce"})
+def collnet(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: ProtocolSpec) -> CollectivePlan:
+    """In-network reduction across nodes (NCCL's CollNet over SHARP), Simple only: each channel
+    reduces along a chain inside every node to its head, the head sends the node's data up its NIC
+    once, the switches reduce it and send the result back down, and the chain broadcasts it. A
+    NIC carries the message once each way, where a ring carries it twice; the aggregation in the
+    switches above the leaves is taken to keep up (not modelled as links)."""
+    n = len(req.group)
+    per_node = _by_node(req.group, topo)
+    if n == 1:
+        return CollectivePlan("collnet", (), 0.0)
+    if not topo.platform.network.in_network_reduction or len(per_node) == 1 or proto.bandwidth < 1:
+        return CollectivePlan("collnet", (), float("inf"))
+    C = channels(req.group, topo, spec)
+    wire = req.nbytes / C / proto.bandwidth
+    chunk = min(proto.chunk_kib * 1024, req.nbytes / C)
+    transfers = []
+    intra = 0.0
+    chain_edges: list[tuple[int, int]] = []
+    up_latency = 0.0
+    for c in range(C):
+        chain_edges = []
+        links: list[int] = []
+        for members in per_node:
+            k = _channel_start(members, c, topo)
+            chain = members[k:] + members[:k]
+            chain_edges += [(chain[i + 1], chain[i]) for i in range(len(chain) - 1)]
+            up, down = topo.switch_route(chain[0], True), topo.switch_route(chain[0], False)
+            links += [*up, *down]
+            up_latency = max(up_latency, topo.route_latency(up) + topo.route_latency(down))
+        if chain_edges:
+            chain_links, step = _edges(chain_edges + [(b, a) for a, b in chain_edges], topo, proto)
+            links += chain_links
+            intra = max(intra, step)
+        transfers.append(Transfer(tuple(links), wire))
+    chain_len = max(len(m) for m in per_node) - 1
+    # up the chain, to the switch and back (a round trip with Simple), down the chain; the first
+    # chunk fills each hop
+    inter = _step_cost(proto, "net") + (2.0 if proto.net_round_trip else 1.0) * up_latency
+    net_fill = chunk / proto.bandwidth / topo.port_bw
+    chain_fill = _fill(chunk, proto, _slowest_edge(chain_edges, topo), True) if chain_edges else 0.0
+    latency = _base(spec, proto) + 2 * chain_len * (intra + chain_fill) + inter + 2 * net_fill
+    return CollectivePlan("collnet", tuple(transfers), latency)
+
+
 @register("nvls", {"all_reduce"})
 def nvls(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: ProtocolSpec) -> CollectivePlan:
     """In-switch reduction (NVLink SHARP) inside one node: each GPU sends its buffer to the switch,

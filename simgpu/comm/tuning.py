@@ -6,9 +6,14 @@ fastest (``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime`` in NCCL's ``src/graph
 figures below are those tables, written out per rule set; the rule set follows the platform's
 ``collectives.nccl_version``:
 
-- ``"2.8"``: tree, ring (and CollNet) only, from the NCCL 2.8-2.11 source;
+- ``"2.8"``: tree and ring only (its CollNet rules not modelled), from the NCCL 2.8-2.11 source;
 - ``"2.20"``: adds NVLS inside a node and NVLS-tree across nodes, a per-GPU-generation cap on a
   tree channel's bandwidth, and the network post overhead; from the NCCL 2.17-2.22 source;
+- CollNet (the ``2.20`` and ``2.23`` rule sets, where the platform has ``network.in_network_reduction``):
+  all-reduce across nodes as CollNet Direct (NVSwitch nodes) or Chain, on the intra-node bandwidth,
+  Direct derated by GPUs per NIC, half as algorithm bandwidth, latencies of the newer source's
+  tables (Direct 3.7 / 31 us, Chain 2.8 / 30 us on NVLink / the network; the 0.85 on Hopper and
+  later not applied);
 - ``"2.23"``: adds PAT (Parallel Aggregated Trees) for all-gather and reduce-scatter, which NCCL
   enables only with one GPU per node and the Simple protocol (``ncclPatEnable``: nNodes == nRanks):
   a quarter off the ring's bus bandwidth and no conversion to algorithm bandwidth, a latency of
@@ -46,6 +51,8 @@ class Rules:
     nvls: bool
     ring_plateau: float                              # Simple ring all-reduce latency factor across nodes
     pat: bool = False                                # PAT for all-gather / reduce-scatter at one GPU per node
+    #: CollNet's Simple latency (direct, chain) by hardware; None: CollNet not weighed
+    collnet_lat: dict[str, tuple[float, float]] | None = None
 
 
 _RULES = {
@@ -62,6 +69,7 @@ _RULES = {
                 "pcie": {"tree": (1.0, 1.9, 28), "ring": (1.0, 2.5, 5.7), "nvls": (0, 0, 0), "nvls_tree": (0, 0, 0)},
                 "net": {"tree": (5.0, 8.5, 28), "ring": (2.7, 4.0, 14.0), "nvls": (0, 0, 18),
                         "nvls_tree": (0, 0, 14)}},
+        collnet_lat={"nvlink": (3.7, 2.8), "pcie": (3.7, 2.8), "net": (31.0, 30.0)},
         tree_max_bw=(38.7, 41.4, 36.0), ll_max_bw=(39.0, 39.0, 20.4), net_overhead_us=1.0, nvls=True,
         ring_plateau=1.4),
 }
@@ -132,6 +140,9 @@ def estimates(platform: PlatformSpec, topo: Topology, op: str, nbytes: int, rank
         algos.append("pat")
     if op == "all_reduce":
         algos.append("tree")
+        if rules.collnet_lat is not None and net.in_network_reduction and nodes > 1:
+            # CollNet Direct needs NVSwitch (every GPU reaches the node's NICs); the chain runs anywhere
+            algos += (["collnet_direct"] if nv is not None and nv.kind == "nvswitch" else []) + ["collnet_chain"]
         if rules.nvls and nv is not None and nv.nvls and ppn > 1:
             algos.append("nvls" if nodes == 1 else "nvls_tree")
     out = []
@@ -139,6 +150,24 @@ def estimates(platform: PlatformSpec, topo: Topology, op: str, nbytes: int, rank
         for p in protocols:
             k = PROTOCOLS.index(p)
             if (a.startswith("nvls") or a == "pat") and p != "simple":
+                continue
+            if a.startswith("collnet"):
+                if p != "simple":
+                    continue
+                assert rules.collnet_lat is not None
+                bus = nch * bw_intra  # CollNet takes the graph's intra-node bandwidth
+                j = 0 if a == "collnet_direct" else 1
+                intra = rules.collnet_lat[intra_hw][j]
+                inter = rules.collnet_lat["net"][j] + 2 * net.latency_us
+                local = ppn - 1
+                if a == "collnet_direct":
+                    factor = ppn / rings  # GPUs per NIC: Direct wants a NIC per GPU for full speed
+                    bus /= factor - (factor - 1) / 2
+                    lat = 2 * (min(1.0, local) * intra + local * 0.4) + inter  # 0.4 us arity serialisation
+                else:
+                    lat = 2 * local * intra + inter
+                bw_alg = bus * 0.5
+                out.append(Choice(a, p, lat, bw_alg, lat + nbytes / (1000 * bw_alg), nch))
                 continue
             if a == "pat":
                 bus = nch * (bw_intra if nodes <= 2 else bw_inter) * PAT_BW_FACTOR

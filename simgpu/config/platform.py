@@ -135,6 +135,10 @@ class NetworkSpec(Spec):
         1, description="NICs each GPU has to itself (multi-rail: NCCL spreads a GPU's channels over them, so its "
                        "traffic is striped evenly over its NICs, each on its own rail's leaf); above 1, "
                        "nics_per_node must be node.gpus x nics_per_gpu")
+    in_network_reduction: bool = Field(
+        False, description="the switches reduce data in the network (InfiniBand SHARP) and NCCL uses it (CollNet: the "
+                           "SHARP plugin and NCCL_COLLNET_ENABLE=1): all-reduce across nodes may run as CollNet, each "
+                           "node sending its data up once and getting the result back")
     stripe_messages: bool = Field(
         False, description="with several NICs per GPU: the network layer stripes every message over all of them "
                            "(aws-ofi-nccl's rails on EFA), so one channel reaches the GPU's whole rate; false: "

@@ -332,6 +332,21 @@ class Topology:
         hops.append(f"n{nb}.pcisw{sb}->n{nb}.gpu{gb}")
         return tuple(i[h] for h in hops)
 
+    def switch_route(self, gpu: int, up: bool = True) -> tuple[int, ...]:
+        """Links between ``gpu`` and the switch its NIC attaches to (up: towards the switch), as
+        in-network reduction uses them."""
+        n, g = self.node_of(gpu), self.local_of(gpu)
+        k = self._nic_of[g]
+        s, x = self._gpu_switch[g], self._nic_switch[k]
+        leaf = self.leaf_of(n, k)
+        hops = [f"n{n}.gpu{g}->n{n}.pcisw{s}"]
+        if s != x:
+            hops += [f"n{n}.pcisw{s}->n{n}.cpu", f"n{n}.cpu->n{n}.pcisw{x}"]
+        hops += [f"n{n}.pcisw{x}->n{n}.nic{k}", f"n{n}.nic{k}->{leaf}"]
+        if not up:
+            hops = [f"{b}->{a}" for a, b in (h.split("->") for h in reversed(hops))]
+        return tuple(self._ids[h] for h in hops)
+
     def host_route(self, gpu: int, to_device: bool = True) -> tuple[int, ...]:
         """Links of a copy between host memory and ``gpu`` (host to device by default)."""
         n, g = self.node_of(gpu), self.local_of(gpu)
