@@ -35,6 +35,7 @@ FAMILY_PARAMS = {
     "norm": {"rows", "cols", "bwd"},
     "softmax": {"rows", "cols", "bwd"},
     "optimizer": {"numel", "states"},
+    "moe": {"rows", "experts", "hidden", "inter", "topk", "gated", "skew", "bwd"},
 }
 #: Parameters a family's kernels may add (index-reuse statistics of skewed embedding tables).
 OPTIONAL_PARAMS = {

@@ -192,10 +192,13 @@ def test_moe_all_to_alls_and_expert_gradients() -> None:
     assert count(w, 0, "all_to_all", "comm.ep") == moe_layers * 4   # dispatch, combine, and back
     groups = {o.coll.group for o in w.programs[0].ops if o.coll is not None and "expert_grads" in o.coll.key}
     assert groups == {(0, 2)}                                          # the expert-data-parallel ranks
-    fc1 = next(o for o in w.programs[0].ops if o.name == "h1.moe.fc1.fwd")
-    k = w.kernels[fc1.kernel]
-    # 2 local experts, each gets tokens * top_k * ep / experts = 256 * 2 * 2 / 4 tokens
-    assert (k.family, k.get("b"), k.get("m")) == ("bmm", 2, 256)
+    experts = [w.kernels[o.kernel] for o in w.programs[0].ops if o.name.startswith("h1.moe.experts.")
+               and o.kind == "kernel" and w.kernels[o.kernel].family == "moe"]
+    # forward, input gradients, weight gradients of the same shape: 2 local experts, each gets
+    # tokens * top_k * ep / experts = 256 * 2 * 2 / 4 token copies
+    assert [k.get("bwd") for k in experts] == [0, 1, 2]
+    assert {(k.get("experts"), k.get("rows"), k.get("topk")) for k in experts} == {(2, 512, 2)}
+    assert not any(k.family == "bmm" for k in w.kernels)
 
 
 def test_context_parallel_ring_and_all_gather() -> None:
