@@ -26,7 +26,8 @@ class KernelSpec:
     """One distinct kernel shape, the unit the kernel models time.
 
     ``family`` names the op family (``gemm``, ``bmm``, ``attention``, ``embedding_fwd``,
-    ``embedding_bwd``, ``elementwise``, ``norm``, ``softmax``, ``optimizer``). ``params`` is a
+    ``embedding_bwd``, ``elementwise``, ``norm``, ``softmax``, ``optimizer``, ``moe``: one rank's
+    expert FFNs of an MoE layer). ``params`` is a
     sorted tuple of ``(name, value)`` pairs with the family's shape parameters (counts, not
     bytes); ``dtype`` is the element type (``fp32``, ``tf32``, ``bf16``, ``fp16``, ``fp8``).
     """

@@ -2,7 +2,10 @@
 
 ``serving SERVING.yaml`` ranks serving configurations (TP / PP, replicas, ``--max-batch``,
 ``--max-tokens`` chunk sizes, ``--prefill-nodes`` of a disaggregated deployment) by output tokens/s
-per GPU among those whose P99 TTFT and TPOT meet the file's SLOs (:mod:`simgpu.serve.study`).
+per GPU among those whose P99 TTFT and TPOT meet the file's SLOs (:mod:`simgpu.serve.study`); a
+DLRM serving file, its ``--gpus`` (the GPUs its tables are sharded over), ``--max-batch`` (the
+batcher's samples) and ``--delay-us`` by samples/s per GPU among those whose P99 latency meets the
+file's SLO (:mod:`simgpu.serve.dlrm_study`).
 
 ``sharding WORKLOAD`` ranks the plans the sharding planner proposes for a DLRM; ``parallelism
 WORKLOAD`` ranks the tensor / pipeline / data parallel splits, micro-batch sizes, recomputation and
@@ -202,6 +205,16 @@ def write_top_serving(serving: str, variants: list[Variant], table: pd.DataFrame
     return dirs
 
 
+def is_dlrm_file(path: str) -> bool:
+    """Whether ``path`` is a DLRM serving file (see :func:`simgpu.serve.dlrm.is_dlrm_serving`)."""
+    from .serve.dlrm import is_dlrm_serving
+
+    try:
+        return is_dlrm_serving(path)
+    except ConfigError:
+        return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     return run_command(lambda: _main(argv))
 
@@ -225,6 +238,8 @@ def _main(argv: Sequence[str] | None) -> int:
     ap.add_argument("--max-batch", type=int_list(1), help="serving: scheduler.max_batch values to try")
     ap.add_argument("--max-tokens", type=int_list(1), help="serving: token budgets (chunk sizes) to try")
     ap.add_argument("--prefill-nodes", type=int_list(1), help="serving, disaggregated: nodes of the prefill pool")
+    ap.add_argument("--gpus", type=int_list(1), help="DLRM serving: GPUs (of one node) to try (default 1,2,4,8)")
+    ap.add_argument("--delay-us", type=int_list(0), help="DLRM serving: batcher.max_queue_delay_us values to try")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     from .whatif.__main__ import finish_table, ranking
@@ -235,7 +250,13 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.out:
         check_out_dir(args.out)
     pruned: list[dict[str, Any]] = []
-    if args.space == "serving":
+    dlrm = args.space == "serving" and is_dlrm_file(args.workload)
+    if dlrm:
+        from .serve.dlrm_study import candidates as dlrm_candidates
+
+        variants, pruned = dlrm_candidates(args.workload, args.overrides, gpus=args.gpus, max_batch=args.max_batch,
+                                           delay_us=args.delay_us)
+    elif args.space == "serving":
         from .serve.study import candidates
 
         variants, pruned = candidates(args.workload, args.overrides, tp=args.tp, pp=args.pp or (1,),
@@ -264,8 +285,14 @@ def _main(argv: Sequence[str] | None) -> int:
     table.to_csv(out / "results.csv", index=False)
     if pruned:
         pd.DataFrame(pruned).to_csv(out / "pruned.csv", index=False)
-    tops = (write_top(args.workload, variants, table, out, args.top) if args.space != "serving"
-            else write_top_serving(args.workload, variants, table, out, args.top))
+    if dlrm:
+        from .serve.dlrm_study import write_top as write_top_dlrm
+
+        tops = write_top_dlrm(args.workload, variants, table, out, args.top)
+    elif args.space == "serving":
+        tops = write_top_serving(args.workload, variants, table, out, args.top)
+    else:
+        tops = write_top(args.workload, variants, table, out, args.top)
     print(ranking(table))
     if pruned:
         print(f"\n{len(pruned)} candidates pruned by the job's rules (listed in {out / 'pruned.csv'}):")

@@ -138,3 +138,82 @@ def test_pipeline_sends_share_the_nic_with_data_parallel_traffic():
     shared, total = run(True)
     assert shared > 1.15 * alone
     assert total >= (n_mb * mb + (1 << 30)) / nic  # an all-reduce of two ranks sends the message once
+
+
+def test_pat_is_weighed_at_one_gpu_per_node_from_nccl_2_23():
+    """NCCL weighs PAT for all-gather and reduce-scatter from 2.23, with Simple only and one GPU per
+    node (ncclPatEnable: nNodes == nRanks); its model picks it for mid sizes on 16 nodes, where its
+    log2 n steps beat the ring's n - 1, and the ring for large messages (a quarter less bandwidth)."""
+    from simgpu.comm.tuning import choose, estimates, rule_set
+
+    assert rule_set("2.23.4") == "2.23" and rule_set("2.22.3") == "2.20"
+    protos = ["ll", "ll128", "simple"]
+    one = Topology(CLUSTER, 16, 1)
+    for op in ("all_gather", "reduce_scatter"):
+        algos = {(c.algorithm, c.protocol) for c in estimates(CLUSTER, one, op, 1 << 22, 16, 16, protos)}
+        assert ("pat", "simple") in algos and ("pat", "ll") not in algos
+    two = Topology(CLUSTER, 8, 2)
+    assert "pat" not in {c.algorithm for c in estimates(CLUSTER, two, "all_gather", 1 << 22, 16, 8, protos)}
+    older, _ = load_platform("h100_ndr_cluster", [("collectives.nccl_version", "2.22")])
+    assert "pat" not in {c.algorithm for c in estimates(older, one, "all_gather", 1 << 22, 16, 16, protos)}
+    assert choose(CLUSTER, one, "all_gather", 1 << 22, 16, 16, protos).algorithm == "pat"
+    assert choose(CLUSTER, one, "all_gather", 1 << 30, 16, 16, protos).algorithm == "ring"
+
+
+def test_pat_runs_in_log_steps_at_a_rings_bandwidth():
+    """The planner runs PAT where NCCL's model picks it; it is faster than the ring where latency
+    counts, moves a large message at the NIC's rate as the ring does, and cannot run at two GPUs
+    per node or with LL."""
+    from simgpu.comm.collective import request
+    from simgpu.comm.planner import Planner
+
+    topo = Topology(CLUSTER, 16, 1)
+    assert Planner(topo, CLUSTER.collectives).plan(request("all_gather", 1 << 22, topo)).algorithm == "pat"
+    def t(op: str, size: int, algorithm: str) -> float:
+        return simulate_collective(CLUSTER, op, size, nodes=16, gpus_per_node=1, algorithm=algorithm)
+
+    for op in ("all_gather", "reduce_scatter"):
+        assert t(op, 1 << 22, "pat") < 0.9 * t(op, 1 << 22, "ring")
+        assert t(op, 1 << 30, "pat") == pytest.approx(t(op, 1 << 30, "ring"), rel=0.05)
+    two = Topology(CLUSTER, 8, 2)
+    plans = Planner(two, CLUSTER.collectives, algorithm="pat").candidates(request("all_gather", 1 << 22, two))
+    assert all(p.algorithm != "pat" for p in plans)  # falls back: PAT needs one GPU per node
+    ll = Planner(topo, CLUSTER.collectives, algorithm="pat", protocol="ll").plan(request("all_gather", 1 << 22, topo))
+    assert ll.algorithm != "pat" or ll.latency_s == float("inf")
+
+
+def test_collnet_is_weighed_where_the_switches_reduce():
+    """With in-network reduction (SHARP) NCCL's model weighs CollNet for all-reduce across nodes
+    (Direct on NVSwitch nodes, Chain anywhere, Simple only); without it, never. --explain shows it."""
+    from simgpu.comm.tuning import choose, estimates
+
+    protos = ["ll", "ll128", "simple"]
+    sharp, _ = load_platform("dgx_h100", [("network.in_network_reduction", True)])
+    plain, _ = load_platform("dgx_h100")
+    topo = Topology(sharp, 8, 8)
+    algos = {(c.algorithm, c.protocol) for c in estimates(sharp, topo, "all_reduce", 1 << 30, 64, 8, protos)}
+    assert {("collnet_direct", "simple"), ("collnet_chain", "simple")} <= algos
+    assert not any(a.startswith("collnet") and p != "simple" for a, p in algos)
+    assert not any(c.algorithm.startswith("collnet")
+                   for c in estimates(plain, Topology(plain, 8, 8), "all_reduce", 1 << 30, 64, 8, protos))
+    gather = estimates(sharp, topo, "all_gather", 1 << 30, 64, 8, protos)
+    assert gather and not any(c.algorithm.startswith("collnet") for c in gather)
+    assert choose(sharp, topo, "all_reduce", 1 << 30, 64, 8, protos).algorithm == "collnet_direct"
+    from simgpu.comm.__main__ import explain
+
+    lines = explain(sharp, topo, "all_reduce", 1 << 30, "auto")
+    assert "collnet_direct/simple" in lines[1] and "simulated   collnet/simple" in lines[3]
+
+
+def test_collnet_moves_the_message_once_each_way_per_nic():
+    """A ring carries 2(n-1)/n of the message over each node's NIC, in-network reduction once each
+    way: on eight nodes of one GPU (NIC-bound) the ring takes 1.75x as long; without in-network
+    reduction CollNet cannot run."""
+    sharp, _ = load_platform("dgx_h100", [("network.in_network_reduction", True)])
+
+    def t(platform, algorithm: str) -> float:
+        return simulate_collective(platform, "all_reduce", 1 << 30, nodes=8, gpus_per_node=1, algorithm=algorithm)
+
+    assert t(sharp, "ring") / t(sharp, "collnet") == pytest.approx(1.75, rel=0.03)
+    plain, _ = load_platform("dgx_h100")
+    assert t(plain, "collnet") == pytest.approx(t(plain, "ring"), rel=1e-9)  # falls back to the ring

@@ -81,3 +81,24 @@ def test_dlrm_inference_holds_no_optimizer_state() -> None:
     assert all(m["optimizer_states"] == 0 and m["gradients"] == 0 for m in mem)
     assert r.meta["samples"] == 8 * 2048
     assert (r.records["phase"] == "fwd").all() or set(r.records["phase"]) <= {"fwd", "data"}
+
+
+def test_dlrm_inference_runs_the_training_forward_without_weight_casts() -> None:
+    """The two builders share one forward: the served batch's ops are the training forward's up to
+    the top MLP, less the per-iteration casts of fp32 weights (a served model stores them cast)."""
+    from simgpu.workload import World
+    from simgpu.workload.dlrm.builder import build as train_build
+    from simgpu.workload.inference.dlrm import build as serve_build
+
+    serve = load_job(ROOT / "workloads" / "inference" / "dlrm_dcnv2_dgx_a100.yaml",
+                     ["inference.batch_per_gpu=512"])
+    train = load_job(ROOT / "workloads" / "dlrm_dcnv2_dgx_a100.yaml",
+                     ["training.batch_per_gpu=512", "training.precision=fp16"])
+    world = World(1, 8, 80)
+    s, t = serve_build(serve.workload, world), train_build(train.workload, world)
+    names = [op.name for op in s.programs[0].ops if op.kind != "host_wait"]
+    fwd = [op.name for op in t.programs[0].ops
+           if (op.phase == "fwd" or op.kind == "memcpy") and not op.name.endswith(".cast")]
+    assert not any(n.endswith(".cast") for n in names)
+    assert names[0] == "queries.h2d" and fwd[0] == "batch.h2d"
+    assert names[1:-1] == fwd[1:fwd.index("loss.fwd")] and names[-1] == "sigmoid"

@@ -151,7 +151,8 @@ def test_transformer_builders_emit_their_activations_cost():
     assert gpt["dropout"] == {FLOPS_PER_ELEMENT["dropout"]} and gpt["residual"] == {FLOPS_PER_ELEMENT["add"]}
     assert gpt["bias_grad"] == {FLOPS_PER_ELEMENT["sum_rows"]} and gpt["cast"] == {FLOPS_PER_ELEMENT["cast"]}
     assert gpt["tok_gather"] == {FLOPS_PER_ELEMENT["gather"]} and gpt["tok_grad_zero"] == {0.0}
-    llama = _costs(_build({**GPT, "arch": "llama", "moe": {"experts": 4}}, {"framework": "megatron"}))
+    # every other block MoE: the dense blocks' SwiGLU is a kernel, the experts' is in their moe kernel
+    llama = _costs(_build({**GPT, "arch": "llama", "moe": {"experts": 4, "every": 2}}, {"framework": "megatron"}))
     assert llama["swiglu"] == {FLOPS_PER_ELEMENT["swiglu"]}
     assert llama["swiglu_bwd"] == {FLOPS_PER_ELEMENT["swiglu_bwd"]}
     assert llama["rope"] == llama["rope_bwd"] == {FLOPS_PER_ELEMENT["rope"]}

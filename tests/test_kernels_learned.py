@@ -83,7 +83,8 @@ def test_feature_frame_is_finite_for_every_family(dgx_a100):
                                       reuse_top1=0.6, reuse_top10=0.9, reuse_unique=0.2),
                 "elementwise": dict(numel=1, reads=0, writes=1), "norm": dict(rows=1, cols=1, bwd=1),
                 "softmax": dict(rows=4, cols=50000), "optimizer": dict(numel=10, states=2),
-                "memcpy": dict(nbytes=4096)}
+                "memcpy": dict(nbytes=4096),
+                "moe": dict(rows=0.5, experts=8, hidden=16, inter=8, topk=2, gated=0, bwd=2)}
     assert set(examples) == set(FAMILY_PARAMS)
     for fam, params in examples.items():
         x = feature_frame(fam, [KernelSpec.make(fam, "fp32", **params)], dgx_a100.gpu)

@@ -69,3 +69,63 @@ def test_search_serving_prefers_fewer_gpus_within_the_slo(tmp_path, capsys):
         eight = ok[ok.gpus == 8].output_tokens_per_s_per_gpu.iloc[0]
         assert best.output_tokens_per_s_per_gpu == pytest.approx(2 * eight, rel=0.1)
     assert (out / "top1" / "summary.json").is_file()
+
+
+DLRM = ROOT / "workloads" / "inference" / "dlrm_dcnv2_dgx_a100.yaml"
+
+
+def dlrm_serving(tmp_path, **extra):
+    data = {"name": "d", "deployment": {"workload": str(DLRM)},
+            "queries": {"kind": "poisson", "count": 300, "rate_per_s": 2000, "samples": 200},
+            "batcher": {"max_batch_samples": 2048, "max_queue_delay_us": 500, "bucket_samples_per_gpu": 256},
+            "slo": {"latency_ms": 60}, **extra}
+    p = tmp_path / "dlrm_serving.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def test_whatif_study_over_dlrm_serving_keys(tmp_path, capsys):
+    from simgpu.whatif.__main__ import main
+
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump({"name": "dl", "base": str(dlrm_serving(tmp_path)),
+                                     "grid": {"batcher.max_queue_delay_us": [0, 2000]}}))
+    out = tmp_path / "o"
+    assert main([str(study), "--out", str(out), "--workers", "1", "--quiet"]) == 0
+    assert "samples/s per GPU" in capsys.readouterr().out
+    t = pd.read_csv(out / "results.csv").sort_values("batcher.max_queue_delay_us")
+    assert len(t) == 2 and t.feasible.all() and set(t.gpus) == {8}
+    # at a load far below saturation both serve every query; waiting for fuller batches costs latency
+    assert t.queries_per_s.to_numpy() == pytest.approx([t.queries_per_s.iloc[0]] * 2, rel=0.05)
+    assert t.latency_p50_ms.iloc[0] < t.latency_p50_ms.iloc[1]
+    assert main([str(study), "--out", str(out), "--workers", "1", "--quiet"]) == 0
+    assert "reused 2 of 2" in capsys.readouterr().out
+
+
+def test_whatif_study_with_a_bad_dlrm_serving_key(tmp_path, capsys):
+    from simgpu.whatif.__main__ import main
+
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump({"name": "dl", "base": str(dlrm_serving(tmp_path)),
+                                     "grid": {"batcher.max_delay_us": [0, 5]}}))
+    assert main([str(study), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "batcher.max_delay_us" in err and "expected" in err
+
+
+def test_search_dlrm_serving_ranks_by_samples_per_gpu(tmp_path, capsys):
+    from simgpu.search import main
+
+    base = dlrm_serving(tmp_path)
+    out = tmp_path / "o"
+    assert main(["serving", str(base), "--gpus", "4,8", "--max-batch", "100,2048", "--out", str(out),
+                 "--workers", "1", "--top", "1", "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "samples/s per GPU" in printed and "never fits a batch of 100" in printed
+    t = pd.read_csv(out / "results.csv")
+    assert sorted(t.gpus) == [4, 8]
+    ok = t[t.feasible].sort_values("samples_per_s_per_gpu", ascending=False)
+    # both keep up with the load: the same samples/s over half the GPUs is twice as much per GPU
+    assert len(ok) == 2 and ok.gpus.iloc[0] == 4
+    assert ok.samples_per_s_per_gpu.iloc[0] == pytest.approx(2 * ok.samples_per_s_per_gpu.iloc[1], rel=0.05)
+    assert (out / "top1" / "summary.json").is_file()

@@ -73,6 +73,24 @@ def test_overlap_param_gather_hides_all_but_the_first_bucket():
     assert s["iteration_time_ms"] < never["iteration_time_ms"] - 0.5 * (total_s - first_s) * 1e3
 
 
+def test_overlap_param_gather_first_bucket_is_exposed_in_the_steady_state_too():
+    """Megatron dispatches the first bucket's all-gather after the optimizer step (distributed
+    optimizer: the next iteration's zero_grad, or megatron-core's first forward pre-hook, which
+    finish_param_sync dispatches lazily), so nothing of the previous iteration is left to hide it:
+    in the steady window every all-gather of the previous iteration starts after its last kernel
+    (the step), the first one is exposed in full and the later ones not at all."""
+    r, s = run("parallelism.overlap_param_gather=true")
+    rec = r.records[(r.records["rank"] == 0) & (r.records["stream"] != "cpu")]
+    prev_step = rec[(rec["name"] == "optimizer.step") & (rec["end_s"] <= 1e-12)]
+    assert len(prev_step) == 1
+    ag = rec[rec["name"].str.startswith("params.bucket") & (rec["start_s"] < r.iteration_time_s / 2)]
+    assert (ag["start_s"] >= float(prev_step["end_s"].iloc[0]) - 1e-12).all()
+    first = ag.sort_values("start_s").iloc[0]
+    first_s = float(first["end_s"] - first["start_s"])
+    exposed = s["exposed_communication_by_kind_ms"]["all_gather"] / 1e3
+    assert first_s * 0.98 - 2e-6 <= exposed <= first_s * 1.02 + 2e-6
+
+
 def test_overlap_param_gather_forward_waits_per_bucket():
     """Each of the second iteration's first forwards of a unit depends on its bucket's all-gather of
     the iteration before, and nothing in the first iteration does."""

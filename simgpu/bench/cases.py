@@ -20,7 +20,7 @@ from ..errors import ConfigError
 
 #: The op groups ``--ops`` accepts, in the order they are measured.
 GROUPS: Final = ("gemm", "bmm", "attention", "embedding", "elementwise", "norm", "softmax", "memcpy",
-                 "optimizer")
+                 "optimizer", "moe")
 #: Elementwise ops: (tensor reads, tensor writes) per output element. Each op's arithmetic per element
 #: is not a column of the measurements: the fit takes it from the op's name
 #: (:data:`simgpu.elementwise.FLOPS_PER_ELEMENT`, which must know every op here).
@@ -208,12 +208,34 @@ def _optimizer(rng: np.random.Generator, s: Scale) -> Iterator[Case]:
             yield Case.make("optimizer", op, "fp32", numel=numel, states=states)
 
 
+def _moe(rng: np.random.Generator, s: Scale) -> Iterator[Case]:
+    # One rank's expert FFNs: token copies spread evenly over the local experts, each shape in its
+    # three passes (forward, input gradients, weight gradients), as the MoE builders emit them.
+    for dtype, n_shapes in (("fp32", s.shapes // 2), ("bf16", s.shapes // 4)):
+        made = 0
+        while made < n_shapes:
+            experts = int(rng.choice([1, 2, 4, 8, 16]))
+            hidden, inter = _logint(rng, 64, s.max_dim, 64), _logint(rng, 32, s.max_dim, 32)
+            rows = _logint(rng, 1, 65536, 16)
+            gated = int(rng.random() < 0.7)
+            active = min(experts, rows)
+            per = -(-rows // active)
+            if 2.0 * active * per * hidden * inter * (2 + gated) > s.max_flops or \
+                    active * hidden * inter * (2 + gated) * 4 > s.max_bytes:
+                continue
+            made += 1
+            topk = int(rng.choice([1, 2, 8]))
+            for bwd in (0, 1, 2):
+                yield Case.make("moe", "grouped", dtype, rows=rows, experts=experts, hidden=hidden, inter=inter,
+                                topk=topk, gated=gated, skew=0, bwd=bwd)
+
+
 _GENERATORS: Final[dict[str, Callable[[np.random.Generator, Scale], Iterator[Case]]]] = {
     "gemm": _gemm, "bmm": _bmm, "attention": _attention, "embedding": _embedding,
     "elementwise": _elementwise,
     "norm": lambda r, s: _rowwise(r, s, "norm", ("layernorm", "rmsnorm")),
     "softmax": lambda r, s: _rowwise(r, s, "softmax", ("softmax", "log_softmax")),
-    "memcpy": _memcpy, "optimizer": _optimizer,
+    "memcpy": _memcpy, "optimizer": _optimizer, "moe": _moe,
 }
 
 

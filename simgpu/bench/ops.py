@@ -7,7 +7,9 @@ call is timed from cold caches. Backward ops are timed
 through autograd, as a training step runs them. Each op mirrors what the workload builders emit:
 ``linear`` is ``nn.Linear``'s forward (``m`` rows, ``n`` outputs, ``k`` inputs), ``dgrad`` and
 ``wgrad`` its two backward GEMMs in autograd's layouts, an embedding case one fused bag over
-``tables`` tables whose backward applies SGD to the touched rows (sparse gradients).
+``tables`` tables whose backward applies SGD to the touched rows (sparse gradients), a ``moe`` case
+the local experts' fc1, activation and fc2 as batched GEMMs over the experts that get a token (the
+rows spread evenly), or the input- or weight-gradient GEMMs of the same shapes.
 """
 
 from __future__ import annotations
@@ -90,6 +92,8 @@ def build(case: Case, device: str, seed: int) -> Bench:
         return Bench(lambda: host.copy_(dev, non_blocking=True))
     if fam == "optimizer":
         return _optimizer(op, g["numel"], device, rand)
+    if fam == "moe":
+        return _moe(g, rand)
     raise ValueError(f"the harness has no torch code for family {fam!r}")
 
 
@@ -190,6 +194,32 @@ def _rowwise(case: Case, g: dict[str, int], rand: Callable[..., Any]) -> Bench:
         state["y"] = fn()
 
     return Bench(lambda: state["y"].backward(dy), prepare)
+
+
+def _moe(g: dict[str, int], rand: Callable[..., Any]) -> Bench:
+    import torch
+    import torch.nn.functional as F
+
+    rows, hidden, inter, gated = max(g["rows"], 1), g["hidden"], g["inter"], bool(g["gated"])
+    active = min(g["experts"], rows)
+    m, up = -(-rows // active), inter * (2 if gated else 1)
+    x, w1, w2 = rand(active, m, hidden), rand(active, hidden, up), rand(active, inter, hidden)
+
+    def act(h: Any) -> Any:
+        return F.silu(h[..., :inter]) * h[..., inter:] if gated else F.gelu(h)
+
+    if g["bwd"] == 0:
+        return Bench(lambda: torch.bmm(act(torch.bmm(x, w1)), w2))
+    dy, h = rand(active, m, hidden), rand(active, m, up)
+    if g["bwd"] == 1:  # input gradients: fc2's, the activation's (its gate and up halves), fc1's
+        def dgrad() -> Any:
+            da = torch.bmm(dy, w2.transpose(1, 2))
+            dh = torch.cat((da * h[..., inter:], da * h[..., :inter]), -1) if gated else da * h
+            return torch.bmm(dh, w1.transpose(1, 2))
+
+        return Bench(dgrad)
+    a, dh = rand(active, m, inter), rand(active, m, up)
+    return Bench(lambda: (torch.bmm(a.transpose(1, 2), dy), torch.bmm(x.transpose(1, 2), dh)))
 
 
 def _optimizer(op: str, numel: int, device: str, rand: Callable[..., Any]) -> Bench:

@@ -80,8 +80,8 @@ def _main(argv: Sequence[str] | None) -> int:
     ap.add_argument("--op", default="all_reduce", help=f"{', '.join(OPS)}; or nccl-tests' names "
                     f"({', '.join(ALIASES)}, all_reduce_perf, ...)")
     ap.add_argument("--sizes", default="8B:1GB", help="e.g. 8B:16GB, 1MB,64MB or 4096")
-    ap.add_argument("--algorithm", default="auto", choices=("auto", "ring", "tree", "nvls", "direct"),
-                    help="auto, ring, tree, nvls or direct")
+    ap.add_argument("--algorithm", default="auto", choices=("auto", "ring", "tree", "nvls", "pat", "collnet", "direct"),
+                    help="auto, ring, tree, nvls, pat, collnet or direct")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a platform key, e.g. network.nic_gbps=800")
     ap.add_argument("--csv", help="also write the rows to this CSV file")

@@ -23,6 +23,7 @@ import numpy as np
 from ..config.platform import CollectiveSpec, ProtocolSpec
 from ..platform.topology import Topology
 from .plan import CollectivePlan, CollectiveRequest, Transfer, register
+from .tuning import PAT_PER_RANK_US, pat_enabled
 
 US = 1e-6
 RING_SEARCH_TRIES = 64
@@ -299,9 +300,35 @@ def _tree_efficiency(proto: ProtocolSpec, nbytes: float, power: float = 1.0) -> 
     return (proto.tree_efficiency[i] if 0 <= i < len(proto.tree_efficiency) else 1.0) ** power
 
 
-def _binary_tree(items: list[int]) -> list[tuple[int, int]]:
-    """(child, parent) pairs of a complete binary tree over ``items`` in heap order."""
-    return [(items[i], items[(i - 1) // 2]) for i in range(1, len(items))]
+def _btree_parent(n: int, rank: int) -> int:
+    """The parent of ``rank`` in NCCL's binary tree over ``n`` ranks (-1: the root), which keeps
+    each subtree on a range of consecutive ranks (src/graph/trees.cc, ncclGetBtree): clear the
+    lowest set bit and set the one above it, or only clear it where that is out of range."""
+    if rank == 0:
+        return -1
+    bit = rank & -rank
+    up = (rank ^ bit) | (bit << 1)
+    return up if up < n else rank ^ bit
+
+
+def _binary_tree(items: list[int], second: bool = False) -> list[tuple[int, int]]:
+    """(child, parent) pairs of NCCL's tree over ``items`` (in node order), or of the second tree of
+    its double binary tree: the first mirrored where there are an even number of items, shifted
+    by one where odd (ncclGetDtree), so the inner nodes of one tree are leaves of the other."""
+    n = len(items)
+    pairs = []
+    for i in range(n):
+        if not second:
+            p = _btree_parent(n, i)
+        elif n % 2:
+            u = _btree_parent(n, (i - 1) % n)
+            p = -1 if u == -1 else (u + 1) % n
+        else:
+            u = _btree_parent(n, n - 1 - i)
+            p = -1 if u == -1 else n - 1 - u
+        if p != -1:
+            pairs.append((items[i], items[p]))
+    return pairs
 
 
 @register("tree", {"all_reduce"})
@@ -333,7 +360,7 @@ def tree(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: Pr
             heads.append(chain[0])
             chain_edges += [(chain[i + 1], chain[i]) for i in range(len(chain) - 1)]
         # the second tree of each pair mirrors the first, so leaves of one are inner nodes of the other
-        tree_edges = _binary_tree(heads if c % 2 == 0 else heads[::-1])
+        tree_edges = _binary_tree(heads, second=c % 2 == 1)
         both = tree_edges if nvls_nodes else chain_edges + tree_edges
         links, _ = _edges(both + [(p, ch) for ch, p in both], topo, proto)
         if chain_edges:
@@ -355,6 +382,51 @@ def tree(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: Pr
     fill = 2 * (chain_len * chain_fill + depth * net_fill)
     latency = _base(spec, proto) + 2 * (chain_len * intra + depth * inter) + fill
     return CollectivePlan("tree", tuple(transfers), latency)
+
+
+@register("collnet", {"all_reduce"})
+def collnet(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: ProtocolSpec) -> CollectivePlan:
+    """In-network reduction across nodes (NCCL's CollNet over SHARP), Simple only: each channel
+    reduces along a chain inside every node to its head, the head sends the node's data up its NIC
+    once, the switches reduce it and send the result back down, and the chain broadcasts it. A
+    NIC carries the message once each way, where a ring carries it twice; the aggregation in the
+    switches above the leaves is taken to keep up (not modelled as links)."""
+    n = len(req.group)
+    per_node = _by_node(req.group, topo)
+    if n == 1:
+        return CollectivePlan("collnet", (), 0.0)
+    if not topo.platform.network.in_network_reduction or len(per_node) == 1 or proto.bandwidth < 1:
+        return CollectivePlan("collnet", (), float("inf"))
+    C = channels(req.group, topo, spec)
+    wire = req.nbytes / C / proto.bandwidth
+    chunk = min(proto.chunk_kib * 1024, req.nbytes / C)
+    transfers = []
+    intra = 0.0
+    chain_edges: list[tuple[int, int]] = []
+    up_latency = 0.0
+    for c in range(C):
+        chain_edges = []
+        links: list[int] = []
+        for members in per_node:
+            k = _channel_start(members, c, topo)
+            chain = members[k:] + members[:k]
+            chain_edges += [(chain[i + 1], chain[i]) for i in range(len(chain) - 1)]
+            up, down = topo.switch_route(chain[0], True), topo.switch_route(chain[0], False)
+            links += [*up, *down]
+            up_latency = max(up_latency, topo.route_latency(up) + topo.route_latency(down))
+        if chain_edges:
+            chain_links, step = _edges(chain_edges + [(b, a) for a, b in chain_edges], topo, proto)
+            links += chain_links
+            intra = max(intra, step)
+        transfers.append(Transfer(tuple(links), wire))
+    chain_len = max(len(m) for m in per_node) - 1
+    # up the chain, to the switch and back (a round trip with Simple), down the chain; the first
+    # chunk fills each hop
+    inter = _step_cost(proto, "net") + (2.0 if proto.net_round_trip else 1.0) * up_latency
+    net_fill = chunk / proto.bandwidth / topo.port_bw
+    chain_fill = _fill(chunk, proto, _slowest_edge(chain_edges, topo), True) if chain_edges else 0.0
+    latency = _base(spec, proto) + 2 * chain_len * (intra + chain_fill) + inter + 2 * net_fill
+    return CollectivePlan("collnet", tuple(transfers), latency)
 
 
 @register("nvls", {"all_reduce"})
@@ -381,6 +453,39 @@ def _nvls_transfer(members: list[int], nbytes: float, topo: Topology, proto: Pro
     links, _ = _edges([(g, members[(i + 1) % n]) for i, g in enumerate(members)], topo, proto)
     scale = nv.efficiency / nv.nvls_efficiency
     return Transfer(links, (n + 1) / n * nbytes * scale / proto.bandwidth)
+
+
+@register("pat", {"all_gather", "reduce_scatter"})
+def pat(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: ProtocolSpec) -> CollectivePlan:
+    """PAT (Parallel Aggregated Trees, NCCL 2.23 and later) at one GPU per node, Simple only: a
+    Bruck-like exchange in ceil(log2 n) steps, step k moving 2^k ranks' chunks (what is left, in the
+    last) to the rank 2^k on (all-gather) or back (reduce-scatter), every rank at once, so each rank
+    sends (n-1)/n of the message in all, as on a ring, while a chunk pays log2 n network steps
+    instead of n-1. The steps' transfers run together (NCCL pipelines them); the latency adds
+    NCCL's own model's per-rank part (2.8 us a rank: the kernel's work per peer)."""
+    g = req.group
+    n = len(g)
+    if n == 1:
+        return CollectivePlan("pat", (), 0.0)
+    nodes = len(_by_node(g, topo))
+    if proto.bandwidth < 1 or not pat_enabled(spec.nccl_version, n, nodes):
+        return CollectivePlan("pat", (), float("inf"))
+    chunk = req.nbytes / n
+    sign = 1 if req.op == "all_gather" else -1
+    transfers = []
+    steps = worst = 0.0
+    d = 1
+    while d < n:
+        moved = min(d, n - d) * chunk
+        for i, a in enumerate(g):
+            b = g[(i + sign * d) % n]
+            links, step = _edges([(a, b)], topo, proto)
+            worst = max(worst, step)
+            window = _window([(a, b)], topo, proto, min(proto.chunk_kib * 1024, moved))
+            transfers.append(Transfer(links, moved / proto.bandwidth, window))
+        steps += 1
+        d *= 2
+    return CollectivePlan("pat", tuple(transfers), _base(spec, proto) + steps * worst + n * PAT_PER_RANK_US * US)
 
 
 def p2p_channels(nbytes: float, ranks: int, piece: float, across_nodes: bool) -> int:
@@ -425,7 +530,8 @@ def _p2p_rate(a: int, b: int, nbytes: float, ranks: int, topo: Topology, spec: C
     each half a thread block's rate (a channel's warps are split between its send and its receive);
     across nodes the channels NCCL gives a network peer, each at the network channel's own bound
     (``collectives.net_channel_gbytes_per_s``, where given, instead of the block's) and its window
-    of slots, and at most the share of a NIC one send/recv pair's connection reaches."""
+    of slots, and at most the share of a NIC one send/recv pair's connection reaches (of as many
+    NICs as it has channels, up to the GPU's own, on a multi-rail node)."""
     e = topo.edge(a, b)
     piece = P2P_CHUNK[e.hardware]
     net = e.hardware == "net"
@@ -439,7 +545,9 @@ def _p2p_rate(a: int, b: int, nbytes: float, ranks: int, topo: Topology, spec: C
     if spec.net_channel_gbytes_per_s is not None:  # a network channel's own bound replaces the block's
         per_channel = spec.net_channel_gbytes_per_s * 1e9 / proto.bandwidth
     per_channel = min(per_channel, _window([(a, b)], topo, proto, min(piece, nbytes / channels)))
-    return min(channels * per_channel, spec.net_peer_share * topo.nic_bw / proto.bandwidth)
+    # a channel leaves through one NIC: on a multi-rail node a pair's channels spread over the GPU's NICs
+    nics = topo.rails if topo.platform.network.stripe_messages else min(channels, topo.rails)
+    return min(channels * per_channel, spec.net_peer_share * nics * topo.nic_bw / proto.bandwidth)
 
 
 def _pairs(req: CollectiveRequest, topo: Topology

@@ -22,7 +22,8 @@ from .tuning import Choice, choose
 #: What each op uses when the requested algorithm does not implement it.
 DEFAULT = {"all_to_all": "direct", "send_recv": "direct"}
 #: the algorithm that runs each of NCCL's choices (the tree becomes an NVLS tree on NVLS nodes with Simple)
-ALGORITHM_OF = {"ring": "ring", "tree": "tree", "nvls_tree": "tree", "nvls": "nvls"}
+ALGORITHM_OF = {"ring": "ring", "tree": "tree", "nvls_tree": "tree", "nvls": "nvls", "pat": "pat",
+                "collnet_direct": "collnet", "collnet_chain": "collnet"}
 
 
 class Planner:

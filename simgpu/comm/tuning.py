@@ -6,10 +6,19 @@ fastest (``ncclTopoTuneModel`` and ``ncclTopoGetAlgoTime`` in NCCL's ``src/graph
 figures below are those tables, written out per rule set; the rule set follows the platform's
 ``collectives.nccl_version``:
 
-- ``"2.8"``: tree, ring (and CollNet) only, from the NCCL 2.8-2.11 source;
+- ``"2.8"``: tree and ring only (its CollNet rules not modelled), from the NCCL 2.8-2.11 source;
 - ``"2.20"``: adds NVLS inside a node and NVLS-tree across nodes, a per-GPU-generation cap on a
-  tree channel's bandwidth, and the network post overhead; from the NCCL 2.17-2.22 source (the
-  newest modelled, the default).
+  tree channel's bandwidth, and the network post overhead; from the NCCL 2.17-2.22 source;
+- CollNet (the ``2.20`` and ``2.23`` rule sets, where the platform has ``network.in_network_reduction``):
+  all-reduce across nodes as CollNet Direct (NVSwitch nodes) or Chain, on the intra-node bandwidth,
+  Direct derated by GPUs per NIC, half as algorithm bandwidth, latencies of the newer source's
+  tables (Direct 3.7 / 31 us, Chain 2.8 / 30 us on NVLink / the network; the 0.85 on Hopper and
+  later not applied);
+- ``"2.23"``: adds PAT (Parallel Aggregated Trees) for all-gather and reduce-scatter, which NCCL
+  enables only with one GPU per node and the Simple protocol (``ncclPatEnable``: nNodes == nRanks):
+  a quarter off the ring's bus bandwidth and no conversion to algorithm bandwidth, a latency of
+  8 us + log2(nodes) x the network's tree latency / 3.5 + 2.8 us per rank; the other tables as
+  2.20 (the newest modelled, the default).
 
 The graph figures NCCL's search would find are taken from the topology: channels twice the rings
 across nodes (one per NIC), each carrying its share of the NICs (``bw_inter``) and of the GPU's
@@ -20,14 +29,14 @@ algorithm is the simulation's.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..config.platform import PlatformSpec
 from ..platform.topology import Topology
 
 PROTOCOLS = ("ll", "ll128", "simple")
 #: the rule sets modelled, oldest first; a version maps to the newest rule set at or below it
-RULE_SETS = ("2.8", "2.20")
+RULE_SETS = ("2.8", "2.20", "2.23")
 
 
 @dataclass(frozen=True)
@@ -41,6 +50,9 @@ class Rules:
     net_overhead_us: float                           # per ring step across nodes (x3 with Simple)
     nvls: bool
     ring_plateau: float                              # Simple ring all-reduce latency factor across nodes
+    pat: bool = False                                # PAT for all-gather / reduce-scatter at one GPU per node
+    #: CollNet's Simple latency (direct, chain) by hardware; None: CollNet not weighed
+    collnet_lat: dict[str, tuple[float, float]] | None = None
 
 
 _RULES = {
@@ -57,9 +69,20 @@ _RULES = {
                 "pcie": {"tree": (1.0, 1.9, 28), "ring": (1.0, 2.5, 5.7), "nvls": (0, 0, 0), "nvls_tree": (0, 0, 0)},
                 "net": {"tree": (5.0, 8.5, 28), "ring": (2.7, 4.0, 14.0), "nvls": (0, 0, 18),
                         "nvls_tree": (0, 0, 14)}},
+        collnet_lat={"nvlink": (3.7, 2.8), "pcie": (3.7, 2.8), "net": (31.0, 30.0)},
         tree_max_bw=(38.7, 41.4, 36.0), ll_max_bw=(39.0, 39.0, 20.4), net_overhead_us=1.0, nvls=True,
         ring_plateau=1.4),
 }
+_RULES["2.23"] = replace(_RULES["2.20"], pat=True)
+#: PAT's model (src/graph/tuning.cc from 2.23): its bus bandwidth's share of the ring's, its fixed
+#: latency and its latency per rank ("still a linear part"), us
+PAT_BW_FACTOR, PAT_BASE_US, PAT_PER_RANK_US = 0.75, 8.0, 2.8
+
+
+def pat_enabled(version: str, ranks: int, nodes: int) -> bool:
+    """Whether NCCL ``version`` weighs PAT for a communicator of ``ranks`` over ``nodes`` nodes:
+    from 2.23, with one GPU per node (``ncclPatEnable``)."""
+    return _RULES[rule_set(version)].pat and ranks == nodes and nodes > 1
 #: NCCL's correction of tree bandwidth at medium sizes, by power of two from 64 B (treeCorrectionFactor)
 _TREE_CORRECTION = {
     "ll": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0),
@@ -101,27 +124,57 @@ def estimates(platform: PlatformSpec, topo: Topology, op: str, nbytes: int, rank
         return []
     ppn = ranks / nodes
     net, nv = platform.network, platform.node.nvlink
-    rings = max(1, min(platform.collectives.channels or net.nics_per_node, int(ppn)))
+    rings = max(1, min(platform.collectives.channels or topo.ports, int(ppn)))
     nch = 2 * rings if nodes > 1 else 2 * max(1, int(ppn) // 2)
     intra_hw = "nvlink" if nv is not None else "pcie"
     port = (nv.gbytes_per_s * nv.efficiency if nv is not None
             else platform.node.pcie.gbytes_per_s * platform.node.pcie.efficiency)
     bw_intra = port / max(1, nch / 2)
-    bw_inter = topo.nic_bw / 1e9 * rings / nch if nodes > 1 else bw_intra
+    bw_inter = topo.port_bw / 1e9 * rings / nch if nodes > 1 else bw_intra
     idx = 0 if nodes == 1 else 1 if nodes == 2 else 2
     nsteps = 2 * (ranks - 1) if op == "all_reduce" else ranks - 1 if op in ("all_gather", "reduce_scatter") else ranks
     inter_steps = ((2 * nodes if nodes > 1 else 0) if op == "all_reduce"
                    else nodes - 1 if op in ("all_gather", "reduce_scatter") else nodes)
     algos = ["ring"]
+    if op in ("all_gather", "reduce_scatter") and pat_enabled(platform.collectives.nccl_version, ranks, nodes):
+        algos.append("pat")
     if op == "all_reduce":
         algos.append("tree")
+        if rules.collnet_lat is not None and net.in_network_reduction and nodes > 1:
+            # CollNet Direct needs NVSwitch (every GPU reaches the node's NICs); the chain runs anywhere
+            algos += (["collnet_direct"] if nv is not None and nv.kind == "nvswitch" else []) + ["collnet_chain"]
         if rules.nvls and nv is not None and nv.nvls and ppn > 1:
             algos.append("nvls" if nodes == 1 else "nvls_tree")
     out = []
     for a in algos:
         for p in protocols:
             k = PROTOCOLS.index(p)
-            if a.startswith("nvls") and p != "simple":
+            if (a.startswith("nvls") or a == "pat") and p != "simple":
+                continue
+            if a.startswith("collnet"):
+                if p != "simple":
+                    continue
+                assert rules.collnet_lat is not None
+                bus = nch * bw_intra  # CollNet takes the graph's intra-node bandwidth
+                j = 0 if a == "collnet_direct" else 1
+                intra = rules.collnet_lat[intra_hw][j]
+                inter = rules.collnet_lat["net"][j] + 2 * net.latency_us
+                local = ppn - 1
+                if a == "collnet_direct":
+                    factor = ppn / rings  # GPUs per NIC: Direct wants a NIC per GPU for full speed
+                    bus /= factor - (factor - 1) / 2
+                    lat = 2 * (min(1.0, local) * intra + local * 0.4) + inter  # 0.4 us arity serialisation
+                else:
+                    lat = 2 * local * intra + inter
+                bw_alg = bus * 0.5
+                out.append(Choice(a, p, lat, bw_alg, lat + nbytes / (1000 * bw_alg), nch))
+                continue
+            if a == "pat":
+                bus = nch * (bw_intra if nodes <= 2 else bw_inter) * PAT_BW_FACTOR
+                # with one GPU per node the latencies are fully exposed: the network's tree latency
+                inter = rules.hw_lat["net"]["tree"][k] + 2 * net.latency_us
+                lat = PAT_BASE_US + int(math.log2(nodes)) * inter / 3.5 + ranks * PAT_PER_RANK_US
+                out.append(Choice(a, p, lat, bus, lat + nbytes / (1000 * bus), nch))
                 continue
             bw = bw_intra if nodes <= 2 else bw_inter
             if a == "nvls_tree":

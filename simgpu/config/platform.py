@@ -103,16 +103,54 @@ class NodeSpec(Spec):
     pcie: PCIeSpec
 
 
+class DragonflySpec(Spec):
+    """A dragonfly network (Slingshot, Aries): nodes on switches, switches in groups joined all to all by
+    local links, groups joined all to all by global links. Paths are minimal: at most one local hop in
+    the source group, one global link, one local hop in the destination group."""
+
+    nodes_per_switch: PositiveInt = Field(description="nodes whose NICs all attach to one switch")
+    switches_per_group: PositiveInt = Field(description="switches of a group, joined all to all by local links")
+    local_link_gbps: PositiveFloat = Field(
+        description="one local (switch to switch, in a group) link, per direction, Gb/s")
+    local_links_per_switch_pair: PositiveInt = Field(
+        1, description="parallel local links between two switches of a group")
+    global_link_gbps: PositiveFloat = Field(description="one global (group to group) link, per direction, Gb/s")
+    global_links_per_group_pair: PositiveInt = Field(
+        description="global links between two groups; each sits on its own switch of either group (spread round "
+                    "the switches), and a flow between the groups takes one of them, chosen by its end nodes")
+    routing: Literal["minimal", "adaptive"] = Field(
+        "minimal", description="minimal: a flow pinned to one path, its global link picked by its end nodes (static "
+                               "routing); adaptive: a switch spreads its packets over every path (Slingshot's "
+                               "adaptive routing), so a switch's local links and the global links between two "
+                               "groups each serve as one pool")
+    local_latency_us: NonNegFloat = Field(0.3, description="extra one-way latency of a local hop, us")
+    global_latency_us: NonNegFloat = Field(0.5, description="extra one-way latency of a global hop, us")
+
+
 class NetworkSpec(Spec):
     """NICs and the network between nodes."""
 
     nics_per_node: PositiveInt = Field(description="NICs per node (GPU-facing, for collectives)")
+    nics_per_gpu: PositiveInt = Field(
+        1, description="NICs each GPU has to itself (multi-rail: NCCL spreads a GPU's channels over them, so its "
+                       "traffic is striped evenly over its NICs, each on its own rail's leaf); above 1, "
+                       "nics_per_node must be node.gpus x nics_per_gpu")
+    in_network_reduction: bool = Field(
+        False, description="the switches reduce data in the network (InfiniBand SHARP) and NCCL uses it (CollNet: the "
+                           "SHARP plugin and NCCL_COLLNET_ENABLE=1): all-reduce across nodes may run as CollNet, each "
+                           "node sending its data up once and getting the result back")
+    stripe_messages: bool = Field(
+        False, description="with several NICs per GPU: the network layer stripes every message over all of them "
+                           "(aws-ofi-nccl's rails on EFA), so one channel reaches the GPU's whole rate; false: "
+                           "NCCL spreads a GPU's channels over its NICs, a channel on one NIC")
     nic_gbps: PositiveFloat = Field(description="per NIC, per direction, Gb/s")
     efficiency: Fraction = Field(0.9, description="achievable fraction of nic_gbps")
     latency_us: NonNegFloat = Field(2.0, description="one-way latency NIC to NIC through one switch, us")
-    topology: Literal["rail_optimized", "fat_tree"] = Field(
+    topology: Literal["rail_optimized", "fat_tree", "dragonfly"] = Field(
         "rail_optimized",
-        description="rail_optimized: NIC i of every node on leaf switch i; fat_tree: all NICs of a node on one leaf")
+        description="rail_optimized: NIC i of every node on leaf switch i; fat_tree: all NICs of a node on one "
+                    "leaf; dragonfly: groups of switches (the dragonfly keys)")
+    dragonfly: DragonflySpec | None = Field(None, description="the dragonfly's shape, where topology is dragonfly")
     nodes_per_leaf: PositiveInt = Field(32, description="nodes under one leaf switch (per rail when rail_optimized)")
     oversubscription: Annotated[float, Field(ge=1)] = Field(
         1.0, description="leaf downlink to uplink bandwidth ratio (1 = non-blocking)")
@@ -121,6 +159,23 @@ class NetworkSpec(Spec):
         1.0, description="fraction of a NIC's achievable rate reached while it exchanges with the NICs of several "
                          "other nodes at once (an all-to-all over more than two nodes: incast and head-of-line "
                          "blocking on the fabric); 1: as with one peer node")
+
+
+    @field_validator("topology", mode="before")
+    @classmethod
+    def _topology_known(cls, given: object) -> object:
+        if given not in ("rail_optimized", "fat_tree", "dragonfly"):
+            raise ValueError(f"expected rail_optimized, fat_tree or dragonfly; got {given!r}")
+        return given
+
+    @model_validator(mode="after")
+    def _dragonfly_given(self) -> NetworkSpec:
+        if self.topology == "dragonfly" and self.dragonfly is None:
+            raise ValueError("topology dragonfly expected a dragonfly section (nodes_per_switch, switches_per_group, "
+                             "local_link_gbps, global_link_gbps, global_links_per_group_pair)")
+        if self.topology != "dragonfly" and self.dragonfly is not None:
+            raise ValueError(f"a dragonfly section expected topology dragonfly; got topology {self.topology}")
+        return self
 
 
 class ProtocolSpec(Spec):
@@ -193,7 +248,7 @@ class CollectiveSpec(Spec):
                            "direct pointers to each other's buffers, so a ring's loop inside the node has "
                            "no step that only copies locally; false: a process per GPU, as training runs")
     nccl_version: str = Field(
-        "2.20", pattern=r"^2\.\d+(\.\d+)?$",
+        "2.23", pattern=r"^2\.\d+(\.\d+)?$",
         description="the NCCL release this machine runs, e.g. 2.21.5: it chooses the rules of NCCL's tuning "
                     "model (simgpu/comm/tuning.py) the tuner follows; default the newest modelled")
     tuner: Literal["nccl", "isolated"] = Field(
@@ -267,4 +322,8 @@ class PlatformSpec(Spec):
         if self.node.pcie.switches > self.node.gpus:
             raise ValueError(
                 f"node.pcie.switches ({self.node.pcie.switches}) cannot exceed node.gpus ({self.node.gpus})")
+        net = self.network
+        if net.nics_per_gpu > 1 and net.nics_per_node != self.node.gpus * net.nics_per_gpu:
+            raise ValueError(f"network.nics_per_node: expected node.gpus x nics_per_gpu = "
+                             f"{self.node.gpus * net.nics_per_gpu}; got {net.nics_per_node}")
         return self

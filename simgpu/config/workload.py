@@ -449,6 +449,32 @@ class Parallelism(Spec):
         0, description="ZeRO stage over the data-parallel ranks: 0 replicated (DDP), 1 optimizer states, "
                        "2 and gradients, 3 and parameters (all-gathered per block, FSDP)")
     fsdp: bool = Field(False, description="PyTorch FSDP full sharding: the same as zero: 3")
+    # FSDP's prefetch and rate limiter, as torch.distributed.fsdp.FullyShardedDataParallel's arguments of
+    # the same names (PyTorch docs, "FullyShardedDataParallel" and "FSDP Notes: FSDP Prefetch Nuances";
+    # torch/distributed/fsdp/_limiter_utils.py for the limit of two); zero: 3 only.
+    forward_prefetch: bool = Field(
+        False, description="zero 3 / FSDP: the next unit's all-gather is issued before this unit's forward "
+                           "kernels (explicit prefetch) instead of after them (implicit prefetch: a separate "
+                           "stream still lets it run under this unit's compute); PyTorch FSDP forward_prefetch, "
+                           "default False")
+    backward_prefetch: Literal["backward_pre", "backward_post", "none"] = Field(
+        "backward_pre", description="zero 3 / FSDP: when the backward all-gathers the next unit (in backward "
+                                    "order): backward_pre before this unit's gradient computation (it runs under "
+                                    "it), backward_post after it, before this unit's reduce-scatter (exposed; "
+                                    "the reduce-scatter runs under the next unit), none when the next unit's "
+                                    "backward starts, behind this unit's reduce-scatter on the process group's "
+                                    "NCCL stream (no overlap); PyTorch FSDP backward_prefetch, default "
+                                    "BackwardPrefetch.BACKWARD_PRE")
+    limit_all_gathers: bool = Field(
+        True, description="zero 3 / FSDP's rate limiter: before issuing an all-gather the CPU waits for the "
+                          "older of the two last units' frees, so at most two units are gathered at once; "
+                          "false: the CPU issues all-gathers as far ahead as it runs (every unit gathered at "
+                          "once in the memory estimate); PyTorch FSDP limit_all_gathers, default True")
+    reshard_after_forward: bool = Field(
+        True, description="zero 3 / FSDP: free each unit's gathered parameters after its forward and all-gather "
+                          "them again in backward (ZeRO-3, FULL_SHARD); false: keep them from the forward to "
+                          "the backward (ZeRO-2 style, SHARD_GRAD_OP): no backward all-gathers, the stage's "
+                          "unsharded weights held; PyTorch FSDP2 fully_shard reshard_after_forward, default True")
     pp_schedule: Literal["1f1b", "gpipe", "interleaved"] = Field(
         "1f1b", description="pipeline schedule: 1f1b, gpipe (all forwards, then all backwards) or interleaved "
                             "1F1B over virtual_stages model chunks per stage")
@@ -462,6 +488,12 @@ class Parallelism(Spec):
                           "under the distributed optimizer); false: after the backward. Default true as PyTorch "
                           "DDP and NeMo (overlap_grad_sync: True); Megatron-LM's --overlap-grad-reduce is off "
                           "unless given")
+    gradient_as_bucket_view: bool = Field(
+        False, description="PyTorch DDP (zero: 0, framework: pytorch): gradients are views into the all-reduce "
+                           "buckets; false, DDP's default: each bucket's gradients are copied into it before its "
+                           "all-reduce and back after it (a copy kernel each way per bucket) and the buckets take "
+                           "as much memory again as the gradients (torch.nn.parallel.DistributedDataParallel "
+                           "gradient_as_bucket_view, default False)")
     overlap_param_gather: bool = Field(
         False, description="the distributed optimizer (zero: 1 or 2) all-gathers the updated parameters per "
                            "bucket after the optimizer step without waiting, and the next iteration's forward "
@@ -509,6 +541,13 @@ class Parallelism(Spec):
                              f"expected sp: true and tp > 1, got sp: {str(self.sp).lower()}, tp: {self.tp}")
         if self.fsdp and self.zero not in (0, 3):
             raise ValueError(f"fsdp is ZeRO stage 3; it contradicts zero: {self.zero}; expected zero: 3 or no fsdp")
+        if self.gradient_as_bucket_view and self.zero_stage != 0:
+            raise ValueError(f"gradient_as_bucket_view is PyTorch DDP's; expected zero: 0, got zero: {self.zero_stage}")
+        fsdp_keys = [k for k in ("forward_prefetch", "backward_prefetch", "limit_all_gathers", "reshard_after_forward")
+                     if k in self.model_fields_set]
+        if fsdp_keys and self.zero_stage != 3:
+            raise ValueError(f"{fsdp_keys[0]} is FSDP's (ZeRO stage 3); expected zero: 3 or fsdp: true, got "
+                             f"zero: {self.zero}")
         return self
 
     @property
@@ -525,7 +564,12 @@ class Comm(Spec):
     protocol: Literal["auto", "ll", "ll128", "simple"] = Field(
         "auto", description="NCCL protocol; auto picks per collective")
     bucket_mib: Annotated[float, Field(gt=0)] = Field(
-        25.0, description="gradient bucket size of data-parallel all-reduce, MiB (DDP default 25)")
+        25.0, description="gradient bucket size of data-parallel all-reduce, MiB (PyTorch DDP bucket_cap_mb, "
+                          "default 25); buckets are filled in the order backward readies the gradients, the "
+                          "reverse of the parameters' order, as DDP's rebuilt buckets after the first iteration")
+    first_bucket_mib: Annotated[float, Field(gt=0)] = Field(
+        1.0, description="size of the first gradient bucket, MiB, so that the first all-reduce starts early "
+                         "(PyTorch DDP's torch.distributed._DEFAULT_FIRST_BUCKET_BYTES, 1 MiB)")
 
 
 class WorkloadSpec(Spec):
@@ -559,6 +603,10 @@ class WorkloadSpec(Spec):
         if not served and self.training is None:
             raise ValueError(f"training: missing required key (a {self.model.kind} model is trained); expected "
                              "training: {...}")
+        framework = self.training.framework if self.training is not None else "pytorch"
+        if self.parallelism.gradient_as_bucket_view and (self.model.kind != "transformer" or framework != "pytorch"):
+            raise ValueError("parallelism.gradient_as_bucket_view is PyTorch DDP's for a transformer; expected "
+                             "model.kind: transformer and training.framework: pytorch")
         return self
 
     @property

@@ -153,8 +153,9 @@ def fold_blocker(topo: Topology, replicas: Replicas) -> str | None:
         if _level_kind(topo, block, unit) is None:
             return (f"shifting ranks by {unit} within blocks of {block} moves neither whole nodes nor GPUs "
                     "inside a node onto a like place")
-    if topo.nodes > 1 and topo.platform.network.oversubscription > 1 and len(topo.spine_links()) > 0:
-        return "the network core is oversubscribed (the spine is shared by replicas and may limit them)"
+    if topo.core_may_limit:
+        return ("the network core may limit replicas that share it (an oversubscribed spine, or a dragonfly's "
+                "local and global links)")
     return None
 
 

@@ -3,7 +3,10 @@
 A kernel takes ``max(flops / achievable FLOP/s, bytes / achievable HBM bandwidth)``, but never less
 than the platform's shortest kernel. GEMMs are tiled: the work is rounded up to whole waves of
 output tiles over the SMs, so a GEMM one tile larger than a wave costs nearly two waves, as on the
-real GPU. Embedding lookups read whole 32-byte sectors per row, so narrow rows cost more per byte.
+real GPU. An MoE layer's experts (``moe``) are two grouped GEMMs in turn, each tiled in the same
+way and bound by its compute or by its operand bytes (the weights of every expert that gets a
+token: a decode step reads them all for a few tokens). Embedding lookups read whole 32-byte
+sectors per row, so narrow rows cost more per byte.
 Elementwise kernels do their op's arithmetic (``flops_per_element``, see
 :mod:`simgpu.elementwise`) on the vector units at the fp32 peak, whatever the storage dtype
 (PyTorch computes bf16 and fp16 elementwise ops in fp32, tensor cores do not run them): a GELU is
@@ -49,6 +52,30 @@ def attention_pairs(sq: Any, skv: Any, causal: Any, window: Any) -> Any:
     return np.where(w < skv, np.minimum(full, capped), full)
 
 
+def moe_gemms(k: KernelSpec) -> list[tuple[float, float, float, float]]:
+    """The grouped GEMMs ``(experts, m, n, k)`` of a ``moe`` kernel, one rank's expert FFNs.
+
+    ``rows`` token copies spread evenly over the ``experts`` local experts (as many experts as get
+    a token, ``m`` rows each); fc1 maps ``hidden`` to ``inter`` (twice that when ``gated``: the
+    gate and up projections of SwiGLU in one GEMM), fc2 ``inter`` back to ``hidden``. ``bwd`` 0 is
+    the forward (fc1 then fc2), 1 the input gradients (fc2's, then fc1's: ``m x inter x hidden``
+    and ``m x hidden x 2 inter``), 2 the weight gradients (``inter x hidden`` and ``hidden x 2
+    inter`` outputs over a depth of ``m`` rows): the backward as GEMMs of the forward's transposed
+    shapes, as a linear layer's.
+    """
+    rows, experts = max(k.get("rows"), 1.0), k.get("experts")
+    hidden, inter = k.get("hidden"), k.get("inter")
+    up = inter * (2.0 if k.get("gated", 1.0) else 1.0)
+    active = min(experts, rows)
+    m = float(np.ceil(rows / active))
+    bwd = int(k.get("bwd", 0.0))
+    if bwd == 1:
+        return [(active, m, inter, hidden), (active, m, hidden, up)]
+    if bwd == 2:
+        return [(active, inter, hidden, m), (active, hidden, up, m)]
+    return [(active, m, up, hidden), (active, m, hidden, inter)]
+
+
 class Analytical:
     """Times kernels from the GPU's datasheet figures; see the module docstring."""
 
@@ -64,7 +91,7 @@ class Analytical:
             "attention_fwd": self._attention, "attention_bwd": self._attention,
             "embedding_fwd": self._embedding, "embedding_bwd": self._embedding,
             "elementwise": self._elementwise, "norm": self._rowwise, "softmax": self._rowwise,
-            "optimizer": self._optimizer,
+            "optimizer": self._optimizer, "moe": self._moe,
         }
 
     @classmethod
@@ -100,8 +127,14 @@ class Analytical:
     # Each family returns (compute-bound seconds, memory-bound seconds).
 
     def _gemm(self, k: KernelSpec) -> tuple[float, float]:
-        b, m, n, kk = k.get("b", 1.0), k.get("m"), k.get("n"), k.get("k")
-        e = DTYPE_BYTES[k.dtype]
+        m, n, kk = k.get("m"), k.get("n"), k.get("k")
+        return self._gemm_s(k.get("b", 1.0), m, n, kk, k.dtype, (m, n, kk))
+
+    def _gemm_s(self, b: float, m: float, n: float, kk: float, dtype: str,
+                aligned: Sequence[float]) -> tuple[float, float]:
+        """Compute-bound and memory-bound seconds of ``b`` GEMMs ``m x n x kk``; ``aligned`` are the
+        dimensions whose misalignment costs the narrower loads."""
+        e = DTYPE_BYTES[dtype]
         # Like cuBLAS's heuristics, take the tile shape that finishes first: every wave of output
         # tiles over the SMs costs a full wave, padded to the tile edges; smaller tiles waste less
         # of the last wave but reuse operands less (lower efficiency).
@@ -110,10 +143,22 @@ class Analytical:
             tiles = b * np.ceil(m / tm) * np.ceil(n / tn)
             waves = np.ceil(tiles / self.gpu.sms)
             best = min(best, waves * self.gpu.sms * tm * tn * kk * 2.0 / eff)
-        if k.dtype in TENSOR_CORE_DTYPES and any(int(x) * e % ALIGN_BYTES for x in (m, n, kk)):
+        if dtype in TENSOR_CORE_DTYPES and any(int(x) * e % ALIGN_BYTES for x in aligned):
             best /= MISALIGNED_EFFICIENCY
         nbytes = b * (m * kk + kk * n + m * n) * e
-        return best / self.flops_rate(k.dtype), nbytes / self.bw
+        return best / self.flops_rate(dtype), nbytes / self.bw
+
+    def _moe(self, k: KernelSpec) -> tuple[float, float]:
+        # The experts' two grouped GEMMs in turn, each bound by its compute or its bytes (the
+        # weights of every expert that gets a token are read whole); see moe_gemms. Grouped GEMMs
+        # take any number of tokens per expert: only the weights' widths must be aligned.
+        total_s, total_b = 0.0, 0.0
+        widths = (k.get("hidden"), k.get("inter"))
+        for b, m, n, kk in moe_gemms(k):
+            flops_s, bytes_s = self._gemm_s(b, m, n, kk, k.dtype, widths)
+            total_s += max(flops_s, bytes_s, self.min_s)
+            total_b += bytes_s
+        return total_s, total_b
 
     def _attention(self, k: KernelSpec) -> tuple[float, float]:
         b, h, sq, skv, d = (k.get(x) for x in ("batch", "heads", "seq_q", "seq_kv", "head_dim"))

@@ -36,7 +36,12 @@ ATTENTION_OPTIONAL: Final[Mapping[str, float]] = {"kv_heads": np.nan, "window": 
 #: Each family's shape parameters and their defaults (None: required). Optional ones are features
 #: that measurements may carry and simulated kernels may omit; :func:`kernel_params` fills them in.
 #: An elementwise kernel's ``flops_per_element`` is the arithmetic of its op per output element
-#: (:mod:`simgpu.elementwise`): what tells a GELU from a copy of the same shape.
+#: (:mod:`simgpu.elementwise`): what tells a GELU from a copy of the same shape. A ``moe`` kernel is
+#: one rank's expert FFNs of an MoE layer: ``rows`` token copies (tokens x ``topk``, those routed to
+#: this rank's experts) over ``experts`` local experts, ``hidden`` -> ``inter`` (after tensor
+#: parallelism; ``gated``: SwiGLU's gate and up projections) -> ``hidden``; ``skew`` is the exponent
+#: of a power law of tokens over experts (0: balanced routing); ``bwd`` 0 the forward, 1 the input
+#: gradients, 2 the weight gradients (:func:`~simgpu.kernels.analytical.moe_gemms`).
 FAMILY_PARAMS: Final[Mapping[str, Mapping[str, float | None]]] = {
     "gemm": {"m": None, "n": None, "k": None},
     "bmm": {"b": None, "m": None, "n": None, "k": None},
@@ -53,6 +58,8 @@ FAMILY_PARAMS: Final[Mapping[str, Mapping[str, float | None]]] = {
     "softmax": {"rows": None, "cols": None, "bwd": 0.0},
     "optimizer": {"numel": None, "states": 0.0},
     "memcpy": {"nbytes": None, "to_device": 1.0},
+    "moe": {"rows": None, "experts": None, "hidden": None, "inter": None, "topk": 1.0, "gated": 1.0,
+            "skew": 0.0, "bwd": 0.0},
 }
 #: Families the analytical model has no formula for: their models learn the time itself.
 NO_BASELINE: Final = frozenset({"memcpy"})
@@ -196,6 +203,12 @@ def _flops_bytes(family: str, p: Mapping[str, np.ndarray], e: np.ndarray) -> tup
         return p["numel"] * (2 + 5 * p["states"]), p["numel"] * 4 * (3 + 2 * p["states"])
     if family == "memcpy":
         return np.zeros_like(p["nbytes"]), p["nbytes"]
+    if family == "moe":
+        width = 2 + p["gated"]  # fc1's outputs and fc2's inputs, in units of inter
+        active = np.minimum(p["experts"], np.maximum(p["rows"], 1.0))
+        flops = 2 * p["rows"] * p["hidden"] * p["inter"] * width
+        weights = active * width * p["hidden"] * p["inter"]   # of every expert that gets a token
+        return flops, (weights + p["rows"] * (2 * p["hidden"] + width * p["inter"])) * e
     raise KeyError(f"no features for kernel family {family!r}")
 
 
@@ -254,6 +267,17 @@ def feature_columns(family: str, kernels: Sequence[KernelSpec], gpu: GPUSpec,
         f["log_table_bytes"] = np.log2(1.0 + p["tables"] * p["rows"] * p["dim"] * e)
     if family in ("norm", "softmax"):
         f["log_rows_per_sm"] = np.log2(p["rows"] / gpu.sms)
+    if family == "moe":
+        # token copies per expert (the GEMMs' m), experts with work, and waves of fc1's output tiles
+        active = np.minimum(p["experts"], np.maximum(p["rows"], 1.0))
+        per_expert = np.ceil(np.maximum(p["rows"], 1.0) / active)
+        f["log_rows_per_expert"] = np.log2(per_expert)
+        f["log_active_experts"] = np.log2(active)
+        waves = active * np.ceil(per_expert / _TILE) * np.ceil(p["inter"] * (1 + p["gated"]) / _TILE) / gpu.sms
+        f["log_waves"] = np.log2(waves)
+        f["wave_tail"] = np.ceil(waves) - waves
+        f["log_mem_us"] = np.log2(nbytes / bw * 1e6 + 1e-3)
+        f["log_compute_us"] = np.log2(flops / peak * 1e6 + 1e-3)
     if family.startswith("attention"):
         # this GPU's compute and memory times in microseconds, and how the work spreads over its
         # SMs: a decode kernel runs a block per sequence and KV head, a prefill one per query tile

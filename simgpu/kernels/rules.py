@@ -20,6 +20,13 @@ model and reports the kernel as timed ``(rule)``. The rules, each with its sourc
 - **Batched GEMM** = the GEMM of the same output tiles (``b m`` rows of ``n``, depth ``k``), scaled
   by the ratio of the two shapes' roofline times: the correction the GEMM model learned for those
   tiles carries over, the roofline accounts for the extra operand bytes of ``b`` matrices.
+- **MoE experts' backward** (``moe`` kernels with ``bwd`` 1, the input gradients of fc2 then fc1
+  with the activation's backward, and ``bwd`` 2, the weight gradients of both) = the forward of the
+  same shape x 1 each: each pass is the forward's two grouped GEMMs on transposed shapes (dgrad
+  ``m x k x n``, wgrad ``k x n x m`` per expert), the same FLOPs, so the backward is 2x the
+  forward, the ratio of any linear layer's (Narayanan et al., "Efficient Large-Scale Language
+  Model Training on GPU Clusters Using Megatron-LM", SC 2021: 2 of a layer's 3 GEMM FLOP units are
+  backward). AIConfigurator measures TensorRT-LLM's fused MoE forward only.
 - **Optimizer step** (fp32 master weights, ``3 + 2 states`` fp32 tensors read or written per
   parameter, as the analytical model counts them) = the measured elementwise add (two inputs, one
   output, 16-bit) that moves the same bytes: on a GPU the step is pure memory traffic, and the
@@ -64,6 +71,10 @@ DEPTH: Final = 3
 #: Query and key block edge of fused attention kernels (FlashAttention-2's 128 x 128 on A100/H100).
 ATTENTION_TILE: Final = 128
 _HALF: Final = ("bf16", "fp16")
+#: The suffix of a ``moe`` kernel's kind per pass (``bwd``): forward, input gradients, weight gradients.
+MOE_PASSES: Final = ("", "_dgrad", "_wgrad")
+#: Each backward pass of an expert FFN (input gradients, weight gradients) over its forward.
+MOE_BWD_PASS: Final = 1.0
 
 Factor = float | str
 #: One step of a derivation: the kernel, its proxy, the factor on the proxy's time.
@@ -80,6 +91,9 @@ def kind(k: KernelSpec) -> str:
         return ("rms" if k.get("rms", 0.0) else "ln") + ("_bwd" if k.get("bwd", 0.0) else "")
     if k.family == "softmax":
         return "bwd" if k.get("bwd", 0.0) else "fwd"
+    if k.family == "moe":
+        return (("gated" if k.get("gated", 1.0) else "plain") + ("_skewed" if k.get("skew", 0.0) else "")
+                + MOE_PASSES[int(k.get("bwd", 0.0))])
     return "any"
 
 
@@ -107,6 +121,8 @@ def _candidates(k: KernelSpec) -> Iterator[tuple[KernelSpec, Factor]]:
         params = {n: v for n, v in k.params if n != "b"}
         params["m"] = k.get("b") * k.get("m")
         yield KernelSpec.make("gemm", k.dtype, **params), ROOFLINE
+    elif k.family == "moe" and k.get("bwd", 0.0):
+        yield _with(k, bwd=0.0), MOE_BWD_PASS
     elif k.family == "optimizer":
         nbytes = k.get("numel") * 4.0 * (3.0 + 2.0 * k.get("states", 0.0))
         for dt in _HALF:

@@ -19,6 +19,9 @@ import numpy as np
 
 from ..config.platform import PlatformSpec
 
+#: kinds of link that belong to the network between nodes
+NET_KINDS = frozenset({"nic", "spine", "local", "global"})
+
 
 @dataclass(frozen=True, slots=True)
 class Link:
@@ -26,7 +29,7 @@ class Link:
 
     id: int
     name: str
-    kind: str  # "nvlink", "pcie", "nic", "spine", "host" (staging in host memory)
+    kind: str  # "nvlink", "pcie", "nic", "spine", "local", "global" (dragonfly), "host" (staging in host memory)
     capacity: float
     latency: float
 
@@ -57,9 +60,15 @@ class Topology:
         self._ids: dict[str, int] = {}
         p = platform
         nv, pcie, net = p.node.nvlink, p.node.pcie, p.network
+        #: one NIC's achievable rate; a GPU's port (its NICs striped, multi-rail) moves ``port_bw``
         self.nic_bw = net.nic_gbps / 8 * 1e9 * net.efficiency
+        self.rails = net.nics_per_gpu
+        self.port_bw = self.nic_bw * self.rails
         pcie_bw = pcie.gbytes_per_s * 1e9 * pcie.efficiency
-        G, S, K = p.node.gpus, pcie.switches, net.nics_per_node
+        # a port is one NIC, or on a multi-rail node the NICs of one GPU, striped (as NCCL spreads the
+        # GPU's channels over them) and each on its own rail's leaf: one link of their summed rate
+        G, S, K = p.node.gpus, pcie.switches, net.nics_per_node // self.rails
+        self.ports = K
         self._gpu_switch = [g * S // G for g in range(G)]
         self._nic_switch = [k * S // K for k in range(K)]
         self._nic_of = [self._pick_nic(g) for g in range(G)]
@@ -91,15 +100,18 @@ class Topology:
                     self._add(f"n{n}.pcisw{s}->n{n}.nic{k}", "pcie", pcie_bw, pcie.latency_us * 0.5e-6)
                     self._add(f"n{n}.nic{k}->n{n}.pcisw{s}", "pcie", pcie_bw, pcie.latency_us * 0.5e-6)
                     leaf = self.leaf_of(n, k)
-                    self._add(f"n{n}.nic{k}->{leaf}", "nic", self.nic_bw, net.latency_us * 0.5e-6)
-                    self._add(f"{leaf}->n{n}.nic{k}", "nic", self.nic_bw, net.latency_us * 0.5e-6)
+                    self._add(f"n{n}.nic{k}->{leaf}", "nic", self.port_bw, net.latency_us * 0.5e-6)
+                    self._add(f"{leaf}->n{n}.nic{k}", "nic", self.port_bw, net.latency_us * 0.5e-6)
         #: links of each node, added node by node: node n's are ids [n * links_per_node, (n + 1) * ...)
         self.links_per_node = len(self.links) // nodes
         self._leaves = sorted({self.leaf_of(n, k) for n in range(nodes) for k in range(K)}) if nodes > 1 else []
-        if len(self._leaves) > 1:
+        if net.topology == "dragonfly":
+            if nodes > 1:
+                self._add_dragonfly()
+        elif len(self._leaves) > 1:
             for leaf in self._leaves:
                 ports = min(net.nodes_per_leaf, nodes) * (1 if net.topology == "rail_optimized" else K)
-                up = ports * self.nic_bw / net.oversubscription
+                up = ports * self.port_bw / net.oversubscription
                 self._add(f"{leaf}->spine", "spine", up, net.spine_latency_us * 0.5e-6)
                 self._add(f"spine->{leaf}", "spine", up, net.spine_latency_us * 0.5e-6)
         self.capacity = np.array([lk.capacity for lk in self.links])
@@ -119,6 +131,91 @@ class Topology:
         self._ids[name] = lid
         return lid
 
+    def _add_dragonfly(self) -> None:
+        """Local links between every two switches of each group in use, and the global links between
+        every two groups in use (pooled under adaptive routing: see ``DragonflySpec.routing``):
+        ``global_links_per_group_pair`` (L) of them, link m of groups (a, b) on switch
+        ``(b * L + m) % S`` of group a and ``(a * L + m) % S`` of group b, so a group's global links
+        spread round its switches (named ``sw{a}.{x}->sw{b}.{y}/g{m}``)."""
+        net = self.platform.network
+        df = net.dragonfly
+        assert df is not None
+        eff = net.efficiency
+        S, L = df.switches_per_group, df.global_links_per_group_pair
+        local_bw = df.local_link_gbps / 8 * 1e9 * eff * df.local_links_per_switch_pair
+        global_bw = df.global_link_gbps / 8 * 1e9 * eff
+        switches = (self.nodes + df.nodes_per_switch - 1) // df.nodes_per_switch
+        groups = (switches + S - 1) // S
+        in_group = S if groups > 1 else switches  # one group: only its switches in use route
+        if df.routing == "adaptive":
+            # every path used at once: a switch's local links as one pool each way, the global links
+            # between two groups as one
+            lat = df.local_latency_us * 1e-6
+            for grp in range(groups if in_group > 1 else 0):  # one switch a group: no local links
+                for a in range(in_group):
+                    self._add(f"sw{grp}.{a}->local", "local", (in_group - 1) * local_bw, lat)
+                    self._add(f"local->sw{grp}.{a}", "local", (in_group - 1) * local_bw, 0.0)
+            for ga in range(groups):
+                for gb in range(groups):
+                    if ga != gb:
+                        self._add(f"g{ga}->g{gb}", "global", L * global_bw, df.global_latency_us * 1e-6)
+            return
+        for grp in range(groups):
+            for a in range(in_group):
+                for b in range(in_group):
+                    if a != b:
+                        self._add(f"sw{grp}.{a}->sw{grp}.{b}", "local", local_bw, df.local_latency_us * 1e-6)
+        for ga in range(groups):
+            for gb in range(groups):
+                if ga != gb:
+                    for m in range(L):
+                        self._add(self._global_name(ga, gb, m), "global", global_bw, df.global_latency_us * 1e-6)
+
+    def _global_name(self, ga: int, gb: int, m: int) -> str:
+        """The ``m``-th global link from group ``ga`` to group ``gb``."""
+        return f"sw{ga}.{self._gateway(ga, gb, m)}->sw{gb}.{self._gateway(gb, ga, m)}/g{m}"
+
+    def _gateway(self, group: int, other: int, m: int) -> int:
+        """The switch of ``group`` that holds its ``m``-th global link to group ``other``."""
+        df = self.platform.network.dragonfly
+        assert df is not None
+        return (other * df.global_links_per_group_pair + m) % df.switches_per_group
+
+    def switch_at(self, node: int) -> tuple[int, int]:
+        """(group, switch within the group) of ``node`` on a dragonfly."""
+        df = self.platform.network.dragonfly
+        assert df is not None
+        sw = node // df.nodes_per_switch
+        return divmod(sw, df.switches_per_group)
+
+    def _fabric(self, na: int, la: str, nb: int, lb: str) -> list[str]:
+        """Link names between the switch ``la`` of node ``na`` and ``lb`` of node ``nb``."""
+        net = self.platform.network
+        if net.topology != "dragonfly":
+            return [f"{la}->spine", f"spine->{lb}"] if la != lb else []
+        df = net.dragonfly
+        assert df is not None
+        (ga, sa), (gb, sb) = self.switch_at(na), self.switch_at(nb)
+        if df.routing == "adaptive":
+            if ga == gb:
+                return [f"sw{ga}.{sa}->local", f"local->sw{ga}.{sb}"] if sa != sb else []
+            # out through the source switch's local links to the switches holding global links, across
+            # the groups' pool, in through the destination switch's local links
+            if df.switches_per_group == 1:
+                return [f"g{ga}->g{gb}"]
+            return [f"sw{ga}.{sa}->local", f"g{ga}->g{gb}", f"local->sw{gb}.{sb}"]
+        if ga == gb:
+            return [f"sw{ga}.{sa}->sw{ga}.{sb}"] if sa != sb else []
+        # minimal: to the switch holding the global link, across it, on to the destination's switch;
+        # the flow's global link is picked by its end nodes, as a static hash spreads flows
+        m = (na + nb) % df.global_links_per_group_pair
+        xa, xb = self._gateway(ga, gb, m), self._gateway(gb, ga, m)
+        hops = [f"sw{ga}.{sa}->sw{ga}.{xa}"] if sa != xa else []
+        hops.append(self._global_name(ga, gb, m))
+        if xb != sb:
+            hops.append(f"sw{gb}.{xb}->sw{gb}.{sb}")
+        return hops
+
     def _pick_nic(self, g: int) -> int:
         """The NIC GPU ``g`` uses: one on its own PCIe switch where there is one (GPUDirect RDMA)."""
         p = self.platform
@@ -127,7 +224,7 @@ class Topology:
         if local_nics:
             peers = [h for h, s in enumerate(self._gpu_switch) if s == sw]
             return local_nics[peers.index(g) % len(local_nics)]
-        return g * p.network.nics_per_node // p.node.gpus
+        return g * self.ports // p.node.gpus
 
     # -- queries --------------------------------------------------------------------------------
 
@@ -143,8 +240,18 @@ class Topology:
         return name in self._ids
 
     def spine_links(self) -> list[int]:
-        """Ids of the leaf-to-spine links (shared by nodes; every other link belongs to one node)."""
+        """Ids of the links between switches: leaf to spine, or a dragonfly's local and global links
+        (shared by nodes; every other link belongs to one node)."""
         return list(range(self.nodes * self.links_per_node, len(self.links)))
+
+    @property
+    def core_may_limit(self) -> bool:
+        """Whether the links between switches may hold traffic below the NICs' rate: an
+        oversubscribed spine, or any dragonfly of more than one switch (its global links are few
+        per group pair, and a flow takes one of them)."""
+        if self.nodes == 1 or not self.spine_links():
+            return False
+        return self.platform.network.topology == "dragonfly" or self.platform.network.oversubscription > 1
 
     @property
     def world(self) -> int:
@@ -161,7 +268,11 @@ class Topology:
         return self._nic_of[self.local_of(gpu)]
 
     def leaf_of(self, node: int, nic: int) -> str:
+        """The switch NIC (port) ``nic`` of ``node`` attaches to."""
         net = self.platform.network
+        if net.topology == "dragonfly":
+            group, sw = self.switch_at(node)
+            return f"sw{group}.{sw}"
         pod = node // net.nodes_per_leaf
         return f"leaf{nic}.{pod}" if net.topology == "rail_optimized" else f"leaf{pod}"
 
@@ -214,13 +325,27 @@ class Topology:
         if sa != xa:
             hops += [f"n{na}.pcisw{sa}->n{na}.cpu", f"n{na}.cpu->n{na}.pcisw{xa}"]
         hops += [f"n{na}.pcisw{xa}->n{na}.nic{ka}", f"n{na}.nic{ka}->{la}"]
-        if la != lb:
-            hops += [f"{la}->spine", f"spine->{lb}"]
+        hops += self._fabric(na, la, nb, lb)
         hops += [f"{lb}->n{nb}.nic{kb}", f"n{nb}.nic{kb}->n{nb}.pcisw{xb}"]
         if xb != sb:
             hops += [f"n{nb}.pcisw{xb}->n{nb}.cpu", f"n{nb}.cpu->n{nb}.pcisw{sb}"]
         hops.append(f"n{nb}.pcisw{sb}->n{nb}.gpu{gb}")
         return tuple(i[h] for h in hops)
+
+    def switch_route(self, gpu: int, up: bool = True) -> tuple[int, ...]:
+        """Links between ``gpu`` and the switch its NIC attaches to (up: towards the switch), as
+        in-network reduction uses them."""
+        n, g = self.node_of(gpu), self.local_of(gpu)
+        k = self._nic_of[g]
+        s, x = self._gpu_switch[g], self._nic_switch[k]
+        leaf = self.leaf_of(n, k)
+        hops = [f"n{n}.gpu{g}->n{n}.pcisw{s}"]
+        if s != x:
+            hops += [f"n{n}.pcisw{s}->n{n}.cpu", f"n{n}.cpu->n{n}.pcisw{x}"]
+        hops += [f"n{n}.pcisw{x}->n{n}.nic{k}", f"n{n}.nic{k}->{leaf}"]
+        if not up:
+            hops = [f"{b}->{a}" for a, b in (h.split("->") for h in reversed(hops))]
+        return tuple(self._ids[h] for h in hops)
 
     def host_route(self, gpu: int, to_device: bool = True) -> tuple[int, ...]:
         """Links of a copy between host memory and ``gpu`` (host to device by default)."""
@@ -253,7 +378,7 @@ class Topology:
     def hardware(self, route: tuple[int, ...]) -> str:
         """The slowest class of hardware on a route: "net", "pcie" or "nvlink" (or "local")."""
         kinds = {self.links[i].kind for i in route}
-        if kinds & {"nic", "spine"}:
+        if kinds & NET_KINDS:
             return "net"
         if kinds & {"pcie", "host"}:
             return "pcie"
@@ -268,7 +393,7 @@ class Topology:
         """Whether data on this route is forwarded in whole chunks (by the network proxy) rather
         than written a slice at a time: into the peer, or, without peer-to-peer, into a buffer in
         host memory that the peer reads as each slice lands (NCCL's shared-memory transport)."""
-        return any(self.links[i].kind in ("nic", "spine") for i in route)
+        return any(self.links[i].kind in NET_KINDS for i in route)
 
     def route_latency(self, route: tuple[int, ...]) -> float:
         return float(self.latency[list(route)].sum()) if route else 0.0

@@ -29,6 +29,7 @@ from simgpu.report.summary import link_utilisation
 CATEGORY_COLORS: dict[str, str] = {
     "gemm": "#1f77b4",
     "bmm": "#6baed6",
+    "moe": "#08519c",
     "attention": "#9467bd",
     "embedding": "#8c564b",
     "elementwise": "#bcbd22",

@@ -53,7 +53,9 @@ def failures(table: pd.DataFrame, limit: int = LISTED_FAILURES) -> list[str]:
 
 def ranking(table: pd.DataFrame, limit: int = 20) -> str:
     """The feasible variants ranked, best first, then the others (listed or summarised)."""
-    if "output_tokens_per_s_per_gpu" in table:  # a serving study
+    from ..serve.study import is_serving_table
+
+    if is_serving_table(table):  # a serving study (LLM or DLRM)
         from ..serve.study import ranking as serving_ranking
 
         return serving_ranking(table, limit)
@@ -114,7 +116,9 @@ def _main(argv: Sequence[str] | None) -> int:
     table = finish_table(rows, swept)
     table.to_csv(out / "results.csv", index=False)
     table.astype({c: str for c in swept}).to_parquet(out / "results.parquet", index=False)
-    if not args.no_plots and table["feasible"].any() and "output_tokens_per_s_per_gpu" not in table:
+    from ..serve.study import is_serving_table
+
+    if not args.no_plots and table["feasible"].any() and not is_serving_table(table):
         bars(table, out / "bars.png", f"{study.spec.name}: iteration time per variant")
         lines(table, list(study.spec.grid), out / "lines.png", study.spec.name)
     print(ranking(table))

@@ -153,14 +153,15 @@ class Linear:
 
 
 def linear_fwd(em: Emitter, lin: Linear, tokens: int, precision: str, *, phase: str = "fwd",
-               deps: Iterable[int] = ()) -> int:
+               deps: Iterable[int] = (), cast_weights: bool = True) -> int:
     """``y = x @ W.T + b`` over ``tokens`` rows; returns the gemm's index.
 
     Under autocast the fp32 weight (and bias) is first cast to the compute dtype; the cast needs no
-    input data, so ``deps`` are put on the gemm only. The bias is fused into the gemm (cuBLASLt
-    epilogue).
+    input data, so ``deps`` are put on the gemm only. ``cast_weights=False``: the weights are stored
+    in the compute dtype (a served model), so there is no cast. The bias is fused into the gemm
+    (cuBLASLt epilogue).
     """
-    if is_mixed(precision):
+    if is_mixed(precision) and cast_weights:
         em.elementwise(f"{lin.name}.cast", lin.numel, 1, 1, aux_dtype(precision), op="cast", phase=phase)
     return em.kernel(f"{lin.name}.fwd", "gemm", precision, phase=phase, deps=deps,
                      m=tokens, n=lin.outputs, k=lin.inputs)
@@ -195,14 +196,16 @@ def linear_bwd(em: Emitter, lin: Linear, tokens: int, precision: str, *, dgrad: 
 
 
 def mlp_fwd(em: Emitter, layers: Sequence[Linear], tokens: int, precision: str, *, relu_last: bool,
-            phase: str = "fwd", deps: Iterable[int] = ()) -> int:
+            phase: str = "fwd", deps: Iterable[int] = (), cast_weights: bool = True) -> int:
     """Linear + ReLU layers (no ReLU after the last unless ``relu_last``); returns the last op's index.
 
-    ``deps`` go on the first gemm (for instance the copy of the input batch).
+    ``deps`` go on the first gemm (for instance the copy of the input batch); ``cast_weights`` as
+    for :func:`linear_fwd`.
     """
     last = -1
     for i, lin in enumerate(layers):
-        last = linear_fwd(em, lin, tokens, precision, phase=phase, deps=deps if i == 0 else ())
+        last = linear_fwd(em, lin, tokens, precision, phase=phase, deps=deps if i == 0 else (),
+                          cast_weights=cast_weights)
         if relu_last or i < len(layers) - 1:
             last = em.elementwise(f"{lin.name}.relu", tokens * lin.outputs, 1, 1, aux_dtype(precision),
                                   op="relu", phase=phase)

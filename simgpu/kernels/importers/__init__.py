@@ -6,7 +6,7 @@ the tables of :mod:`simgpu.kernels.store`: one row per measured kernel shape wit
 for a platform's ``kernel_data.yaml`` (the list of tables its models are fitted on):
 
 - ``neusight``: NeuSight's fp32 per-op tables (:mod:`.neusight`), rows of one ``gpu``;
-- ``aiconfigurator``: NVIDIA AIConfigurator's bf16/fp8 GEMM and attention tables (:mod:`.aiconfigurator`);
+- ``aiconfigurator``: NVIDIA AIConfigurator's bf16/fp8 GEMM, attention and fused MoE tables (:mod:`.aiconfigurator`);
 - ``vidur``: Microsoft Vidur's fp16 per-operator times of LLM layers (:mod:`.vidur`).
 
 :func:`provenance` reads the commit and licence a source's ``provenance.md`` states, for the
@@ -93,7 +93,7 @@ def source_hash(path: Path, source: str | None = None) -> str:
 
 #: The files each importer reads, as globs under its folder: what the content hash and the sizes cover.
 READS: Final[dict[str, tuple[str, ...]]] = {
-    "aiconfigurator": ("gemm/*.parquet", "attention/*.parquet"),
+    "aiconfigurator": ("gemm/*.parquet", "attention/*.parquet", "moe/*.parquet"),
     "vidur": ("*/*/mlp.csv",),
     "neusight": ("data/dataset/test/*.csv", "data/dataset/test/device_configs/*.json", "*.csv",
                  "device_configs/*.json"),

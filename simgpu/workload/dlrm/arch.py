@@ -81,8 +81,10 @@ def _cross_layers(arch: Arch) -> list[tuple[Linear, ...]]:
     return [arch.cross[i:i + step] for i in range(0, len(arch.cross), step)]
 
 
-def interaction_fwd(em: Emitter, arch: Arch, b: int, precision: str, *, deps: Sequence[int]) -> int:
-    """The interaction over ``b`` samples once the pooled embeddings (``deps``) have arrived."""
+def interaction_fwd(em: Emitter, arch: Arch, b: int, precision: str, *, deps: Sequence[int],
+                    cast_weights: bool = True) -> int:
+    """The interaction over ``b`` samples once the pooled embeddings (``deps``) have arrived
+    (``cast_weights``: see :func:`~simgpu.workload.common.linear_fwd`)."""
     aux = aux_dtype(precision)
     f, d = arch.features, arch.dim
     if arch.interaction == "dot":
@@ -94,7 +96,7 @@ def interaction_fwd(em: Emitter, arch: Arch, b: int, precision: str, *, deps: Se
     n = arch.cross_width
     for layer in _cross_layers(arch):
         for lin in layer:
-            linear_fwd(em, lin, b, precision)
+            linear_fwd(em, lin, b, precision, cast_weights=cast_weights)
         # x0 * (W x_l + b) + x_l, fused
         last = em.elementwise(f"{layer[-1].name.rsplit('.', 1)[0]}.mul_add", b * n, 3, 1, aux, op="fma", phase="fwd")
     return last

@@ -200,6 +200,31 @@ def _grad_dist(em: Emitter, layout: Layout, type_: ShardingType, dep: int) -> in
     return em.collective(key, call, phase="bwd", deps=(a2a,))
 
 
+def forward(em: Emitter, layout: Layout, arch: Arch, model: DLRMModel, tables: Sequence[Table], precision: str,
+            *, input_name: str, cast_weights: bool = True) -> int:
+    """The forward that training and inference share, on ``em``'s rank, up to the top MLP's output
+    (returned): the batch's copy (``input_name``), each sharding's ids to the shards' owners, the
+    bottom MLP overlapping them, per sharding type the lookups and the output distribution, the
+    interaction and the top MLP. ``cast_weights``: the dense weights are fp32 and cast to the
+    compute dtype each iteration (training under autocast); a served model stores them cast."""
+    b, w, rank = layout.batch, layout.world.size, em.rank
+    sharded = [t for t in layout.types if t != "data_parallel"]
+    h2d = em.memcpy(input_name, b * model.dense_features * _DENSE_BYTES
+                    + sum(t.ids(b) * ID_BYTES + b * LENGTH_BYTES for t in tables))
+    inputs = {t: _a2a(em, f"emb.{TYPES[t]}.input_a2a", tuple(range(w)), layout.input_send(t), phase="fwd",
+                      deps=(h2d,)) for t in sharded}
+    mlp_fwd(em, arch.bottom, b, precision, relu_last=True, deps=(h2d,), cast_weights=cast_weights)
+    pooled = []
+    for t in layout.types:
+        if t == "data_parallel":
+            pooled.append(_lookups(em, layout, layout.of(t, rank), t, bwd=False, dep=h2d))
+        else:
+            looked = _lookups(em, layout, layout.of(t, rank), t, bwd=False, dep=inputs[t])
+            pooled.append(_output_dist(em, layout, t, looked))
+    interaction_fwd(em, arch, b, precision, deps=pooled, cast_weights=cast_weights)
+    return mlp_fwd(em, arch.top, b, precision, relu_last=False, cast_weights=cast_weights)
+
+
 def _rank_program(rank: int, spec: WorkloadSpec, model: DLRMModel, arch: Arch, layout: Layout,
                   tables: Sequence[Table], kernels: KernelTable) -> Program:
     prec = spec.train.precision
@@ -207,27 +232,9 @@ def _rank_program(rank: int, spec: WorkloadSpec, model: DLRMModel, arch: Arch, l
     em = Emitter(rank, kernels)
     replicas = layout.of("data_parallel", rank)
     replicated = [Param(f"emb.t{s.table.index}.weight", s.rows * s.dim) for s in replicas]
-    grads = GradBuckets(em, assign_buckets(arch.ready_order(replicated), spec.comm.bucket_mib * MIB),
-                        tuple(range(w)))
-    sharded = [t for t in layout.types if t != "data_parallel"]
-
-    # ---- data: the local batch, then each sharding's ids to the shards' owners
-    h2d = em.memcpy("batch.h2d", b * model.dense_features * _DENSE_BYTES
-                    + sum(t.ids(b) * ID_BYTES + b * LENGTH_BYTES for t in tables))
-    inputs = {t: _a2a(em, f"emb.{TYPES[t]}.input_a2a", tuple(range(w)), layout.input_send(t), phase="fwd",
-                      deps=(h2d,)) for t in sharded}
-
-    # ---- forward: the bottom MLP overlaps the input all-to-alls; lookups and output distributions
-    mlp_fwd(em, arch.bottom, b, prec, relu_last=True, deps=(h2d,))
-    pooled = []
-    for t in layout.types:
-        if t == "data_parallel":
-            pooled.append(_lookups(em, layout, replicas, t, bwd=False, dep=h2d))
-        else:
-            looked = _lookups(em, layout, layout.of(t, rank), t, bwd=False, dep=inputs[t])
-            pooled.append(_output_dist(em, layout, t, looked))
-    interaction_fwd(em, arch, b, prec, deps=pooled)
-    mlp_fwd(em, arch.top, b, prec, relu_last=False)
+    grads = GradBuckets(em, assign_buckets(arch.ready_order(replicated), spec.comm.bucket_mib * MIB,
+                                           spec.comm.first_bucket_mib * MIB), tuple(range(w)))
+    forward(em, layout, arch, model, tables, prec, input_name="batch.h2d")
     out = b * arch.top[-1].outputs
     aux = aux_dtype(prec)
     em.elementwise("loss.fwd", out, 2, 1, aux, op="bce_logits", phase="fwd")  # sigmoid + BCE, fused

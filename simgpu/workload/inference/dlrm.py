@@ -6,8 +6,9 @@ shards' owners (all-to-all per sharding type), the bottom MLP overlapping them, 
 pooled embeddings' output distribution, the interaction, the top MLP and the sigmoid, whose scores
 the host waits for. The plan is resolved exactly as for training (:mod:`~simgpu.workload.dlrm.sharding`,
 the same ``parallelism.sharding`` keys) with the workload's ``inference.batch_per_gpu`` queries per
-GPU; the pieces are the DLRM builder's (:mod:`~simgpu.workload.dlrm.builder`). Memory per GPU: its
-shards' rows, the dense weights and one batch's activations; no gradients or optimizer states.
+GPU; the forward is the DLRM builder's (:func:`~simgpu.workload.dlrm.builder.forward`), with the
+dense weights stored in the serving dtype (no per-batch cast). Memory per GPU: its shards' rows, the
+dense weights and one batch's activations; no gradients or optimizer states.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from ...config.checks import check_dlrm
 from ...config.workload import DLRMInferenceModel, DLRMModel, Training, WorkloadSpec
 from ...errors import ConfigError
 from ...graph import KernelTable, MemoryEstimate, Op, Program, Workload
-from ..common import Emitter, aux_dtype, mlp_fwd
-from ..dlrm.arch import Arch, interaction_fwd, make_arch, model_flops
-from ..dlrm.builder import _DENSE_BYTES, TYPES, Layout, _a2a, _lookups, _output_dist, layout_of
-from ..dlrm.embedding import ID_BYTES, LENGTH_BYTES, Table, expand_tables
+from ..common import Emitter, aux_dtype
+from ..dlrm.arch import Arch, make_arch, model_flops
+from ..dlrm.builder import Layout, forward, layout_of
+from ..dlrm.embedding import Table, expand_tables
 from ..dlrm.memory import memory_per_rank
 from ..dlrm.sharding import resolve_plan
 from ..registry import World, register
@@ -49,24 +50,9 @@ def _rank_program(rank: int, spec: WorkloadSpec, arch: Arch, layout: Layout, tab
                   kernels: KernelTable) -> Program:
     md = spec.model
     assert isinstance(md, DLRMModel)
-    prec = spec.train.precision
-    b, w = layout.batch, layout.world.size
+    prec, b = spec.train.precision, layout.batch
     em = Emitter(rank, kernels)
-    sharded = [t for t in layout.types if t != "data_parallel"]
-    h2d = em.memcpy("queries.h2d", b * md.dense_features * _DENSE_BYTES
-                    + sum(t.ids(b) * ID_BYTES + b * LENGTH_BYTES for t in tables))
-    inputs = {t: _a2a(em, f"emb.{TYPES[t]}.input_a2a", tuple(range(w)), layout.input_send(t), phase="fwd",
-                      deps=(h2d,)) for t in sharded}
-    mlp_fwd(em, arch.bottom, b, prec, relu_last=True, deps=(h2d,))
-    pooled = []
-    for t in layout.types:
-        if t == "data_parallel":
-            pooled.append(_lookups(em, layout, layout.of(t, rank), t, bwd=False, dep=h2d))
-        else:
-            looked = _lookups(em, layout, layout.of(t, rank), t, bwd=False, dep=inputs[t])
-            pooled.append(_output_dist(em, layout, t, looked))
-    interaction_fwd(em, arch, b, prec, deps=pooled)
-    mlp_fwd(em, arch.top, b, prec, relu_last=False)
+    forward(em, layout, arch, md, tables, prec, input_name="queries.h2d", cast_weights=False)
     score = em.elementwise("sigmoid", b * arch.top[-1].outputs, 1, 1, aux_dtype(prec), op="bce_logits", phase="fwd")
     em.program.add(Op("scores.sync", "host_wait", "sync", stream="compute", phase="fwd", deps=(score,)))
     return em.program

@@ -132,7 +132,7 @@ class EngineTimer:
         wl = Workload(name=self.job.workload.name, programs=[programs[r] for r in sorted(programs)],
                       kernels=self.kernels.specs[:len(self._durations)], memory=[MemoryEstimate()] * g,
                       samples=1, replicas=self.fold)
-        return Engine(self.topo, wl, self._durations, self._models, self.planner, self.options).run().iteration_time_s
+        return Engine(self.topo, wl, self._durations, self._models, self.planner, self.options).run_time()
 
 
 def make_timer(job: Job, **kwargs: object) -> EngineTimer:

@@ -5,7 +5,8 @@ pipeline schedule's steps (:mod:`~simgpu.workload.transformer.pipeline`) with a 
 synchronisation before each step, the forward / backward of the stage's model chunks for each
 micro-batch (:mod:`~simgpu.workload.transformer.blocks`), input copies on the stages that need data, gradient
 reduction (DDP / ZeRO buckets during the last micro-batch's backward, or FSDP's per-block
-all-gathers with prefetch and reduce-scatters every micro-batch, :mod:`~simgpu.workload.dataparallel`),
+all-gathers with its prefetch and rate limiter, :mod:`~simgpu.workload.transformer.fsdp`, and
+reduce-scatters every micro-batch, :mod:`~simgpu.workload.dataparallel`),
 the tied embedding's gradient all-reduce between the first and last stage, the norms' gradient
 all-reduce over tp under sequence parallelism, the optimizer step and, under ZeRO 1-2, the
 parameter all-gather per bucket after the step (under ``overlap_param_gather`` the next
@@ -20,16 +21,15 @@ under DDP: one micro-batch forward, backward with bucketed all-reduces, a fused 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from ...config.workload import WorkloadSpec
 from ...graph import CollectiveOp, KernelTable, Program, Replicas, Workload
-from ..common import Param, assign_buckets, is_mixed, optimizer_step
+from ..common import GRAD_BYTES, Param, assign_buckets, is_mixed, optimizer_step
 from ..dataparallel import GradSink, NoSync, Reducer
 from ..parallel import Coord, Layout
 from ..registry import World, register
 from ..stage import Pair, StageEmitter, retarget
 from .blocks import Blocks
+from .fsdp import Gatherer, Pass
 from .memory import stage_memory, weight_bytes
 from .pipeline import Batch, Step, plan
 from .shapes import (
@@ -81,16 +81,22 @@ class _Stage:
         self._every_gather: tuple[int, ...] = ()
         if s.param_overlap:
             self.bl.waits = self._module_waits
+        self.fsdp = Gatherer(self.em, weight_bytes(s.precision), self._copy_out, forward_prefetch=s.forward_prefetch,
+                             backward_prefetch=s.backward_prefetch, limit_all_gathers=s.limit_all_gathers,
+                             reshard_after_forward=s.reshard_after_forward) if s.zero == 3 else None
 
     def _reducers(self) -> None:
         """Fresh gradient reducers for an iteration (ZeRO 0-2)."""
         s = self.s
         if s.zero < 3:
             op: CollectiveOp = "all_reduce" if s.zero == 0 else "reduce_scatter"
-            self.dense = Reducer(self.em, assign_buckets(self.dense_order, s.bucket_bytes), "dp_cp", op=op)
+            kind = _BucketCopies if s.bucket_copies else Reducer
+            self.dense = kind(self.em, self._buckets(self.dense_order), "dp_cp", op=op)
             if self.expert_order:
-                self.expert = Reducer(self.em, assign_buckets(self.expert_order, s.bucket_bytes), "edp_cp", op=op,
-                                      key="expert_grads")
+                self.expert = kind(self.em, self._buckets(self.expert_order), "edp_cp", op=op, key="expert_grads")
+
+    def _buckets(self, order: list[Param]) -> list[tuple[Param, ...]]:
+        return assign_buckets(order, self.s.bucket_bytes, self.s.first_bucket_bytes)
 
     def _chunk_params(self, g: int) -> list[Param]:
         out: list[Param] = list(head_params(self.s)) if g == self.last_g else []
@@ -172,10 +178,11 @@ class _Stage:
         if first or last:
             copy = em.memcpy("batch.h2d", (int(first) + int(last)) * s.tokens * _TOKEN_ID_BYTES)
         units: list[Unit] = (["embed"] if first else []) + list(self.blocks[g]) + (["head"] if last else [])
-        gather = self._gather(units, "fwd")
+        gather = self._pass(units, "fwd")
         gate: tuple[int, ...] = ()   # the embedding's tp reduction, which the first block waits for
         for i, u in enumerate(units):
-            gather(i)
+            if gather:
+                gather.before(i)
             waits = self._waits(u)
             if u == "embed":
                 gate = (bl.embedding_fwd(copy, deps=waits),)
@@ -185,6 +192,8 @@ class _Stage:
                 assert isinstance(u, Block)
                 bl.block_fwd(u, deps=gate + waits)
                 gate = ()
+            if gather:
+                gather.after(i)
         return em.last
 
     def backward(self, g: int, final: bool) -> int:
@@ -199,9 +208,10 @@ class _Stage:
             sink, esink = self.dense, self.expert
         else:
             sink = esink = NoSync()
-        gather = self._gather(units, "bwd")
+        gather = self._pass(units, "bwd", [r for r in (sink, esink) if isinstance(r, Reducer)])
         for i, u in enumerate(units):
-            gather(i)
+            if gather:
+                gather.before(i)
             if u == "head":
                 bl.head_bwd(sink)
             elif u == "embed":
@@ -209,6 +219,8 @@ class _Stage:
             else:
                 assert isinstance(u, Block)
                 bl.block_bwd(u, sink, esink)
+            if gather:
+                gather.after(i)
         if s.zero == 3:
             for r in (sink, esink):
                 if isinstance(r, Reducer):
@@ -225,36 +237,15 @@ class _Stage:
         assert isinstance(u, Block)
         return list(u.dense_params()), list(u.experts.params) if u.experts else []
 
-    def _gather(self, units: list[Unit], phase: str) -> Callable[[int], None]:
-        """Under ZeRO-3, a function that, called before unit i computes, all-gathers its weights (if
-        not prefetched yet) and the next unit's (prefetch), then copies unit i's out on the compute
-        stream, which its kernels follow."""
-        s, em = self.s, self.em
-        if s.zero != 3:
-            return lambda i: None
-        wb = weight_bytes(s.precision)
-        issued: dict[int, int | None] = {}
+    def _pass(self, units: list[Unit], phase: str, reducers: list[Reducer] | None = None) -> Pass | None:
+        """Under ZeRO-3, FSDP's gathering of ``units`` for one pass (:mod:`.fsdp`); None otherwise."""
+        if self.fsdp is None:
+            return None
+        return self.fsdp.run([(_unit_name(u), *self._unit_params(u)) for u in units], phase, f"mb{self.bl.mb}",
+                             reducers or ())
 
-        def issue(i: int) -> None:
-            if i < len(units) and i not in issued:
-                dense, expert = self._unit_params(units[i])
-                name = _unit_name(units[i])
-                a = em.group_op("dp_cp", f"{name}.all_gather", f"{name}.{phase}.mb{self.bl.mb}", "all_gather",
-                                sum(p.numel for p in dense) * wb, phase=phase, deps=(em.last,), stream="comm.ag")
-                e = em.group_op("edp_cp", f"{name}.experts.all_gather", f"{name}.experts.{phase}.mb{self.bl.mb}",
-                                "all_gather", sum(p.numel for p in expert) * wb, phase=phase, deps=(em.last,),
-                                stream="comm.ag") if expert else None
-                issued[i] = a if e is None else e
-
-        def gate(i: int) -> None:
-            issue(i)
-            issue(i + 1)
-            ag = issued[i]
-            if ag is not None:
-                dense, expert = self._unit_params(units[i])
-                n = sum(p.numel for p in dense + expert)
-                self.bl.ew(f"{_unit_name(units[i])}.copy_out", n, 1, 1, phase, deps=(ag,), op="copy")
-        return gate
+    def _copy_out(self, name: str, numel: int, phase: str, deps: tuple[int, ...]) -> None:
+        self.bl.ew(f"{name}.copy_out", numel, 1, 1, phase, deps=deps, op="copy")
 
     def _unit_reducers(self, units: list[Unit], g: int) -> tuple[Reducer, Reducer]:
         key = f"grads.g{g}.mb{self.bl.mb}"
@@ -274,6 +265,9 @@ class _Stage:
                     r.flush(last)
                 self.reductions += r.done()
         deps = list(self.reductions) or [last]
+        for r in (self.dense, self.expert):
+            if isinstance(r, _BucketCopies):
+                deps += r.copy_back()
         if s.layout.pp > 1 and s.model.tied and (0 in self.chunks or self.last_g in self.chunks):
             nbytes = s.vocab // s.tp * s.model.hidden * 4
             ar = em.group_op("embed", "embed.wte_grad.all_reduce", "embed.wte_grad", "all_reduce", nbytes,
@@ -300,7 +294,7 @@ class _Stage:
             step = em.last
             gathers: list[int] = []
             for kind, order in (("dp_cp", self.dense_order), ("edp_cp", self.expert_order)):
-                buckets = assign_buckets(order, s.bucket_bytes) if order else []
+                buckets = self._buckets(order) if order else []
                 for i in reversed(range(len(buckets))):
                     b = buckets[i]
                     ag = em.group_op(kind, f"params.bucket{i}.all_gather", f"params.{kind}.bucket{i}", "all_gather",
@@ -310,6 +304,34 @@ class _Stage:
                         for p in b:
                             self.gathered.setdefault(_module(p.name), set()).add(ag)
             self._every_gather = tuple(gathers)
+
+
+class _BucketCopies(Reducer):
+    """PyTorch DDP without ``gradient_as_bucket_view``: a bucket's gradients are copied into it on
+    the compute stream once its last gradient is ready, before its all-reduce, and copied back into
+    the gradients after it (:meth:`copy_back`, DDP's ``finalize_backward``). DDP copies each gradient
+    as it becomes ready; one copy per bucket moves the same bytes."""
+
+    def __init__(self, em: StageEmitter, buckets: list[tuple[Param, ...]], kind: str, *, op: CollectiveOp,
+                 key: str = "grads") -> None:
+        super().__init__(em, buckets, kind, op=op, key=key)
+        self._reduced: list[tuple[int, int, int]] = []   # bucket, elements, its all-reduce
+
+    def _issue(self, i: int, nbytes: int, producer: int) -> int | None:
+        if len(self._em.group(self._kind)) < 2:
+            return None
+        numel = nbytes // GRAD_BYTES
+        copy = self._em.elementwise(f"{self._key}.bucket{i}.copy_in", numel, 1, 1, "fp32", op="copy", phase="bwd",
+                                     deps=(producer,))
+        idx = super()._issue(i, nbytes, copy)
+        if idx is not None:
+            self._reduced.append((i, numel, idx))
+        return idx
+
+    def copy_back(self) -> list[int]:
+        """The copies of the reduced buckets into the gradients, each after its all-reduce."""
+        return [self._em.elementwise(f"{self._key}.bucket{i}.copy_back", numel, 1, 1, "fp32", op="copy",
+                                      phase="bwd", deps=(idx,)) for i, numel, idx in self._reduced]
 
 
 def _module(param: str) -> str:

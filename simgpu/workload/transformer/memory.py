@@ -17,9 +17,11 @@ a pipeline stage.
   s^2 terms, full recomputation keeps only each block's input (plus one block's full set while it
   is recomputed). A stage holds the activations of as many chunk forwards as its schedule has in
   flight at its peak (1F1B: ``pp - stage`` micro-batches; GPipe: all of them).
-- Buffers: DDP's flat gradient buckets (PyTorch; Megatron's main grads are the buckets), ZeRO-3's
-  gathered weights and gradients of the unit computing and the one prefetched, P2P send/receive
-  buffers, MoE all-to-all buffers.
+- Buffers: DDP's flat gradient buckets (PyTorch without ``gradient_as_bucket_view``; with it, and
+  under Megatron, whose main grads are the buckets, the gradients are the buckets), ZeRO-3's
+  gathered weights and gradients of the unit computing and the one prefetched (FSDP's rate limiter,
+  ``limit_all_gathers``; without it, or without ``reshard_after_forward``, the gathered weights of
+  every unit of the stage), P2P send/receive buffers, MoE all-to-all buffers.
 """
 
 from __future__ import annotations
@@ -121,14 +123,18 @@ def stage_memory(s: Setup, stage: int) -> MemoryEstimate:
     act += max((_working_block(s, b) for b in blocks), default=0.0)
 
     buffers = 0.0
-    if z == 0 and not s.megatron:
-        buffers += GRAD_BYTES * (dense + expert)          # DDP's flat bucket buffers
+    if s.bucket_copies:
+        buffers += GRAD_BYTES * (dense + expert)          # DDP's flat bucket buffers (gradients are no views)
     elif z == 2:
         buffers += 2 * s.bucket_bytes                     # buckets being reduced
     if z == 3:
         unit = max(sum(p.numel for p in b.dense_params()) + (sum(p.numel for p in b.experts.params)
                                                               if b.experts else 0) for b in blocks)
-        buffers += 2 * unit * (wbytes + GRAD_BYTES)       # gathered weights and gradients, two units
+        gathered = 2 * unit                               # two units under the rate limiter
+        if not (s.limit_all_gathers and s.reshard_after_forward):
+            # kept from the forward to the backward, or gathered as far ahead as the CPU runs: every unit
+            gathered = dense + expert
+        buffers += gathered * wbytes + 2 * unit * GRAD_BYTES  # gathered weights; two units' gradients
     if lay.pp > 1:
         buffers += 4 * s.rows * h * w                     # P2P send and receive, activations and gradients
     if any(b.experts is not None for b in blocks) and lay.ep > 1:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...config.workload import TransformerModel, WorkloadSpec
-from ..common import Linear, Param, aux_dtype, dtype_bytes, is_mixed
+from ..common import DDP_FIRST_BUCKET_BYTES, Linear, Param, aux_dtype, dtype_bytes, is_mixed
 from ..parallel import Layout
 from ..registry import World
 from .pipeline import Schedule
@@ -50,6 +50,18 @@ class Setup:
     tp_overlap: bool = False     # tp_comm_overlap (Transformer Engine userbuffers)
     p2p_overlap: bool = False    # overlap_p2p_comm
     iterations: int = 1          # training iterations built back to back (two for the steady state)
+    forward_prefetch: bool = False          # FSDP (zero 3): explicit forward prefetch
+    backward_prefetch: str = "backward_pre"  # FSDP: backward_pre, backward_post or none
+    limit_all_gathers: bool = True          # FSDP's rate limiter (two units gathered at most)
+    reshard_after_forward: bool = True      # FSDP: free gathered weights after the forward (ZeRO-3)
+    first_bucket_bytes: float = DDP_FIRST_BUCKET_BYTES   # DDP's first gradient bucket
+    bucket_view: bool = False               # DDP gradient_as_bucket_view
+
+    @property
+    def bucket_copies(self) -> bool:
+        """PyTorch DDP copies gradients into its buckets and back (no gradient_as_bucket_view);
+        Megatron's gradients are its buckets."""
+        return self.zero == 0 and not self.megatron and not self.bucket_view
 
     @property
     def tp(self) -> int:
@@ -142,7 +154,10 @@ def make_setup(spec: WorkloadSpec, world: World) -> Setup:
                  bucket_bytes=spec.comm.bucket_mib * 2**20, optimizer=t.optimizer,
                  host_s=None if host is None else host / 1e6, sync_layers=t.sync_each_layer,
                  param_overlap=param_overlap, iterations=iterations, tp_overlap=p.tp_comm_overlap,
-                 p2p_overlap=p.overlap_p2p_comm)
+                 p2p_overlap=p.overlap_p2p_comm, forward_prefetch=p.forward_prefetch,
+                 backward_prefetch=p.backward_prefetch, limit_all_gathers=p.limit_all_gathers,
+                 reshard_after_forward=p.reshard_after_forward, first_bucket_bytes=spec.comm.first_bucket_mib * 2**20,
+                 bucket_view=p.gradient_as_bucket_view)
 
 
 @dataclass(frozen=True)
