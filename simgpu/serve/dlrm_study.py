@@ -83,11 +83,9 @@ def ranking(table: pd.DataFrame, limit: int = 20) -> str:
     for i, r in enumerate(ok.head(limit).itertuples(), 1):
         lines.append(f"{i:>4}  {str(r.name)[:44]:44} {int(r.gpus):>5} {r.samples_per_s_per_gpu:14,.0f} "
                      f"{r.samples_per_s:12,.0f} {r.latency_p50_ms:8.3f} {r.latency_p99_ms:8.3f} {r.busy_share:6.1%}")
-    if len(ok) > limit:
-        lines.append(f"{'':>4}  ... {len(ok) - limit} more in results.csv")
-    for r in table[~table["feasible"]].head(limit).itertuples():
-        lines.append(f"{'-':>4}  {str(r.name)[:44]:44} {r.status}: {str(r.why)[:110]}")
-    return "\n".join(lines)
+    from .study import unranked_lines
+
+    return "\n".join(lines + unranked_lines(table, len(ok), limit))
 
 
 def candidates(base: str, overrides: Sequence[str] = (), *, gpus: Sequence[int] | None = None,

@@ -146,11 +146,15 @@ def ranking(table: pd.DataFrame, limit: int = 20) -> str:
     for i, r in enumerate(ok.head(limit).itertuples(), 1):
         lines.append(f"{i:>4}  {str(r.name)[:44]:44} {int(r.gpus):>5} {r.output_tokens_per_s_per_gpu:10,.1f} "
                      f"{r.output_tokens_per_s:10,.0f} {r.ttft_p99_ms:9.1f} {r.tpot_p99_ms or 0:9.1f}")
-    if len(ok) > limit:
-        lines.append(f"{'':>4}  ... {len(ok) - limit} more in results.csv")
+    return "\n".join(lines + unranked_lines(table, len(ok), limit))
+
+
+def unranked_lines(table: pd.DataFrame, ranked: int, limit: int) -> list[str]:
+    """The ranking's tail: how many ranked variants the table left out, then those that miss the SLO, with why."""
+    lines = [f"{'':>4}  ... {ranked - limit} more in results.csv"] if ranked > limit else []
     for r in table[~table["feasible"]].head(limit).itertuples():
         lines.append(f"{'-':>4}  {str(r.name)[:44]:44} {r.status}: {str(r.why)[:110]}")
-    return "\n".join(lines)
+    return lines
 
 
 def candidates(base: str, overrides: Sequence[str] = (), *, tp: Sequence[int] | None = None,
