@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 import simpy
 
+from .plan import TransferTable
+
 _EPS_S = 1e-12  # flows within this many seconds of completion are complete
 #: relative slack of the aggregate check: a link this close to its capacity is saturated, a rate
 #: this close to a link's highest is the highest (the progressive filling's own tolerance is 1e-9)
@@ -53,11 +55,38 @@ class _Batch:
     """Transfers started together: each one's links, and what fires when each ends (``shared``: one
     join for all of them, else ``targets``, an event or None each)."""
 
-    __slots__ = ("links", "shared", "targets")
+    __slots__ = ("links", "shared", "table", "targets")
 
-    def __init__(self, links: Sequence[Sequence[int]], targets: Sequence[Any] = (), shared: _Join | None = None
-                 ) -> None:
-        self.links, self.targets, self.shared = links, targets, shared
+    def __init__(self, links: Sequence[Sequence[int]], targets: Sequence[Any] = (), shared: _Join | None = None,
+                 table: TransferTable | None = None) -> None:
+        self.links, self.targets, self.shared, self.table = links, targets, shared, table
+
+    @classmethod
+    def of(cls, items: Sequence[tuple[Sequence[int], float, float]] | TransferTable, targets: Sequence[Any] = (),
+           shared: _Join | None = None) -> _Batch:
+        """The batch of ``items``: a list of ``(links, ...)`` or a :class:`TransferTable`, whose routes
+        are read from its arrays (a member's own tuple is made only if it has to run alone)."""
+        if isinstance(items, TransferTable):
+            return cls(_TableRoutes(items), targets, shared, items)
+        return cls([links for links, *_ in items], targets, shared)
+
+    def lens(self) -> np.ndarray:
+        """The number of links of each transfer's route."""
+        if self.table is not None:
+            return self.table.lens
+        return np.fromiter(map(len, self.links), dtype=np.int64, count=len(self.links))
+
+    def flat(self, live: np.ndarray, lens: np.ndarray) -> np.ndarray:
+        """The links of the transfers ``live`` (their route lengths ``lens``), route after route."""
+        if self.table is None:
+            return np.fromiter(chain.from_iterable(self.links[i] for i in live.tolist()), dtype=np.int64,
+                               count=int(lens.sum()))
+        t = self.table
+        if len(live) == len(t):
+            return np.asarray(t.flat, dtype=np.int64)
+        keep = np.zeros(len(t), dtype=bool)
+        keep[live] = True
+        return np.asarray(t.flat[np.repeat(keep, t.lens)], dtype=np.int64)
 
     def ended(self, idx: np.ndarray) -> None:
         """The transfers at ``idx`` have ended."""
@@ -69,6 +98,21 @@ class _Batch:
         for i in idx.tolist():
             if self.targets[i] is not None:
                 self.targets[i].succeed()
+
+
+class _TableRoutes(Sequence[tuple[int, ...]]):
+    """The routes of a :class:`TransferTable`, each made as a tuple when asked for."""
+
+    __slots__ = ("table",)
+
+    def __init__(self, table: TransferTable) -> None:
+        self.table = table
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getitem__(self, i: int) -> tuple[int, ...]:  # type: ignore[override]
+        return self.table.links(i)
 
 
 class _Flow:
@@ -111,9 +155,8 @@ def _flows_of(batch: _Batch, live: np.ndarray, nbytes: np.ndarray, caps: np.ndar
     n = len(live)
     if n < max(2, aggregate_from) or aggregate_from <= 0:
         return [_single(batch, i, b, c) for i, b, c in zip(live.tolist(), nbytes.tolist(), caps.tolist(), strict=True)]
-    routes = [batch.links[i] for i in live.tolist()]
-    lens = np.fromiter(map(len, routes), dtype=np.int64, count=n)
-    flat = np.fromiter(chain.from_iterable(routes), dtype=np.int64, count=int(lens.sum()))
+    lens = batch.lens()[live]
+    flat = batch.flat(live, lens)
     starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
     owner = np.repeat(np.arange(n), lens)
     cap_at = capacity[flat]
@@ -215,7 +258,8 @@ class FlowNetwork:
             self._start([flow])
         return done
 
-    def transfer_all(self, items: Sequence[tuple[Sequence[int], float, float]]) -> list[simpy.Event]:
+    def transfer_all(self, items: Sequence[tuple[Sequence[int], float, float]] | TransferTable
+                     ) -> list[simpy.Event]:
         """Start several ``(links, nbytes, max_rate)`` transfers at once, with one reallocation of
         the rates (``max_rate``: bytes/s the transfer never exceeds, ``inf`` for none).
 
@@ -223,19 +267,23 @@ class FlowNetwork:
         all-to-all over many GPUs) costs one max-min computation instead of one per pair, and its
         pairs alike are carried as aggregates (see the module docstring).
         """
-        events = [self.env.event() for _ in items]
-        self._start_items(_Batch([links for links, _, _ in items], events), items)
+        events = [self.env.event() for _ in range(len(items))]
+        self._start_items(_Batch.of(items, events), items)
         return events
 
-    def transfer_group(self, items: Sequence[tuple[Sequence[int], float, float]]) -> simpy.Event:
+    def transfer_group(self, items: Sequence[tuple[Sequence[int], float, float]] | TransferTable
+                       ) -> simpy.Event:
         """Like :meth:`transfer_all`, but one event that fires when the last of them has ended."""
         done = self.env.event()
-        join = _Join(done, sum(1 for links, b, _ in items if b > 0 and len(links) > 0))
+        if isinstance(items, TransferTable):
+            join = _Join(done, int(np.count_nonzero((items.nbytes > 0) & (items.lens > 0))))
+        else:
+            join = _Join(done, sum(1 for links, b, _ in items if b > 0 and len(links) > 0))
         if join.left == 0:
             self.transfers += len(items)
             done.succeed()
             return done
-        self._start_items(_Batch([links for links, _, _ in items], shared=join), items)
+        self._start_items(_Batch.of(items, shared=join), items)
         return done
 
     def finish(self) -> None:
@@ -250,12 +298,16 @@ class FlowNetwork:
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _start_items(self, batch: _Batch, items: Sequence[tuple[Sequence[int], float, float]]) -> None:
+    def _start_items(self, batch: _Batch, items: Sequence[tuple[Sequence[int], float, float]] | TransferTable
+                     ) -> None:
         m = len(items)
         self.transfers += m
-        nbytes = np.fromiter((b for _, b, _ in items), dtype=float, count=m)
-        caps = np.fromiter((c for _, _, c in items), dtype=float, count=m)
-        empty = (nbytes <= 0) | (np.fromiter(map(len, batch.links), dtype=np.int64, count=m) == 0)
+        if isinstance(items, TransferTable):
+            nbytes, caps = np.asarray(items.nbytes, dtype=float), np.asarray(items.max_rate, dtype=float)
+        else:
+            nbytes = np.fromiter((b for _, b, _ in items), dtype=float, count=m)
+            caps = np.fromiter((c for _, _, c in items), dtype=float, count=m)
+        empty = (nbytes <= 0) | (batch.lens() == 0)
         if empty.any():
             batch.ended(np.flatnonzero(empty))
         live = np.flatnonzero(~empty)
@@ -426,14 +478,18 @@ def _succeed(event: simpy.Event) -> None:
     event.succeed()
 
 
-def isolated_rates(items: Sequence[tuple[Sequence[int], float]], capacity: np.ndarray) -> np.ndarray:
-    """The max-min fair rate of each ``(links, max_rate)`` transfer started together on an
-    otherwise idle network (inf for one that crosses no link), computed as the network does
-    (aggregates, checked and split)."""
+def isolated_rates(items: Sequence[tuple[Sequence[int], float]] | TransferTable, capacity: np.ndarray
+                   ) -> np.ndarray:
+    """The max-min fair rate of each ``(links, max_rate)`` transfer (or each of a table's) started
+    together on an otherwise idle network (inf for one that crosses no link), computed as the
+    network does (aggregates, checked and split)."""
     m = len(items)
-    batch = _Batch([links for links, _ in items])
-    caps = np.fromiter((c for _, c in items), dtype=float, count=m)
-    live = np.flatnonzero(np.fromiter(map(len, batch.links), dtype=np.int64, count=m) > 0)
+    batch = _Batch.of(items)  # type: ignore[arg-type]
+    if isinstance(items, TransferTable):
+        caps = np.asarray(items.max_rate, dtype=float)
+    else:
+        caps = np.fromiter((c for _, c in items), dtype=float, count=m)
+    live = np.flatnonzero(batch.lens() > 0)
     out = np.full(m, float("inf"))
     flows = _flows_of(batch, live, np.ones(len(live)), caps[live], np.asarray(capacity, dtype=float))
     while True:
