@@ -551,12 +551,13 @@ def _p2p_rate(a: int, b: int, nbytes: float, ranks: int, topo: Topology, spec: C
 
 
 def _pairs(req: CollectiveRequest, topo: Topology
-           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, object]]:
     """The pairs of an all-to-all with bytes to move, member by member (member indices from and
     to), their routes (links ``flat[starts[p]:starts[p + 1]]``), bytes and kinds (pairs whose routes
     cross the same kinds of link in the same order, so the same hardware, latency and bottleneck,
-    and whose sizes are equal; numbered in the order they first appear); the same for every
-    protocol, so the last request's are kept."""
+    and whose sizes are equal; numbered in the order they first appear), and a memo the plans'
+    transfer tables share (:class:`TransferTable`); the same for every protocol, so the last
+    request's are kept."""
     cached = topo.memo.get("direct pairs")
     if cached is not None and cached[0] == req:  # type: ignore[index]
         return cached[1]  # type: ignore[index]
@@ -572,7 +573,8 @@ def _pairs(req: CollectiveRequest, topo: Topology
     used = table >= 0
     flat = table[used]
     starts = np.concatenate(([0], np.cumsum(used.sum(axis=1))))
-    out = (src, dst, flat, starts, sizes, _route_kinds(table, shape, sizes, topo))
+    memo: dict[str, object] = {}
+    out = (src, dst, flat, starts, sizes, _route_kinds(table, shape, sizes, topo), memo)
     topo.memo["direct pairs"] = (req, out)
     return out
 
@@ -633,7 +635,7 @@ def direct(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: 
                               _base(spec, proto) + step)
     if n == 1:
         return CollectivePlan("direct", (), 0.0)
-    src, dst, flat, starts, _, kinds = _pairs(req, topo)
+    src, dst, flat, starts, _, kinds, memo = _pairs(req, topo)
     spread = len({topo.node_of(r) for r in g}) > 2
     per_kind: list[tuple[float, float, float, bool]] = []
     for first in np.unique(kinds, return_index=True)[1].tolist():  # kinds are numbered as they first appear
@@ -652,4 +654,5 @@ def direct(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: 
     wire = np.array([w for _, _, w, _ in per_kind])[kinds]
     rate = np.array([r for _, r, _, _ in per_kind])[kinds]
     per_peer = float(np.max(local * spec.p2p_local_peer_us + remote * spec.p2p_net_peer_us, initial=0.0)) * US
-    return CollectivePlan("direct", TransferTable(flat, starts, wire, rate), _base(spec, proto) + worst + per_peer)
+    transfers = TransferTable(flat, starts, wire, rate, memo)
+    return CollectivePlan("direct", transfers, _base(spec, proto) + worst + per_peer)

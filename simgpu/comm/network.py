@@ -170,14 +170,14 @@ def _flows_of(batch: _Batch, live: np.ndarray, nbytes: np.ndarray, caps: np.ndar
     gid[order] = np.cumsum(first) - 1
     groups = np.split(order, np.flatnonzero(first)[1:])  # members of each group, group by group
     size = np.bincount(gid)
-    L = len(capacity)
-    # per (group, link): the edges crossing it, and the members crossing it (each member once)
-    keys, mult = np.unique(gid[owner] * L + flat, return_counts=True)
-    crossing = np.sort(owner * L + flat)
-    crossing = crossing[np.concatenate(([True], crossing[1:] != crossing[:-1]))]
-    _, ccount = np.unique(gid[crossing // L] * L + crossing % L, return_counts=True)
-    kg, kl = np.divmod(keys, L)
-    bounds = np.searchsorted(kg, np.arange(len(size) + 1))
+    memo = batch.table.memo if batch.table is not None else None
+    held: Any = memo.get("groups") if memo is not None else None
+    if held is not None and np.array_equal(held[0], live) and np.array_equal(held[1], gid):
+        kl, mult, ccount, bounds = held[2]  # the same members in the same groups: the same links
+    else:
+        kl, mult, ccount, bounds = _group_links(flat, lens, owner, gid, len(size), len(capacity))
+        if memo is not None:
+            memo["groups"] = (live, gid, (kl, mult, ccount, bounds))
     out: list[_Flow] = []
     heads = np.fromiter((m.min() for m in groups), dtype=np.int64, count=len(groups))
     for g in np.argsort(heads, kind="stable").tolist():  # in the order the transfers came
@@ -191,6 +191,32 @@ def _flows_of(batch: _Batch, live: np.ndarray, nbytes: np.ndarray, caps: np.ndar
         out.append(_Flow(links, mult[lo:hi].astype(float), float(nbytes[i0]), batch, live[m], float(caps[i0]),
                          links[ccount[lo:hi] == size[g]]))
     return out
+
+
+def _group_links(flat: np.ndarray, lens: np.ndarray, owner: np.ndarray, gid: np.ndarray, groups: int, L: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per (group, link), in order of group then link, for the routes ``flat`` (lengths ``lens``, of
+    the transfers ``owner``) in groups ``gid`` (of ``groups``) over ``L`` links: the link, the
+    edges crossing it, and the members crossing it (each member once); and where each group's
+    rows begin (one more for the end)."""
+    keys, mult = np.unique(gid[owner] * L + flat, return_counts=True)
+    if _repeats_a_link(flat, lens):
+        crossing = np.sort(owner * L + flat)
+        crossing = crossing[np.concatenate(([True], crossing[1:] != crossing[:-1]))]
+        _, ccount = np.unique(gid[crossing // L] * L + crossing % L, return_counts=True)
+    else:  # every route crosses each of its links once: members crossing a link are its edges
+        ccount = mult
+    kg, kl = np.divmod(keys, L)
+    return kl, mult, ccount, np.searchsorted(kg, np.arange(groups + 1))
+
+
+def _repeats_a_link(flat: np.ndarray, lens: np.ndarray) -> bool:
+    """Whether any of the routes ``flat`` (route after route, lengths ``lens``) crosses a link twice."""
+    width = int(lens.max())
+    table = np.full((len(lens), width), -1, dtype=np.int64)
+    table[np.arange(width) < lens[:, None]] = flat
+    table.sort(axis=1)
+    return bool(np.any((table[:, 1:] == table[:, :-1]) & (table[:, 1:] >= 0)))
 
 
 class FlowNetwork:

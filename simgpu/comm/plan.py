@@ -32,14 +32,18 @@ class TransferTable(Sequence[Transfer]):
     """Many single-route transfers as arrays: transfer i crosses ``flat[starts[i]:starts[i + 1]]``
     and moves ``nbytes[i]`` under ``max_rate[i]``. It reads as a sequence of :class:`Transfer`,
     each made when asked for; the network takes the arrays as they are (an all-to-all over 1,024
-    GPUs is a million of them)."""
+    GPUs is a million of them). ``memo`` holds what the network derives from the routes alone, to
+    share between tables over the same routes (the plans of one all-to-all, protocol by protocol);
+    the arrays are never changed once made."""
 
-    __slots__ = ("flat", "max_rate", "nbytes", "starts")
+    __slots__ = ("flat", "max_rate", "memo", "nbytes", "starts")
 
-    def __init__(self, flat: np.ndarray, starts: np.ndarray, nbytes: np.ndarray, max_rate: np.ndarray) -> None:
+    def __init__(self, flat: np.ndarray, starts: np.ndarray, nbytes: np.ndarray, max_rate: np.ndarray,
+                 memo: dict[str, object] | None = None) -> None:
         if len(starts) != len(nbytes) + 1 or len(nbytes) != len(max_rate):
             raise ValueError("a transfer table needs one start per transfer and one more")
         self.flat, self.starts, self.nbytes, self.max_rate = flat, starts, nbytes, max_rate
+        self.memo: dict[str, object] = {} if memo is None else memo
 
     def __len__(self) -> int:
         return len(self.nbytes)
