@@ -155,14 +155,21 @@ def _flows_of(batch: _Batch, live: np.ndarray, nbytes: np.ndarray, caps: np.ndar
     n = len(live)
     if n < max(2, aggregate_from) or aggregate_from <= 0:
         return [_single(batch, i, b, c) for i, b, c in zip(live.tolist(), nbytes.tolist(), caps.tolist(), strict=True)]
-    lens = batch.lens()[live]
-    flat = batch.flat(live, lens)
-    starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
-    owner = np.repeat(np.arange(n), lens)
-    cap_at = capacity[flat]
-    low = np.minimum.reduceat(cap_at, starts)
-    hits = np.flatnonzero(cap_at == low[owner])
-    anchor = flat[hits[np.searchsorted(hits, starts)]]
+    memo = batch.table.memo if batch.table is not None else None
+    held: Any = memo.get("anchors") if memo is not None else None
+    if held is not None and np.array_equal(held[0], live) and np.array_equal(held[1], capacity):
+        lens, flat, owner, anchor = held[2]  # the same routes on the same links
+    else:
+        lens = batch.lens()[live]
+        flat = batch.flat(live, lens)
+        starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
+        owner = np.repeat(np.arange(n), lens)
+        cap_at = capacity[flat]
+        low = np.minimum.reduceat(cap_at, starts)
+        hits = np.flatnonzero(cap_at == low[owner])
+        anchor = flat[hits[np.searchsorted(hits, starts)]]
+        if memo is not None:
+            memo["anchors"] = (live, capacity.copy(), (lens, flat, owner, anchor))
     order = np.lexsort((caps, nbytes, anchor))
     a, b, c = anchor[order], nbytes[order], caps[order]
     first = np.concatenate(([True], (a[1:] != a[:-1]) | (b[1:] != b[:-1]) | (c[1:] != c[:-1])))
@@ -170,8 +177,7 @@ def _flows_of(batch: _Batch, live: np.ndarray, nbytes: np.ndarray, caps: np.ndar
     gid[order] = np.cumsum(first) - 1
     groups = np.split(order, np.flatnonzero(first)[1:])  # members of each group, group by group
     size = np.bincount(gid)
-    memo = batch.table.memo if batch.table is not None else None
-    held: Any = memo.get("groups") if memo is not None else None
+    held = memo.get("groups") if memo is not None else None
     if held is not None and np.array_equal(held[0], live) and np.array_equal(held[1], gid):
         kl, mult, ccount, bounds = held[2]  # the same members in the same groups: the same links
     else:
