@@ -40,6 +40,8 @@ _EPS_S = 1e-12  # flows within this many seconds of completion are complete
 _CHECK_TOL = 1e-8
 #: the fewest transfers started together that are grouped into aggregates (fewer cost less one by one)
 AGGREGATE_FROM = 64
+#: the most (group, link) counters the aggregates' links are counted in at once (beyond: sorted)
+_DENSE_BINS = 1 << 26
 
 
 class _Join:
@@ -170,32 +172,56 @@ def _flows_of(batch: _Batch, live: np.ndarray, nbytes: np.ndarray, caps: np.ndar
         anchor = flat[hits[np.searchsorted(hits, starts)]]
         if memo is not None:
             memo["anchors"] = (live, capacity.copy(), (lens, flat, owner, anchor))
-    order = np.lexsort((caps, nbytes, anchor))
-    a, b, c = anchor[order], nbytes[order], caps[order]
-    first = np.concatenate(([True], (a[1:] != a[:-1]) | (b[1:] != b[:-1]) | (c[1:] != c[:-1])))
-    gid = np.empty(n, dtype=np.int64)
-    gid[order] = np.cumsum(first) - 1
-    groups = np.split(order, np.flatnonzero(first)[1:])  # members of each group, group by group
-    size = np.bincount(gid)
+    # all bytes alike and all caps alike (an even all-to-all): the groups are those of the first
+    # slowest links alone, the same for every protocol's plan
+    uniform = memo is not None and nbytes.min() == nbytes.max() and caps.min() == caps.max()
+    held = memo.get("uniform") if memo is not None and uniform else None
+    if held is not None and held[0] is anchor:
+        order, gid = held[1], held[2]
+    else:
+        order = np.lexsort((caps, nbytes, anchor))
+        a, b, c = anchor[order], nbytes[order], caps[order]
+        first = np.concatenate(([True], (a[1:] != a[:-1]) | (b[1:] != b[:-1]) | (c[1:] != c[:-1])))
+        gid = np.empty(n, dtype=np.int64)
+        gid[order] = np.cumsum(first) - 1
+        if memo is not None and uniform:
+            memo["uniform"] = (anchor, order, gid)
     held = memo.get("groups") if memo is not None else None
     if held is not None and np.array_equal(held[0], live) and np.array_equal(held[1], gid):
-        kl, mult, ccount, bounds = held[2]  # the same members in the same groups: the same links
+        members = held[2]  # the same members in the same groups: the same links
     else:
-        kl, mult, ccount, bounds = _group_links(flat, lens, owner, gid, len(size), len(capacity))
+        members = _group_members(live, order, gid, flat, lens, owner, len(capacity))
         if memo is not None:
-            memo["groups"] = (live, gid, (kl, mult, ccount, bounds))
+            memo["groups"] = (live, gid, members)
     out: list[_Flow] = []
-    heads = np.fromiter((m.min() for m in groups), dtype=np.int64, count=len(groups))
-    for g in np.argsort(heads, kind="stable").tolist():  # in the order the transfers came
-        m = np.sort(groups[g])
+    for m, ids, links, w, common in members:
         i0 = int(m[0])
         if len(m) == 1:
             out.append(_single(batch, int(live[i0]), float(nbytes[i0]), float(caps[i0])))
-            continue
+        else:
+            out.append(_Flow(links, w, float(nbytes[i0]), batch, ids, float(caps[i0]), common))
+    return out
+
+
+_Members = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _group_members(live: np.ndarray, order: np.ndarray, gid: np.ndarray, flat: np.ndarray, lens: np.ndarray,
+                   owner: np.ndarray, L: int) -> list[_Members]:
+    """Per group ``gid`` of the transfers ``live`` (``order``: sorted by group), in the order the
+    transfers came: its members (positions in ``live``, sorted, and their transfers), its links, the
+    edges crossing each and the links every member crosses."""
+    first = np.concatenate(([True], gid[order][1:] != gid[order][:-1]))
+    groups = np.split(order, np.flatnonzero(first)[1:])  # members of each group, group by group
+    size = np.bincount(gid)
+    kl, mult, ccount, bounds = _group_links(flat, lens, owner, gid, len(size), L)
+    out = []
+    heads = np.fromiter((m.min() for m in groups), dtype=np.int64, count=len(groups))
+    for g in np.argsort(heads, kind="stable").tolist():  # in the order the transfers came
+        m = np.sort(groups[g])
         lo, hi = bounds[g], bounds[g + 1]
         links = kl[lo:hi]
-        out.append(_Flow(links, mult[lo:hi].astype(float), float(nbytes[i0]), batch, live[m], float(caps[i0]),
-                         links[ccount[lo:hi] == size[g]]))
+        out.append((m, live[m], links, mult[lo:hi].astype(float), links[ccount[lo:hi] == size[g]]))
     return out
 
 
@@ -205,7 +231,12 @@ def _group_links(flat: np.ndarray, lens: np.ndarray, owner: np.ndarray, gid: np.
     the transfers ``owner``) in groups ``gid`` (of ``groups``) over ``L`` links: the link, the
     edges crossing it, and the members crossing it (each member once); and where each group's
     rows begin (one more for the end)."""
-    keys, mult = np.unique(gid[owner] * L + flat, return_counts=True)
+    if groups * L <= _DENSE_BINS:  # few enough (group, link) pairs to count in place of sorting
+        counts = np.bincount(gid[owner] * L + flat, minlength=groups * L)
+        keys = np.flatnonzero(counts)
+        mult = counts[keys]
+    else:
+        keys, mult = np.unique(gid[owner] * L + flat, return_counts=True)
     if _repeats_a_link(flat, lens):
         crossing = np.sort(owner * L + flat)
         crossing = crossing[np.concatenate(([True], crossing[1:] != crossing[:-1]))]
