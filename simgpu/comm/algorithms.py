@@ -17,6 +17,7 @@ messages, whose chunks are small, below the links' bandwidth on high-latency fab
 from __future__ import annotations
 
 from itertools import permutations
+from typing import Any
 
 import numpy as np
 
@@ -569,12 +570,18 @@ def _pairs(req: CollectiveRequest, topo: Topology
     keep = (nbytes > 0) & ~np.eye(n, dtype=bool)
     src, dst = np.nonzero(keep)  # row by row: member i's pairs in the order of j
     sizes = nbytes[src, dst]
-    table, shape = topo.route_table(g[src], g[dst])
-    used = table >= 0
-    flat = table[used]
-    starts = np.concatenate(([0], np.cumsum(used.sum(axis=1))))
-    memo: dict[str, object] = {}
-    out = (src, dst, flat, starts, sizes, _route_kinds(table, shape, sizes, topo), memo)
+    held: Any = topo.memo.get("direct routes")
+    if held is not None and held[0] == req.group and np.array_equal(held[1], src) and np.array_equal(held[2], dst):
+        flat, starts, shape_class, memo = held[3:]  # the last request's pairs (another size): its routes
+    else:
+        table, shape = topo.route_table(g[src], g[dst])
+        used = table >= 0
+        flat = table[used]
+        starts = np.concatenate(([0], np.cumsum(used.sum(axis=1))))
+        shape_class = _shape_classes(table, shape, topo)
+        memo = {}
+        topo.memo["direct routes"] = (req.group, src, dst, flat, starts, shape_class, memo)
+    out = (src, dst, flat, starts, sizes, _route_kinds(shape_class, sizes), memo)
     topo.memo["direct pairs"] = (req, out)
     return out
 
@@ -589,13 +596,12 @@ def _link_classes(topo: Topology) -> np.ndarray:
     return cached  # type: ignore[return-value]
 
 
-def _route_kinds(table: np.ndarray, shape: np.ndarray, sizes: np.ndarray, topo: Topology) -> np.ndarray:
+def _shape_classes(table: np.ndarray, shape: np.ndarray, topo: Topology) -> np.ndarray:
     """A number per pair of a route table (:meth:`Topology.route_table`, with its shapes), shared by
-    the pairs whose routes cross the same classes of link in the same order and whose sizes are
-    equal; numbered in the order they first appear. Routes of one shape differ only in their end
-    nodes, whose links at the same place of their block are alike, so one route a shape is read."""
-    m = len(sizes)
-    if m == 0:
+    the pairs whose routes cross the same classes of link in the same order. Routes of one shape
+    differ only in their end nodes, whose links at the same place of their block are alike, so one
+    route a shape is read."""
+    if len(shape) == 0:
         return np.zeros(0, dtype=np.int64)
     _, first, of_shape = np.unique(shape, return_index=True, return_inverse=True)
     rows = table[first]
@@ -604,8 +610,16 @@ def _route_kinds(table: np.ndarray, shape: np.ndarray, sizes: np.ndarray, topo: 
         route = row[row >= 0]
         classes[k, :len(route)] = _link_classes(topo)[route]
     _, shape_class = np.unique(classes, axis=0, return_inverse=True)
+    return shape_class.reshape(-1)[of_shape.reshape(-1)]
+
+
+def _route_kinds(shape_class: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """A number per pair, shared by the pairs of the same :func:`_shape_classes` and size; numbered
+    in the order they first appear."""
+    if len(sizes) == 0:
+        return np.zeros(0, dtype=np.int64)
     _, size_class = np.unique(sizes, return_inverse=True)
-    key = shape_class.reshape(-1)[of_shape.reshape(-1)] * (int(size_class.max()) + 1) + size_class.reshape(-1)
+    key = shape_class * (int(size_class.max()) + 1) + size_class.reshape(-1)
     _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     renumber = np.empty(len(first), dtype=np.int64)
     renumber[np.argsort(first, kind="stable")] = np.arange(len(first))
