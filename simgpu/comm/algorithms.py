@@ -618,7 +618,10 @@ def _route_kinds(shape_class: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     in the order they first appear."""
     if len(sizes) == 0:
         return np.zeros(0, dtype=np.int64)
-    _, size_class = np.unique(sizes, return_inverse=True)
+    if sizes.min() == sizes.max():
+        size_class = np.zeros(len(sizes), dtype=np.int64)
+    else:
+        _, size_class = np.unique(sizes, return_inverse=True)
     key = shape_class * (int(size_class.max()) + 1) + size_class.reshape(-1)
     _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     renumber = np.empty(len(first), dtype=np.int64)

@@ -85,10 +85,10 @@ class _Batch:
                                count=int(lens.sum()))
         t = self.table
         if len(live) == len(t):
-            return np.asarray(t.flat, dtype=np.int64)
+            return t.flat
         keep = np.zeros(len(t), dtype=bool)
         keep[live] = True
-        return np.asarray(t.flat[np.repeat(keep, t.lens)], dtype=np.int64)
+        return t.flat[np.repeat(keep, t.lens)]
 
     def ended(self, idx: np.ndarray) -> None:
         """The transfers at ``idx`` have ended."""

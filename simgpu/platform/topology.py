@@ -469,10 +469,14 @@ class Topology:
             return out
 
         pre, fab, post = pad(pres), pad(fabs), pad(posts)
-        head = pre[tpair]
-        head = np.where(head >= 0, head + (na * lpn)[:, None], -1)
-        tail = post[tpair]
-        tail = np.where(tail >= 0, tail + (nb * lpn)[:, None], -1)
-        table = np.concatenate([head, fab[fpair], tail], axis=1)
+        kind = np.int32 if len(self.links) < 2**31 else np.int64  # half the memory of a million routes
+        wp, wf = pre.shape[1], fab.shape[1]
+        table = np.empty((m, wp + wf + post.shape[1]), dtype=kind)
+        head, tail = table[:, :wp], table[:, wp + wf:]
+        head[:] = pre[tpair]
+        np.add(head, (na * lpn).astype(kind)[:, None], out=head, where=head >= 0)
+        table[:, wp:wp + wf] = fab[fpair]
+        tail[:] = post[tpair]
+        np.add(tail, (nb * lpn).astype(kind)[:, None], out=tail, where=tail >= 0)
         shape = tpair.reshape(-1) * len(fkeys) + fpair.reshape(-1)
         return table, shape
