@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from simgpu.config.loader import load_platform
+from simgpu.platform import topology
 from simgpu.platform.topology import Topology
 
 CASES = [
@@ -49,3 +50,13 @@ def test_route_table_rejects_a_pair_of_one_gpu():
     topo = Topology(load_platform("dgx_a100")[0], 2)
     with pytest.raises(ValueError, match="distinct GPUs"):
         topo.route_table(np.array([3]), np.array([3]))
+
+
+@pytest.mark.parametrize("lookup", [1 << 24, 0])  # 0: every range sorted
+def test_key_members_numbers_keys_as_unique_does(lookup, monkeypatch):
+    monkeypatch.setattr(topology, "_LOOKUP_KEYS", lookup)
+    key = np.random.default_rng(3).integers(0, 50, 2000) * 7
+    values, member, inverse = topology.key_members(key)
+    want, want_inverse = np.unique(key, return_inverse=True)
+    assert values.tolist() == want.tolist() and inverse.tolist() == want_inverse.reshape(-1).tolist()
+    assert key[member].tolist() == values.tolist()

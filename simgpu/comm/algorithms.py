@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..config.platform import CollectiveSpec, ProtocolSpec
-from ..platform.topology import Topology
+from ..platform.topology import Topology, key_members
 from .plan import CollectivePlan, CollectiveRequest, Transfer, TransferTable, register
 from .tuning import PAT_PER_RANK_US, pat_enabled
 
@@ -603,14 +603,14 @@ def _shape_classes(table: np.ndarray, shape: np.ndarray, topo: Topology) -> np.n
     route a shape is read."""
     if len(shape) == 0:
         return np.zeros(0, dtype=np.int64)
-    _, first, of_shape = np.unique(shape, return_index=True, return_inverse=True)
-    rows = table[first]
+    _, member, of_shape = key_members(shape)
+    rows = table[member]
     classes = np.full(rows.shape, -1, dtype=np.int64)
     for k, row in enumerate(rows):
         route = row[row >= 0]
         classes[k, :len(route)] = _link_classes(topo)[route]
     _, shape_class = np.unique(classes, axis=0, return_inverse=True)
-    return shape_class.reshape(-1)[of_shape.reshape(-1)]
+    return shape_class.reshape(-1)[of_shape]
 
 
 def _route_kinds(shape_class: np.ndarray, sizes: np.ndarray) -> np.ndarray:

@@ -45,6 +45,28 @@ class EdgeInfo:
     forwards_chunks: bool
 
 
+#: the widest range of keys :func:`key_members` numbers by lookup (beyond: by sorting)
+_LOOKUP_KEYS = 1 << 24
+
+
+def key_members(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct values of the non-negative ints ``key`` in increasing order, one position holding
+    each (a member, not necessarily the first), and each position's index among the values."""
+    if len(key) == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    bound = int(key.max()) + 1
+    if bound > _LOOKUP_KEYS:
+        values, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        return values, first, inverse.reshape(-1)
+    present = np.zeros(bound, dtype=bool)
+    present[key] = True
+    values = np.flatnonzero(present)
+    inverse = (np.cumsum(present) - 1)[key]
+    member = np.empty(len(values), dtype=np.int64)
+    member[inverse] = np.arange(len(key))
+    return values, member, inverse
+
+
 class Topology:
     """Links and routes of ``nodes`` nodes of ``platform``, using ``gpus_per_node`` GPUs each."""
 
@@ -426,7 +448,7 @@ class Topology:
         inter = na != nb
         # the node parts, by (local GPUs, whether the pair leaves the node)
         tkey = (inter * gpn + ga) * gpn + gb
-        tkeys, tfirst, tpair = np.unique(tkey, return_index=True, return_inverse=True)
+        tkeys, tfirst, tpair = key_members(tkey)
         pres, posts = [], []
         for k, p in zip(tkeys.tolist(), tfirst.tolist(), strict=True):
             leaves, g_a, g_b = k >= gpn * gpn, int(ga[p]), int(gb[p])
@@ -452,7 +474,7 @@ class Topology:
             lb = (nb // net.nodes_per_leaf) * self.ports + (kb if rail else 0)
             fkey = la * (pods * self.ports) + lb
         fkey = np.where(inter, fkey + 1, 0)
-        fkeys, ffirst, fpair = np.unique(fkey, return_index=True, return_inverse=True)
+        fkeys, ffirst, fpair = key_members(fkey)
         fabs = []
         for k, p in zip(fkeys.tolist(), ffirst.tolist(), strict=True):
             if k == 0:
@@ -478,5 +500,4 @@ class Topology:
         table[:, wp:wp + wf] = fab[fpair]
         tail[:] = post[tpair]
         np.add(tail, (nb * lpn).astype(kind)[:, None], out=tail, where=tail >= 0)
-        shape = tpair.reshape(-1) * len(fkeys) + fpair.reshape(-1)
-        return table, shape
+        return table, tpair * len(fkeys) + fpair
