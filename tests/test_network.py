@@ -8,7 +8,9 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simgpu.comm.network import FlowNetwork, _max_min
+from simgpu.comm import network
+from simgpu.comm.network import FlowNetwork, _max_min, isolated_rates
+from simgpu.comm.plan import TransferTable
 
 
 class F:
@@ -294,3 +296,39 @@ def test_aggregates_equal_one_flow_per_transfer(batches, cap):
     gives every transfer's finish time and every link's bytes and busy time of one flow each,
     contended or not."""
     _assert_same(cap, batches)
+
+
+def _as_table(items: list[tuple[list[int], float, float]], memo: dict[str, object]) -> TransferTable:
+    lens = [len(links) for links, _, _ in items]
+    return TransferTable(np.array([x for links, _, _ in items for x in links], dtype=np.int64),
+                         np.concatenate(([0], np.cumsum(lens))).astype(np.int64),
+                         np.array([b for _, b, _ in items]), np.array([c for _, _, c in items]), memo)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 6), min_size=1, max_size=4),
+                          st.sampled_from([5.0, 5.0, 12.0]),
+                          st.sampled_from([float("inf"), float("inf"), 2.0])), min_size=2, max_size=12),
+       st.sampled_from([0.0, 0.3, 3.0]),
+       st.lists(st.sampled_from([1.0, 2.0, 2.0, 5.0, 9.0]), min_size=7, max_size=7))
+def test_a_transfer_table_runs_as_its_transfers(items, again, cap):
+    """Property: transfers given as a :class:`TransferTable` (started twice, the second time
+    reusing what the first derived from the routes) end when the same transfers given one tuple
+    each do, to the bit, aggregated or not, routes crossing a link twice or not."""
+    for aggregate, dense in ((True, 1 << 26), (True, 0), (False, 1 << 26)):  # dense 0: links counted by sorting
+        want, plain = _run_all(cap, [(0.0, items), (again, items)], aggregate)
+        memo: dict[str, object] = {}
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(network, "_DENSE_BINS", dense)
+            got, table = _run_all(cap, [(0.0, _as_table(items, memo)), (again, _as_table(items, memo))], aggregate)
+        assert got == want
+        assert list(table.link_bytes) == list(plain.link_bytes)
+        assert list(table.link_busy_s) == list(plain.link_busy_s)
+    assert [tuple(t) for t in _as_table(items, {})] == [(tuple(links), b, c) for links, b, c in items]
+
+
+def test_isolated_rates_of_a_table_equal_those_of_its_transfers():
+    items = [([s, 4, 5 + d], 10.0, float("inf") if s else 3.0) for s in range(4) for d in range(2)]
+    cap = np.array([20.0] * 4 + [8.0] + [20.0, 9.0])
+    want = isolated_rates([(links, c) for links, _, c in items], cap)
+    assert list(isolated_rates(_as_table(items, {}), cap)) == list(want)

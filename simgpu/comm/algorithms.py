@@ -16,13 +16,14 @@ messages, whose chunks are small, below the links' bandwidth on high-latency fab
 
 from __future__ import annotations
 
-from itertools import chain, permutations
+from itertools import permutations
+from typing import Any
 
 import numpy as np
 
 from ..config.platform import CollectiveSpec, ProtocolSpec
-from ..platform.topology import Topology
-from .plan import CollectivePlan, CollectiveRequest, Transfer, register
+from ..platform.topology import Topology, key_members
+from .plan import CollectivePlan, CollectiveRequest, Transfer, TransferTable, register
 from .tuning import PAT_PER_RANK_US, pat_enabled
 
 US = 1e-6
@@ -551,33 +552,36 @@ def _p2p_rate(a: int, b: int, nbytes: float, ranks: int, topo: Topology, spec: C
 
 
 def _pairs(req: CollectiveRequest, topo: Topology
-           ) -> tuple[list[int], list[int], list[tuple[int, ...]], list[float], np.ndarray]:
-    """The pairs of an all-to-all with bytes to move (member indices from and to, route, bytes),
-    and their kinds (:func:`_route_kinds`); the same for every protocol, so the last request's are kept."""
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, object]]:
+    """The pairs of an all-to-all with bytes to move, member by member (member indices from and
+    to), their routes (links ``flat[starts[p]:starts[p + 1]]``), bytes and kinds (pairs whose routes
+    cross the same kinds of link in the same order, so the same hardware, latency and bottleneck,
+    and whose sizes are equal; numbered in the order they first appear), and a memo the plans'
+    transfer tables share (:class:`TransferTable`); the same for every protocol, so the last
+    request's are kept."""
     cached = topo.memo.get("direct pairs")
     if cached is not None and cached[0] == req:  # type: ignore[index]
         return cached[1]  # type: ignore[index]
-    g, n = req.group, len(req.group)
-    src: list[int] = []
-    dst: list[int] = []
-    routes: list[tuple[int, ...]] = []
-    sizes: list[float] = []
-    route = topo.route
-    for i in range(n):
-        row = req.send_matrix[i] if req.send_matrix is not None else None
-        for j in range(n):
-            if i == j:
-                continue
-            nbytes = row[j] if row is not None else req.nbytes / n
-            if nbytes <= 0:
-                continue
-            src.append(i)
-            dst.append(j)
-            routes.append(route(g[i], g[j]))
-            sizes.append(nbytes)
-    # pairs whose routes cross the same kinds of link in the same order (so the same hardware,
-    # latency and bottleneck) and whose sizes are equal get the same step and rate
-    out = (src, dst, routes, sizes, _route_kinds(routes, sizes, topo))
+    g, n = np.array(req.group, dtype=np.int64), len(req.group)
+    if req.send_matrix is not None:
+        nbytes = np.array(req.send_matrix, dtype=float).reshape(n, n)
+    else:
+        nbytes = np.full((n, n), req.nbytes / n)
+    keep = (nbytes > 0) & ~np.eye(n, dtype=bool)
+    src, dst = np.nonzero(keep)  # row by row: member i's pairs in the order of j
+    sizes = nbytes[src, dst]
+    held: Any = topo.memo.get("direct routes")
+    if held is not None and held[0] == req.group and np.array_equal(held[1], src) and np.array_equal(held[2], dst):
+        flat, starts, shape_class, memo = held[3:]  # the last request's pairs (another size): its routes
+    else:
+        table, shape = topo.route_table(g[src], g[dst])
+        used = table >= 0
+        flat = table[used]
+        starts = np.concatenate(([0], np.cumsum(used.sum(axis=1))))
+        shape_class = _shape_classes(table, shape, topo)
+        memo = {}
+        topo.memo["direct routes"] = (req.group, src, dst, flat, starts, shape_class, memo)
+    out = (src, dst, flat, starts, sizes, _route_kinds(shape_class, sizes), memo)
     topo.memo["direct pairs"] = (req, out)
     return out
 
@@ -588,26 +592,38 @@ def _link_classes(topo: Topology) -> np.ndarray:
     if cached is None:
         seen: dict[tuple[str, float, float], int] = {}
         cached = topo.memo["link_classes"] = np.array(
-            [seen.setdefault((lk.kind, lk.capacity, lk.latency), len(seen)) for lk in topo.links], dtype=float)
+            [seen.setdefault((lk.kind, lk.capacity, lk.latency), len(seen)) for lk in topo.links], dtype=np.int64)
     return cached  # type: ignore[return-value]
 
 
-def _route_kinds(routes: list[tuple[int, ...]], sizes: list[float], topo: Topology) -> np.ndarray:
-    """A number per pair, shared by the pairs whose routes cross the same kinds of link in the same
-    order (so the same hardware, latency and bottleneck) and whose sizes are equal; numbered in
-    the order they first appear."""
-    m = len(routes)
-    if m == 0:
+def _shape_classes(table: np.ndarray, shape: np.ndarray, topo: Topology) -> np.ndarray:
+    """A number per pair of a route table (:meth:`Topology.route_table`, with its shapes), shared by
+    the pairs whose routes cross the same classes of link in the same order. Routes of one shape
+    differ only in their end nodes, whose links at the same place of their block are alike, so one
+    route a shape is read."""
+    if len(shape) == 0:
         return np.zeros(0, dtype=np.int64)
-    lens = np.fromiter(map(len, routes), dtype=np.int64, count=m)
-    flat = np.fromiter(chain.from_iterable(routes), dtype=np.int64, count=int(lens.sum()))
-    owner = np.repeat(np.arange(m), lens)
-    pos = np.arange(len(flat)) - np.repeat(np.cumsum(lens) - lens, lens)
-    table = np.full((m, int(lens.max()) + 2), -1.0)
-    table[:, 0] = sizes
-    table[:, 1] = lens
-    table[owner, pos + 2] = _link_classes(topo)[flat]
-    _, first, inverse = np.unique(table, axis=0, return_index=True, return_inverse=True)
+    _, member, of_shape = key_members(shape)
+    rows = table[member]
+    classes = np.full(rows.shape, -1, dtype=np.int64)
+    for k, row in enumerate(rows):
+        route = row[row >= 0]
+        classes[k, :len(route)] = _link_classes(topo)[route]
+    _, shape_class = np.unique(classes, axis=0, return_inverse=True)
+    return shape_class.reshape(-1)[of_shape]
+
+
+def _route_kinds(shape_class: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """A number per pair, shared by the pairs of the same :func:`_shape_classes` and size; numbered
+    in the order they first appear."""
+    if len(sizes) == 0:
+        return np.zeros(0, dtype=np.int64)
+    if sizes.min() == sizes.max():
+        size_class = np.zeros(len(sizes), dtype=np.int64)
+    else:
+        _, size_class = np.unique(sizes, return_inverse=True)
+    key = shape_class * (int(size_class.max()) + 1) + size_class.reshape(-1)
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     renumber = np.empty(len(first), dtype=np.int64)
     renumber[np.argsort(first, kind="stable")] = np.arange(len(first))
     return renumber[inverse.reshape(-1)]
@@ -636,11 +652,13 @@ def direct(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: 
                               _base(spec, proto) + step)
     if n == 1:
         return CollectivePlan("direct", (), 0.0)
-    src, dst, routes, sizes, kinds = _pairs(req, topo)
+    src, dst, flat, starts, _, kinds, memo = _pairs(req, topo)
     spread = len({topo.node_of(r) for r in g}) > 2
     per_kind: list[tuple[float, float, float, bool]] = []
     for first in np.unique(kinds, return_index=True)[1].tolist():  # kinds are numbered as they first appear
-        a, b, nbytes = g[src[first]], g[dst[first]], sizes[first]
+        i, j = int(src[first]), int(dst[first])
+        a, b = g[i], g[j]
+        nbytes = req.send_matrix[i][j] if req.send_matrix is not None else req.nbytes / n
         net = topo.edge(a, b).hardware == "net"
         step = _edges([(a, b)], topo, proto)[1]
         rate = _p2p_rate(a, b, nbytes, ranks, topo, spec, proto)
@@ -650,8 +668,8 @@ def direct(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: 
     # per member: peers inside its node, peers across the network
     remote = np.bincount(src, weights=np.array([net for *_, net in per_kind], dtype=float)[kinds], minlength=n)
     local = np.bincount(src, minlength=n) - remote
-    wire_rate = [(wire, rate) for _, rate, wire, _ in per_kind]
-    make = tuple.__new__  # a Transfer straight from its fields: one per pair, so the cheapest way
-    transfers = [make(Transfer, (r, *wire_rate[k])) for r, k in zip(routes, kinds.tolist(), strict=True)]
+    wire = np.array([w for _, _, w, _ in per_kind])[kinds]
+    rate = np.array([r for _, r, _, _ in per_kind])[kinds]
     per_peer = float(np.max(local * spec.p2p_local_peer_us + remote * spec.p2p_net_peer_us, initial=0.0)) * US
-    return CollectivePlan("direct", tuple(transfers), _base(spec, proto) + worst + per_peer)
+    transfers = TransferTable(flat, starts, wire, rate, memo)
+    return CollectivePlan("direct", transfers, _base(spec, proto) + worst + per_peer)

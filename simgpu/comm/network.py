@@ -32,12 +32,16 @@ from typing import Any
 import numpy as np
 import simpy
 
+from .plan import TransferTable
+
 _EPS_S = 1e-12  # flows within this many seconds of completion are complete
 #: relative slack of the aggregate check: a link this close to its capacity is saturated, a rate
 #: this close to a link's highest is the highest (the progressive filling's own tolerance is 1e-9)
 _CHECK_TOL = 1e-8
 #: the fewest transfers started together that are grouped into aggregates (fewer cost less one by one)
 AGGREGATE_FROM = 64
+#: the most (group, link) counters the aggregates' links are counted in at once (beyond: sorted)
+_DENSE_BINS = 1 << 26
 
 
 class _Join:
@@ -53,11 +57,38 @@ class _Batch:
     """Transfers started together: each one's links, and what fires when each ends (``shared``: one
     join for all of them, else ``targets``, an event or None each)."""
 
-    __slots__ = ("links", "shared", "targets")
+    __slots__ = ("links", "shared", "table", "targets")
 
-    def __init__(self, links: Sequence[Sequence[int]], targets: Sequence[Any] = (), shared: _Join | None = None
-                 ) -> None:
-        self.links, self.targets, self.shared = links, targets, shared
+    def __init__(self, links: Sequence[Sequence[int]], targets: Sequence[Any] = (), shared: _Join | None = None,
+                 table: TransferTable | None = None) -> None:
+        self.links, self.targets, self.shared, self.table = links, targets, shared, table
+
+    @classmethod
+    def of(cls, items: Sequence[tuple[Sequence[int], float, float]] | TransferTable, targets: Sequence[Any] = (),
+           shared: _Join | None = None) -> _Batch:
+        """The batch of ``items``: a list of ``(links, ...)`` or a :class:`TransferTable`, whose routes
+        are read from its arrays (a member's own tuple is made only if it has to run alone)."""
+        if isinstance(items, TransferTable):
+            return cls(_TableRoutes(items), targets, shared, items)
+        return cls([links for links, *_ in items], targets, shared)
+
+    def lens(self) -> np.ndarray:
+        """The number of links of each transfer's route."""
+        if self.table is not None:
+            return self.table.lens
+        return np.fromiter(map(len, self.links), dtype=np.int64, count=len(self.links))
+
+    def flat(self, live: np.ndarray, lens: np.ndarray) -> np.ndarray:
+        """The links of the transfers ``live`` (their route lengths ``lens``), route after route."""
+        if self.table is None:
+            return np.fromiter(chain.from_iterable(self.links[i] for i in live.tolist()), dtype=np.int64,
+                               count=int(lens.sum()))
+        t = self.table
+        if len(live) == len(t):
+            return t.flat
+        keep = np.zeros(len(t), dtype=bool)
+        keep[live] = True
+        return t.flat[np.repeat(keep, t.lens)]
 
     def ended(self, idx: np.ndarray) -> None:
         """The transfers at ``idx`` have ended."""
@@ -69,6 +100,21 @@ class _Batch:
         for i in idx.tolist():
             if self.targets[i] is not None:
                 self.targets[i].succeed()
+
+
+class _TableRoutes(Sequence[tuple[int, ...]]):
+    """The routes of a :class:`TransferTable`, each made as a tuple when asked for."""
+
+    __slots__ = ("table",)
+
+    def __init__(self, table: TransferTable) -> None:
+        self.table = table
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getitem__(self, i: int) -> tuple[int, ...]:  # type: ignore[override]
+        return self.table.links(i)
 
 
 class _Flow:
@@ -111,43 +157,103 @@ def _flows_of(batch: _Batch, live: np.ndarray, nbytes: np.ndarray, caps: np.ndar
     n = len(live)
     if n < max(2, aggregate_from) or aggregate_from <= 0:
         return [_single(batch, i, b, c) for i, b, c in zip(live.tolist(), nbytes.tolist(), caps.tolist(), strict=True)]
-    routes = [batch.links[i] for i in live.tolist()]
-    lens = np.fromiter(map(len, routes), dtype=np.int64, count=n)
-    flat = np.fromiter(chain.from_iterable(routes), dtype=np.int64, count=int(lens.sum()))
-    starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
-    owner = np.repeat(np.arange(n), lens)
-    cap_at = capacity[flat]
-    low = np.minimum.reduceat(cap_at, starts)
-    hits = np.flatnonzero(cap_at == low[owner])
-    anchor = flat[hits[np.searchsorted(hits, starts)]]
-    order = np.lexsort((caps, nbytes, anchor))
-    a, b, c = anchor[order], nbytes[order], caps[order]
-    first = np.concatenate(([True], (a[1:] != a[:-1]) | (b[1:] != b[:-1]) | (c[1:] != c[:-1])))
-    gid = np.empty(n, dtype=np.int64)
-    gid[order] = np.cumsum(first) - 1
-    groups = np.split(order, np.flatnonzero(first)[1:])  # members of each group, group by group
-    size = np.bincount(gid)
-    L = len(capacity)
-    # per (group, link): the edges crossing it, and the members crossing it (each member once)
-    keys, mult = np.unique(gid[owner] * L + flat, return_counts=True)
-    crossing = np.sort(owner * L + flat)
-    crossing = crossing[np.concatenate(([True], crossing[1:] != crossing[:-1]))]
-    _, ccount = np.unique(gid[crossing // L] * L + crossing % L, return_counts=True)
-    kg, kl = np.divmod(keys, L)
-    bounds = np.searchsorted(kg, np.arange(len(size) + 1))
+    memo = batch.table.memo if batch.table is not None else None
+    held: Any = memo.get("anchors") if memo is not None else None
+    if held is not None and np.array_equal(held[0], live) and np.array_equal(held[1], capacity):
+        lens, flat, owner, anchor = held[2]  # the same routes on the same links
+    else:
+        lens = batch.lens()[live]
+        flat = batch.flat(live, lens)
+        starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
+        owner = np.repeat(np.arange(n), lens)
+        cap_at = capacity[flat]
+        low = np.minimum.reduceat(cap_at, starts)
+        hits = np.flatnonzero(cap_at == low[owner])
+        anchor = flat[hits[np.searchsorted(hits, starts)]]
+        if memo is not None:
+            memo["anchors"] = (live, capacity.copy(), (lens, flat, owner, anchor))
+    # all bytes alike and all caps alike (an even all-to-all): the groups are those of the first
+    # slowest links alone, the same for every protocol's plan
+    uniform = memo is not None and nbytes.min() == nbytes.max() and caps.min() == caps.max()
+    held = memo.get("uniform") if memo is not None and uniform else None
+    if held is not None and held[0] is anchor:
+        order, gid = held[1], held[2]
+    else:
+        order = np.lexsort((caps, nbytes, anchor))
+        a, b, c = anchor[order], nbytes[order], caps[order]
+        first = np.concatenate(([True], (a[1:] != a[:-1]) | (b[1:] != b[:-1]) | (c[1:] != c[:-1])))
+        gid = np.empty(n, dtype=np.int64)
+        gid[order] = np.cumsum(first) - 1
+        if memo is not None and uniform:
+            memo["uniform"] = (anchor, order, gid)
+    held = memo.get("groups") if memo is not None else None
+    if held is not None and np.array_equal(held[0], live) and np.array_equal(held[1], gid):
+        members = held[2]  # the same members in the same groups: the same links
+    else:
+        members = _group_members(live, order, gid, flat, lens, owner, len(capacity))
+        if memo is not None:
+            memo["groups"] = (live, gid, members)
     out: list[_Flow] = []
-    heads = np.fromiter((m.min() for m in groups), dtype=np.int64, count=len(groups))
-    for g in np.argsort(heads, kind="stable").tolist():  # in the order the transfers came
-        m = np.sort(groups[g])
+    for m, ids, links, w, common in members:
         i0 = int(m[0])
         if len(m) == 1:
             out.append(_single(batch, int(live[i0]), float(nbytes[i0]), float(caps[i0])))
-            continue
+        else:
+            out.append(_Flow(links, w, float(nbytes[i0]), batch, ids, float(caps[i0]), common))
+    return out
+
+
+_Members = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _group_members(live: np.ndarray, order: np.ndarray, gid: np.ndarray, flat: np.ndarray, lens: np.ndarray,
+                   owner: np.ndarray, L: int) -> list[_Members]:
+    """Per group ``gid`` of the transfers ``live`` (``order``: sorted by group), in the order the
+    transfers came: its members (positions in ``live``, sorted, and their transfers), its links, the
+    edges crossing each and the links every member crosses."""
+    first = np.concatenate(([True], gid[order][1:] != gid[order][:-1]))
+    groups = np.split(order, np.flatnonzero(first)[1:])  # members of each group, group by group
+    size = np.bincount(gid)
+    kl, mult, ccount, bounds = _group_links(flat, lens, owner, gid, len(size), L)
+    out = []
+    heads = np.fromiter((m.min() for m in groups), dtype=np.int64, count=len(groups))
+    for g in np.argsort(heads, kind="stable").tolist():  # in the order the transfers came
+        m = np.sort(groups[g])
         lo, hi = bounds[g], bounds[g + 1]
         links = kl[lo:hi]
-        out.append(_Flow(links, mult[lo:hi].astype(float), float(nbytes[i0]), batch, live[m], float(caps[i0]),
-                         links[ccount[lo:hi] == size[g]]))
+        out.append((m, live[m], links, mult[lo:hi].astype(float), links[ccount[lo:hi] == size[g]]))
     return out
+
+
+def _group_links(flat: np.ndarray, lens: np.ndarray, owner: np.ndarray, gid: np.ndarray, groups: int, L: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per (group, link), in order of group then link, for the routes ``flat`` (lengths ``lens``, of
+    the transfers ``owner``) in groups ``gid`` (of ``groups``) over ``L`` links: the link, the
+    edges crossing it, and the members crossing it (each member once); and where each group's
+    rows begin (one more for the end)."""
+    if groups * L <= _DENSE_BINS:  # few enough (group, link) pairs to count in place of sorting
+        counts = np.bincount(gid[owner] * L + flat, minlength=groups * L)
+        keys = np.flatnonzero(counts)
+        mult = counts[keys]
+    else:
+        keys, mult = np.unique(gid[owner] * L + flat, return_counts=True)
+    if _repeats_a_link(flat, lens):
+        crossing = np.sort(owner * L + flat)
+        crossing = crossing[np.concatenate(([True], crossing[1:] != crossing[:-1]))]
+        _, ccount = np.unique(gid[crossing // L] * L + crossing % L, return_counts=True)
+    else:  # every route crosses each of its links once: members crossing a link are its edges
+        ccount = mult
+    kg, kl = np.divmod(keys, L)
+    return kl, mult, ccount, np.searchsorted(kg, np.arange(groups + 1))
+
+
+def _repeats_a_link(flat: np.ndarray, lens: np.ndarray) -> bool:
+    """Whether any of the routes ``flat`` (route after route, lengths ``lens``) crosses a link twice."""
+    width = int(lens.max())
+    table = np.full((len(lens), width), -1, dtype=np.int64)
+    table[np.arange(width) < lens[:, None]] = flat
+    table.sort(axis=1)
+    return bool(np.any((table[:, 1:] == table[:, :-1]) & (table[:, 1:] >= 0)))
 
 
 class FlowNetwork:
@@ -215,7 +321,8 @@ class FlowNetwork:
             self._start([flow])
         return done
 
-    def transfer_all(self, items: Sequence[tuple[Sequence[int], float, float]]) -> list[simpy.Event]:
+    def transfer_all(self, items: Sequence[tuple[Sequence[int], float, float]] | TransferTable
+                     ) -> list[simpy.Event]:
         """Start several ``(links, nbytes, max_rate)`` transfers at once, with one reallocation of
         the rates (``max_rate``: bytes/s the transfer never exceeds, ``inf`` for none).
 
@@ -223,19 +330,23 @@ class FlowNetwork:
         all-to-all over many GPUs) costs one max-min computation instead of one per pair, and its
         pairs alike are carried as aggregates (see the module docstring).
         """
-        events = [self.env.event() for _ in items]
-        self._start_items(_Batch([links for links, _, _ in items], events), items)
+        events = [self.env.event() for _ in range(len(items))]
+        self._start_items(_Batch.of(items, events), items)
         return events
 
-    def transfer_group(self, items: Sequence[tuple[Sequence[int], float, float]]) -> simpy.Event:
+    def transfer_group(self, items: Sequence[tuple[Sequence[int], float, float]] | TransferTable
+                       ) -> simpy.Event:
         """Like :meth:`transfer_all`, but one event that fires when the last of them has ended."""
         done = self.env.event()
-        join = _Join(done, sum(1 for links, b, _ in items if b > 0 and len(links) > 0))
+        if isinstance(items, TransferTable):
+            join = _Join(done, int(np.count_nonzero((items.nbytes > 0) & (items.lens > 0))))
+        else:
+            join = _Join(done, sum(1 for links, b, _ in items if b > 0 and len(links) > 0))
         if join.left == 0:
             self.transfers += len(items)
             done.succeed()
             return done
-        self._start_items(_Batch([links for links, _, _ in items], shared=join), items)
+        self._start_items(_Batch.of(items, shared=join), items)
         return done
 
     def finish(self) -> None:
@@ -250,12 +361,16 @@ class FlowNetwork:
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _start_items(self, batch: _Batch, items: Sequence[tuple[Sequence[int], float, float]]) -> None:
+    def _start_items(self, batch: _Batch, items: Sequence[tuple[Sequence[int], float, float]] | TransferTable
+                     ) -> None:
         m = len(items)
         self.transfers += m
-        nbytes = np.fromiter((b for _, b, _ in items), dtype=float, count=m)
-        caps = np.fromiter((c for _, _, c in items), dtype=float, count=m)
-        empty = (nbytes <= 0) | (np.fromiter(map(len, batch.links), dtype=np.int64, count=m) == 0)
+        if isinstance(items, TransferTable):
+            nbytes, caps = np.asarray(items.nbytes, dtype=float), np.asarray(items.max_rate, dtype=float)
+        else:
+            nbytes = np.fromiter((b for _, b, _ in items), dtype=float, count=m)
+            caps = np.fromiter((c for _, _, c in items), dtype=float, count=m)
+        empty = (nbytes <= 0) | (batch.lens() == 0)
         if empty.any():
             batch.ended(np.flatnonzero(empty))
         live = np.flatnonzero(~empty)
@@ -426,14 +541,18 @@ def _succeed(event: simpy.Event) -> None:
     event.succeed()
 
 
-def isolated_rates(items: Sequence[tuple[Sequence[int], float]], capacity: np.ndarray) -> np.ndarray:
-    """The max-min fair rate of each ``(links, max_rate)`` transfer started together on an
-    otherwise idle network (inf for one that crosses no link), computed as the network does
-    (aggregates, checked and split)."""
+def isolated_rates(items: Sequence[tuple[Sequence[int], float]] | TransferTable, capacity: np.ndarray
+                   ) -> np.ndarray:
+    """The max-min fair rate of each ``(links, max_rate)`` transfer (or each of a table's) started
+    together on an otherwise idle network (inf for one that crosses no link), computed as the
+    network does (aggregates, checked and split)."""
     m = len(items)
-    batch = _Batch([links for links, _ in items])
-    caps = np.fromiter((c for _, c in items), dtype=float, count=m)
-    live = np.flatnonzero(np.fromiter(map(len, batch.links), dtype=np.int64, count=m) > 0)
+    batch = _Batch.of(items)  # type: ignore[arg-type]
+    if isinstance(items, TransferTable):
+        caps = np.asarray(items.max_rate, dtype=float)
+    else:
+        caps = np.fromiter((c for _, c in items), dtype=float, count=m)
+    live = np.flatnonzero(batch.lens() > 0)
     out = np.full(m, float("inf"))
     flows = _flows_of(batch, live, np.ones(len(live)), caps[live], np.asarray(capacity, dtype=float))
     while True:

@@ -7,9 +7,11 @@ moving the bytes. The engine executes plans; algorithms know nothing of SimPy.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, overload
+
+import numpy as np
 
 from ..config.platform import CollectiveSpec, ProtocolSpec
 from ..platform.topology import Topology
@@ -26,12 +28,56 @@ class Transfer(NamedTuple):
     max_rate: float = float("inf")
 
 
+class TransferTable(Sequence[Transfer]):
+    """Many single-route transfers as arrays: transfer i crosses ``flat[starts[i]:starts[i + 1]]``
+    and moves ``nbytes[i]`` under ``max_rate[i]``. It reads as a sequence of :class:`Transfer`,
+    each made when asked for; the network takes the arrays as they are (an all-to-all over 1,024
+    GPUs is a million of them). ``memo`` holds what the network derives from the routes alone, to
+    share between tables over the same routes (the plans of one all-to-all, protocol by protocol);
+    the arrays are never changed once made."""
+
+    __slots__ = ("flat", "max_rate", "memo", "nbytes", "starts")
+
+    def __init__(self, flat: np.ndarray, starts: np.ndarray, nbytes: np.ndarray, max_rate: np.ndarray,
+                 memo: dict[str, object] | None = None) -> None:
+        if len(starts) != len(nbytes) + 1 or len(nbytes) != len(max_rate):
+            raise ValueError("a transfer table needs one start per transfer and one more")
+        self.flat, self.starts, self.nbytes, self.max_rate = flat, starts, nbytes, max_rate
+        self.memo: dict[str, object] = {} if memo is None else memo
+
+    def __len__(self) -> int:
+        return len(self.nbytes)
+
+    @overload
+    def __getitem__(self, i: int) -> Transfer: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Transfer]: ...
+
+    def __getitem__(self, i: int | slice) -> Transfer | Sequence[Transfer]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        return Transfer(self.links(i), float(self.nbytes[i]), float(self.max_rate[i]))
+
+    def __iter__(self) -> Iterator[Transfer]:
+        return (self[i] for i in range(len(self)))
+
+    def links(self, i: int) -> tuple[int, ...]:
+        """The route of transfer ``i``."""
+        return tuple(self.flat[self.starts[i]:self.starts[i + 1]].tolist())
+
+    @property
+    def lens(self) -> np.ndarray:
+        """The number of links of each transfer's route."""
+        return np.diff(self.starts)
+
+
 @dataclass(frozen=True, slots=True)
 class CollectivePlan:
     """Transfers that run concurrently once ``latency_s`` (launch and per-step costs) has passed."""
 
     algorithm: str
-    transfers: tuple[Transfer, ...]
+    transfers: Sequence[Transfer]
     latency_s: float
     protocol: str = ""
 
@@ -41,6 +87,9 @@ class CollectivePlan:
             return self.latency_s
         from .network import isolated_rates
 
+        if isinstance(self.transfers, TransferTable):
+            t = self.transfers
+            return self.latency_s + float(np.max(t.nbytes / isolated_rates(t, topo.capacity)))
         rates = isolated_rates([(t.links, t.max_rate) for t in self.transfers], topo.capacity)
         return self.latency_s + max(t.nbytes / r for t, r in zip(self.transfers, rates.tolist(), strict=True))
 

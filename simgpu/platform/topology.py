@@ -45,6 +45,28 @@ class EdgeInfo:
     forwards_chunks: bool
 
 
+#: the widest range of keys :func:`key_members` numbers by lookup (beyond: by sorting)
+_LOOKUP_KEYS = 1 << 24
+
+
+def key_members(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct values of the non-negative ints ``key`` in increasing order, one position holding
+    each (a member, not necessarily the first), and each position's index among the values."""
+    if len(key) == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    bound = int(key.max()) + 1
+    if bound > _LOOKUP_KEYS:
+        values, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        return values, first, inverse.reshape(-1)
+    present = np.zeros(bound, dtype=bool)
+    present[key] = True
+    values = np.flatnonzero(present)
+    inverse = (np.cumsum(present) - 1)[key]
+    member = np.empty(len(values), dtype=np.int64)
+    member[inverse] = np.arange(len(key))
+    return values, member, inverse
+
+
 class Topology:
     """Links and routes of ``nodes`` nodes of ``platform``, using ``gpus_per_node`` GPUs each."""
 
@@ -400,3 +422,82 @@ class Topology:
 
     def route_capacity(self, route: tuple[int, ...]) -> float:
         return float(self.capacity[list(route)].min()) if route else float("inf")
+
+    # -- many routes at once --------------------------------------------------------------------
+
+    def route_table(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The routes of the pairs ``src[p] -> dst[p]`` (distinct GPUs) as a table, and a number per
+        pair shared by the pairs whose routes are the same up to the nodes they start and end on.
+
+        Row p holds :meth:`route` ``(src[p], dst[p])``'s link ids in order, padded with -1 between
+        and after them (``table[table >= 0]`` lists every route's links, route after route). A route
+        is its source node's links, the fabric between the switches and its destination node's
+        links; every node's links sit at the same offsets of its block of ids, so the node parts are
+        the route of one representative pair of the same local GPUs shifted to the pair's nodes,
+        and the fabric is computed once per pair of switches it depends on."""
+        src = np.asarray(src, dtype=np.int64)
+        dst = np.asarray(dst, dtype=np.int64)
+        m = len(src)
+        if m == 0:
+            return np.full((0, 1), -1, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        w, gpn, lpn = self.world, self.gpus_per_node, self.links_per_node
+        if np.any((src < 0) | (src >= w) | (dst < 0) | (dst >= w)) or np.any(src == dst):
+            raise ValueError(f"route_table needs distinct GPUs of this {w}-GPU topology")
+        na, ga = np.divmod(src, gpn)
+        nb, gb = np.divmod(dst, gpn)
+        inter = na != nb
+        # the node parts, by (local GPUs, whether the pair leaves the node)
+        tkey = (inter * gpn + ga) * gpn + gb
+        tkeys, tfirst, tpair = key_members(tkey)
+        pres, posts = [], []
+        for k, p in zip(tkeys.tolist(), tfirst.tolist(), strict=True):
+            leaves, g_a, g_b = k >= gpn * gpn, int(ga[p]), int(gb[p])
+            r = np.array(self._route(g_a, (gpn if leaves else 0) + g_b), dtype=np.int64)
+            pres.append(r[r < lpn])
+            posts.append(r[(r >= lpn) & (r < 2 * lpn)] - lpn)
+        # the fabric, by what it depends on: the two switches (and on a dragonfly the end nodes)
+        nv = self.platform.node.nvlink
+        nic = np.array(self._nic_of, dtype=np.int64)
+        ka, kb = nic[ga], nic[gb]
+        if nv is not None and nv.kind == "nvswitch":  # PXN: leaves through the destination rail's NIC
+            ka = np.where(ka != kb, kb, ka)
+        net = self.platform.network
+        if net.topology == "dragonfly":
+            assert net.dragonfly is not None
+            ports = self.nodes // net.dragonfly.nodes_per_switch + 1
+            fkey = ((na // net.dragonfly.nodes_per_switch) * ports + nb // net.dragonfly.nodes_per_switch) \
+                * net.dragonfly.global_links_per_group_pair + (na + nb) % net.dragonfly.global_links_per_group_pair
+        else:
+            rail = net.topology == "rail_optimized"
+            pods = self.nodes // net.nodes_per_leaf + 1
+            la = (na // net.nodes_per_leaf) * self.ports + (ka if rail else 0)
+            lb = (nb // net.nodes_per_leaf) * self.ports + (kb if rail else 0)
+            fkey = la * (pods * self.ports) + lb
+        fkey = np.where(inter, fkey + 1, 0)
+        fkeys, ffirst, fpair = key_members(fkey)
+        fabs = []
+        for k, p in zip(fkeys.tolist(), ffirst.tolist(), strict=True):
+            if k == 0:
+                fabs.append(np.zeros(0, dtype=np.int64))
+                continue
+            a, b, x, y = int(na[p]), int(nb[p]), int(ka[p]), int(kb[p])
+            fabs.append(np.array([self._ids[h] for h in self._fabric(a, self.leaf_of(a, x), b, self.leaf_of(b, y))],
+                                 dtype=np.int64))
+
+        def pad(parts: list[np.ndarray]) -> np.ndarray:
+            out = np.full((len(parts), max(1, max(map(len, parts)))), -1, dtype=np.int64)
+            for i, part in enumerate(parts):
+                out[i, :len(part)] = part
+            return out
+
+        pre, fab, post = pad(pres), pad(fabs), pad(posts)
+        kind = np.int32 if len(self.links) < 2**31 else np.int64  # half the memory of a million routes
+        wp, wf = pre.shape[1], fab.shape[1]
+        table = np.empty((m, wp + wf + post.shape[1]), dtype=kind)
+        head, tail = table[:, :wp], table[:, wp + wf:]
+        head[:] = pre[tpair]
+        np.add(head, (na * lpn).astype(kind)[:, None], out=head, where=head >= 0)
+        table[:, wp:wp + wf] = fab[fpair]
+        tail[:] = post[tpair]
+        np.add(tail, (nb * lpn).astype(kind)[:, None], out=tail, where=tail >= 0)
+        return table, tpair * len(fkeys) + fpair
