@@ -50,17 +50,15 @@ def job_key(base: str | Path, variant: Variant) -> str:
 def run_variant(base: str, variant: Variant) -> dict[str, Any]:
     """Serve one variant; never raises: failures become rows with ``status`` and ``why``."""
     from .dlrm import build_dlrm, load_dlrm_serving, serve_dlrm
+    from .study import failure
 
     t0 = time.perf_counter()
     row: dict[str, Any] = {"id": variant.id, "name": variant.name, **dict(variant.swept)}
     try:
         serving = load_dlrm_serving(base, variant.as_args())
         _, s = serve_dlrm(serving, build_dlrm(serving))
-    except ConfigError as e:
-        infeasible = "does not fit" in e.message or "never" in e.message
-        row.update(status="infeasible" if infeasible else "invalid", feasible=False, why=str(e))
     except (SimgpuError, ValueError, KeyError) as e:
-        row.update(status="error", feasible=False, why=f"{type(e).__name__}: {e}")
+        row.update(failure(e))
     else:
         th, g, lat = s["throughput"], s["goodput"], s["latency_ms"]
         ok = g is None or bool(g["p99_meets_slo"])

@@ -98,6 +98,16 @@ def job_key(base: str | Path, variant: Variant) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def failure(e: Exception) -> dict[str, Any]:
+    """A variant that could not be served, as a row's status, feasibility and why: infeasible where
+    the configuration does not fit or never meets its limits, invalid for other bad configurations,
+    error for the rest."""
+    if isinstance(e, ConfigError):
+        infeasible = "does not fit" in e.message or "never" in e.message
+        return {"status": "infeasible" if infeasible else "invalid", "feasible": False, "why": str(e)}
+    return {"status": "error", "feasible": False, "why": f"{type(e).__name__}: {e}"}
+
+
 def run_variant(base: str, variant: Variant) -> dict[str, Any]:
     """Serve one variant; never raises: failures become rows with ``status`` and ``why``."""
     from .deploy import build, serve
@@ -113,11 +123,8 @@ def run_variant(base: str, variant: Variant) -> dict[str, Any]:
         serving = load_serving(base, variant.as_args())
         deployment = build(serving)
         _, s = serve(serving, deployment)
-    except ConfigError as e:
-        infeasible = "does not fit" in e.message or "never" in e.message
-        row.update(status="infeasible" if infeasible else "invalid", feasible=False, why=str(e))
     except (SimgpuError, ValueError, KeyError) as e:
-        row.update(status="error", feasible=False, why=f"{type(e).__name__}: {e}")
+        row.update(failure(e))
     else:
         th, g = s["throughput"], s["goodput"]
         ok = bool(g["p99_meets_slo"])
