@@ -129,3 +129,19 @@ def test_search_dlrm_serving_ranks_by_samples_per_gpu(tmp_path, capsys):
     assert len(ok) == 2 and ok.gpus.iloc[0] == 4
     assert ok.samples_per_s_per_gpu.iloc[0] == pytest.approx(2 * ok.samples_per_s_per_gpu.iloc[1], rel=0.05)
     assert (out / "top1" / "summary.json").is_file()
+
+
+@pytest.mark.parametrize("error, status", [
+    ("deployment: the model does not fit in the GPUs' memory, expected fewer layers", "infeasible"),
+    ("slo.ttft_ms: never met, expected a larger budget", "infeasible"),
+    ("scheduler.kind: expected one of static, continuous, chunked", "invalid"),
+])
+def test_a_variant_that_cannot_be_served_becomes_a_row_saying_why(error, status):
+    from simgpu.errors import ConfigError
+    from simgpu.serve.study import failure
+
+    row = failure(ConfigError(error, file="serving.yaml", key="k"))
+    assert row["status"] == status and row["feasible"] is False
+    assert row["why"].startswith("serving.yaml: k: ")
+    other = failure(ValueError("bad shape"))
+    assert other == {"status": "error", "feasible": False, "why": "ValueError: bad shape"}
