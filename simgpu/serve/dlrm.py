@@ -375,29 +375,13 @@ def serve_dlrm(serving: DlrmServing, deployment: DlrmDeployment,
 
 def latency_cdf(table: pd.DataFrame, path: Path, title: str, slo_ms: float | None) -> None:
     """CDFs of the queue wait and the latency (ms, log x axis), with the SLO as a vertical line."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import NullFormatter
+    from .outputs import cdf_axis, one_axis_figure
 
-    fig = Figure(figsize=(8, 4), dpi=120)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    for col, label in (("latency_ms", "latency"), ("queue_ms", "queue wait"), ("service_ms", "service")):
-        x = np.sort(table[col].to_numpy())
-        x = x[x > 0]
-        if len(x):
-            ax.plot(x, np.arange(1, len(x) + 1) / len(x), label=label)
-    ax.set_xscale("log")
-    ax.xaxis.set_minor_formatter(NullFormatter())
+    fig, ax = one_axis_figure(8, 4)
+    cdf_axis(ax, [(table[col].to_numpy(dtype=float), label) for col, label in
+                  (("latency_ms", "latency"), ("queue_ms", "queue wait"), ("service_ms", "service"))], slo_ms, "ms")
     ax.set_xlim(left=0.1 * float(table["service_ms"].min()))  # the shortest waits would stretch the axis
-    if slo_ms is not None:
-        ax.axvline(slo_ms, color="#d62728", linestyle="--", linewidth=1, label=f"SLO {slo_ms:g} ms")
-    for p in (0.5, 0.9, 0.99):
-        ax.axhline(p, color="#bbbbbb", linewidth=0.4)
-    ax.set_xlabel("ms")
     ax.set_ylabel("share of queries")
-    ax.set_ylim(0, 1.01)
-    ax.grid(linewidth=0.3, alpha=0.5)
     ax.legend(fontsize=8, loc="lower right")
     ax.set_title(title)
     fig.tight_layout()

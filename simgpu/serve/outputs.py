@@ -10,6 +10,7 @@ arriving at each decode replica on its ``comm`` stream.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +26,32 @@ from .loop import ServeResult
 from .metrics import kv_occupancy, request_table
 
 
-def _figure(w: float = 7.0, h: float = 4.5) -> tuple[Figure, Any]:
+def one_axis_figure(w: float = 7.0, h: float = 4.5) -> tuple[Figure, Any]:
     fig = Figure(figsize=(w, h), dpi=120)
     FigureCanvasAgg(fig)
     return fig, fig.add_subplot(1, 1, 1)
+
+
+def cdf_axis(ax: Any, curves: Sequence[tuple[np.ndarray, str | None]], slo_ms: float | None, xlabel: str) -> None:
+    """Empirical CDFs of positive values on a log x axis, the SLO as a dashed line and the median, P90 and
+    P99 as grey lines; a curve without a label is drawn in one colour."""
+    drawn = False
+    for values, label in curves:
+        x = np.sort(values[~np.isnan(values)])
+        x = x[x > 0]
+        if len(x):
+            ax.plot(x, np.arange(1, len(x) + 1) / len(x), label=label, color=None if label else "#1f77b4")
+            drawn = True
+    if drawn:
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    if slo_ms is not None:
+        ax.axvline(slo_ms, color="#d62728", linestyle="--", linewidth=1, label=f"SLO {slo_ms:g} ms")
+    for q in (0.5, 0.9, 0.99):
+        ax.axhline(q, color="#bbbbbb", linewidth=0.4)
+    ax.set_xlabel(xlabel)
+    ax.set_ylim(0, 1.01)
+    ax.grid(linewidth=0.3, alpha=0.5)
 
 
 def latency_cdf(table: pd.DataFrame, path: Path, title: str, slo: tuple[float, float] | None = None) -> None:
@@ -37,20 +60,10 @@ def latency_cdf(table: pd.DataFrame, path: Path, title: str, slo: tuple[float, f
     FigureCanvasAgg(fig)
     for k, (col, label) in enumerate((("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E"))):
         ax = fig.add_subplot(1, 3, k + 1)
-        x = np.sort(table[col].dropna().to_numpy())
-        x = x[x > 0]
-        if len(x):
-            ax.plot(x, np.arange(1, len(x) + 1) / len(x), color="#1f77b4")
-            ax.set_xscale("log")
-            ax.xaxis.set_minor_formatter(NullFormatter())
-        if slo is not None and k < 2:
-            ax.axvline(slo[k], color="#d62728", linestyle="--", linewidth=1, label=f"SLO {slo[k]:g} ms")
+        limit = slo[k] if slo is not None and k < 2 else None
+        cdf_axis(ax, [(table[col].to_numpy(dtype=float), None)], limit, f"{label} (ms)")
+        if limit is not None:
             ax.legend(fontsize=8, loc="lower right")
-        for q in (0.5, 0.9, 0.99):
-            ax.axhline(q, color="#bbbbbb", linewidth=0.4)
-        ax.set_xlabel(f"{label} (ms)")
-        ax.set_ylim(0, 1.01)
-        ax.grid(linewidth=0.3, alpha=0.5)
         if k == 0:
             ax.set_ylabel("share of requests")
     fig.suptitle(title)
@@ -60,7 +73,7 @@ def latency_cdf(table: pd.DataFrame, path: Path, title: str, slo: tuple[float, f
 
 def kv_plot(occ: pd.DataFrame, path: Path, title: str) -> None:
     """Share of each replica's KV blocks in use over time (at most 2,000 points per replica)."""
-    fig, ax = _figure(9, 4)
+    fig, ax = one_axis_figure(9, 4)
     for (pool, rep), g in occ.groupby(["pool", "replica"], sort=True):
         step = max(1, len(g) // 2000)
         ax.plot(g["time_s"].to_numpy()[::step], g["share"].to_numpy()[::step], linewidth=0.7,
