@@ -229,6 +229,27 @@ class Replicas:
         return [r for r in range(self.world) if self.is_rep(r)]
 
 
+@dataclass(frozen=True)
+class PipelineShape:
+    """How a pipeline schedule repeats, for the engine's periodic shortcut (:mod:`simgpu.engine.periodic`).
+
+    ``micro_batches`` is the job's count per pipeline and ``simulated`` the count the programs run.
+    Adding ``period`` micro-batches adds one period of the steady state to every stage (one
+    forward and one backward under 1F1B; a group of ``pp`` micro-batches through every model chunk
+    under the interleaved schedule), and with ``least`` or more every stage has a steady state.
+    Counts the programs may run are ``least`` plus a multiple of ``period``.
+    """
+
+    micro_batches: int
+    period: int
+    least: int
+    simulated: int = 0
+
+    def __post_init__(self) -> None:
+        if self.period < 1 or self.least < 1 or self.micro_batches < 1:
+            raise ValueError(f"a pipeline shape needs positive counts, got {self}")
+
+
 @dataclass
 class Workload:
     """What a builder returns: per-rank programs and the facts the report needs.
@@ -240,6 +261,9 @@ class Workload:
     representative rank only; ``memory`` is always per rank of the whole world. ``iterations`` is
     how many training iterations the programs run back to back (their ops say which is which,
     :attr:`Op.iteration`); ``samples``, ``tokens`` and ``model_flops`` are of one of them.
+    ``pipeline`` says how a pipeline schedule repeats (None: it does not, or no pipeline); where the
+    programs run fewer micro-batches than the job (``pipeline.simulated``), ``samples``, ``tokens``,
+    ``model_flops`` and ``memory`` are still the job's.
     """
 
     name: str
@@ -252,6 +276,7 @@ class Workload:
     compute_dtype: str = "fp32"
     replicas: Replicas | None = None
     iterations: int = 1
+    pipeline: PipelineShape | None = None
 
 
 class KernelTable:

@@ -49,6 +49,8 @@ def parser() -> ArgParser:
     ap.add_argument("--quiet", action="store_true", help="print only the iteration time")
     ap.add_argument("--no-fold", action="store_true",
                     help="simulate every rank, even where identical ranks could be simulated once")
+    ap.add_argument("--no-periodic", action="store_true",
+                    help="simulate every micro-batch, even where a pipeline's steady state could be repeated")
     ap.add_argument("--max-link-rows", type=int_at_least(0), default=24, help=argparse.SUPPRESS)
     return ap
 
@@ -82,7 +84,7 @@ def _main(argv: Sequence[str] | None) -> int:
     check_out_dir(out)
     with Progress() as progress:
         t0 = time.perf_counter()
-        result = simulate(job, record_links=args.links, fold=not args.no_fold,
+        result = simulate(job, record_links=args.links, fold=not args.no_fold, periodic=not args.no_periodic,
                           on_stage=lambda what: progress.set(f"{job.workload.name}: {what}"))
         wall = time.perf_counter() - t0
         paths = write_outputs(result, out, links=args.links, records_format=records, trace=not args.no_trace,

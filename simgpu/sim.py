@@ -18,6 +18,7 @@ from .config.loader import Job, load_job
 from .config.platform import PlatformSpec
 from .engine import EngineOptions, SimResult, shortcuts
 from .engine.fold import local_shift_unit
+from .engine.shortcuts import Choose
 from .engine.steady import steady_window
 from .errors import ConfigError
 from .graph import Workload
@@ -26,12 +27,15 @@ from .platform.topology import Topology
 from .workload import World, get_builder
 
 
-def build(job: Job, *, fold: bool = False, topo: Topology | None = None) -> Workload:
+def build(job: Job, *, fold: bool = False, topo: Topology | None = None,
+          micro_batches: Choose | None = None) -> Workload:
     """The per-rank op graph of ``job``, after checking that it fits in GPU memory; with ``fold``,
     the builder may return the representative ranks' programs only (see :mod:`simgpu.engine.fold`),
-    folding ranks inside a node too where ``topo`` shows the node symmetric."""
+    folding ranks inside a node too where ``topo`` shows the node symmetric; ``micro_batches``
+    chooses how many micro-batches a pipeline's programs run (see :mod:`simgpu.engine.periodic`)."""
     local = partial(local_shift_unit, topo) if fold and topo is not None else None
-    world = World(job.workload.nodes, gpus_per_node(job), job.platform.gpu.memory_gib, fold=fold, local_unit=local)
+    world = World(job.workload.nodes, gpus_per_node(job), job.platform.gpu.memory_gib, fold=fold, local_unit=local,
+                  micro_batches=micro_batches)
     try:
         workload = get_builder(job.workload.model.kind)(job.workload, world)
     except ConfigError as e:  # a builder's refusal names the key; the file is the job's
@@ -48,7 +52,7 @@ DEFAULT_KERNEL_MODEL = ("learned", "analytical")
 
 
 def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MODEL,
-             record_links: bool = False, fold: bool = True,
+             record_links: bool = False, fold: bool = True, periodic: bool = True,
              on_stage: Callable[[str], None] | None = None) -> SimResult:
     """Simulate one training iteration of ``job``; ``kernel_model`` names a model or a chain of them.
 
@@ -60,8 +64,10 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
     a node) are simulated once where that is exact (see :mod:`simgpu.engine.fold`): the records then
     cover the representative ranks only
     (:meth:`SimResult.expanded` gives every rank's) and ``meta["fold"]`` says by how much; where
-    it is not exact, every rank is simulated and ``meta["fold_note"]`` says why. ``on_stage`` is
-    told what is being done (for a progress line).
+    it is not exact, every rank is simulated and ``meta["fold_note"]`` says why. With ``periodic``
+    (the default), a pipeline's identical middle micro-batches are simulated once where the schedule
+    is found to repeat (see :mod:`simgpu.engine.periodic`); ``meta["periodic"]`` says how, or why
+    not. ``on_stage`` is told what is being done (for a progress line).
     """
     say = on_stage or (lambda _: None)
     say("building the topology")
@@ -71,8 +77,10 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
     planner = Planner(topo, p.collectives, job.workload.comm.algorithm, job.workload.comm.protocol)
     options = EngineOptions(launch_s=p.host.launch_us * 1e-6, cpu_threads_per_node=p.host.cpu_threads,
                             overlap_slowdown=p.gpu.overlap_slowdown, record_links=record_links,
-                            sms=p.gpu.sms, overlap_slowdown_by_op=tuple(sorted(p.gpu.overlap_slowdown_by_op.items())))
-    outcome = shortcuts.run(topo, lambda folded, inside: build(job, fold=folded, topo=topo if inside else None),
+                            sms=p.gpu.sms, overlap_slowdown_by_op=tuple(sorted(p.gpu.overlap_slowdown_by_op.items())),
+                            periodic=periodic)
+    outcome = shortcuts.run(topo, lambda folded, inside, micro: build(job, fold=folded, topo=topo if inside else None,
+                                                                        micro_batches=micro),
                             lambda w: predictor().predict(w.kernels), planner, options, fold=fold, say=say)
     workload = outcome.workload
     result = steady_window(outcome.result)
@@ -89,7 +97,7 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
         kernel_model_share={str(k): float(v) for k, v in share.items()}, seed=job.workload.seed,
         workload_file=job.workload_file, platform_file=job.platform_file,
         fold=1 if reps is None else reps.factor, fold_note=note, run=run_info(job, topo),
-        steady_state=steady_note(job, workload.iterations, result),
+        steady_state=steady_note(job, workload.iterations, result), periodic=outcome.periodic,
     )
     return result
 

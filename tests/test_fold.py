@@ -200,9 +200,9 @@ def test_the_engine_owns_the_fold_fallback():
     topo = Topology(job.platform, job.workload.nodes, gpus_per_node(job))
     calls: list[tuple[bool, bool]] = []
 
-    def building(fold: bool, inside: bool):
+    def building(fold: bool, inside: bool, micro=None):
         calls.append((fold, inside))
-        return build(job, fold=fold, topo=topo if inside else None)
+        return build(job, fold=fold, topo=topo if inside else None, micro_batches=micro)
 
     predictor = make_predictor("analytical", job.platform)
     planner = Planner(topo, job.platform.collectives, "tree")

@@ -61,6 +61,9 @@ class EngineOptions:
     #: carry a collective's transfers alike as aggregate flows (exact, see simgpu.comm.network); off:
     #: one flow per transfer, the plain simulation the aggregates are checked against
     aggregate: bool = True
+    #: try the periodic shortcut for a pipeline's identical middle micro-batches (exact where it is
+    #: used, see simgpu.engine.periodic); off: every micro-batch simulated
+    periodic: bool = True
 
 
 @dataclass

@@ -1,77 +1,152 @@
 """The engine's shortcuts: when each holds, the run with it, and the fallback where it does not.
 
-One shortcut today, the fold (:mod:`simgpu.engine.fold`): identical ranks simulated once. Whether
-it may be tried is decided before the run (``fold`` asked for, link intervals not recorded for
-every link, the builder found identical ranks, :func:`fold_blocker` finds the topology fit); the
-run itself may still find the fold inexact and raise :class:`FoldBroken`, and the programs are then
-built again, folded by whole nodes only where that may still hold, else every rank. The caller
-gives the stages it owns as functions (building the programs, timing their kernels) and gets back
-the result, the programs it came from and why the fold was given up, if it was.
+Two shortcuts. The fold (:mod:`simgpu.engine.fold`): identical ranks simulated once. Whether it
+may be tried is decided before the run (``fold`` asked for, link intervals not recorded for every
+link, the builder found identical ranks, :func:`fold_blocker` finds the topology fit); the run
+itself may still find the fold inexact and raise :class:`FoldBroken`, and the programs are then
+built again, folded by whole nodes only where that may still hold, else every rank. The periodic
+shortcut (:mod:`simgpu.engine.periodic`): a pipeline's identical middle micro-batches simulated
+once. Where :func:`periodic.blocker` finds nothing against it, the programs are built and run with
+two short counts of micro-batches (each with the fold as it stands), and where the two runs repeat
+one period the job's iteration is extended from them; else the job's own count is simulated.
+The caller gives the stages it owns as functions (building the programs, timing their kernels)
+and gets back the result, the programs it came from, why the fold was given up, if it was, and
+how the periodic shortcut went.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..comm.planner import Planner
-from ..graph import Workload
+from ..graph import PipelineShape, Workload
 from ..platform.topology import Topology
+from . import periodic
 from .core import Engine, EngineOptions
 from .fold import FoldBroken, fold_blocker
 from .result import SimResult
 
-#: builds the programs: ``(fold, inside_nodes)`` -> the workload (folded only where ``fold``, folding
-#: ranks inside nodes too only where ``inside_nodes``)
-Build = Callable[[bool, bool], Workload]
+#: how many micro-batches a pipeline's programs run, given the job's pipeline shape
+Choose = Callable[[PipelineShape], int]
+#: builds the programs: ``(fold, inside_nodes, micro_batches)`` -> the workload (folded only where
+#: ``fold``, folding ranks inside nodes too only where ``inside_nodes``; ``micro_batches`` chooses how
+#: many micro-batches a pipeline runs, None: the job's)
+Build = Callable[[bool, bool, Choose | None], Workload]
 #: times a workload's kernels: the duration of each kernel spec and the model that timed it
 Predict = Callable[[Workload], tuple[np.ndarray, list[str]]]
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """What :func:`run` did: the result, the programs it ran and why the fold was not used (empty: it was)."""
+    """What :func:`run` did: the result, the programs it ran, why the fold was not used (empty: it
+    was) and how the periodic shortcut went (``periodic: ...`` where it was used, else why not)."""
 
     result: SimResult
     workload: Workload
     note: str
+    periodic: str = ""
 
 
 def run(topo: Topology, build: Build, predict: Predict, planner: Planner, options: EngineOptions, *,
         fold: bool = True, say: Callable[[str], None] = lambda _: None) -> Outcome:
-    """Simulate the programs ``build`` gives, folded where the fold holds (see the module docstring)."""
-    note = "" if fold else "turned off"
-    if fold and options.record_links:
-        fold, note = False, "link intervals are recorded for every link"
-    say("building the programs")
-    workload = build(fold, True)
-    if workload.replicas is not None:
-        blocker = fold_blocker(topo, workload.replicas)
-        if blocker is not None:
-            note = blocker
-            workload = build(False, False)
-    elif fold:
-        note = "no identical ranks that fill whole nodes or sit alike inside nodes"
-    say(f"timing {len(workload.kernels):,} kernel shapes")
-    durations, models = predict(workload)
-    inside = True  # fold ranks inside nodes too
-    while True:
-        try:
-            say(f"simulating {len(workload.programs):,} ranks")
-            result = Engine(topo, workload, durations, models, planner, options).run()
-            return Outcome(result, workload, note)
-        except FoldBroken as e:
-            note = str(e)
-            workload = build(e.inside_nodes and inside, False)  # whole nodes folded only, if that may hold
-            inside = False
-            if workload.replicas is not None:
-                if fold_blocker(topo, workload.replicas) is None:
-                    note = f"not folded inside nodes: {e}"
-                else:
-                    workload = build(False, False)
-            durations, models = predict(workload)
+    """Simulate the programs ``build`` gives, folded where the fold holds and with the periodic
+    shortcut where it holds (see the module docstring)."""
+    runs = _Runs(topo, build, predict, planner, options, fold, say)
+    if not options.periodic or options.record_links:
+        out = runs.run(None)
+        return replace(out, periodic="turned off" if not options.periodic else
+                       periodic.blocker(None, 1, True))
+    first = runs.run(_first)
+    shape = first.workload.pipeline
+    why = periodic.blocker(shape, first.workload.iterations, False)
+    if why:
+        if shape is not None and shape.simulated != shape.micro_batches:
+            first = runs.run(None)  # built short to try, but it does not apply
+        return replace(first, periodic=why)
+    assert shape is not None
+    for m in periodic.counts(shape):
+        short = first if m == shape.simulated else runs.run(_count(m))
+        before = runs.state
+        long = runs.run(_count(m + shape.period))
+        if runs.state != before:  # the fold broke on the longer run: the shorter one again, alike
+            short = runs.run(_count(m))
+        got = periodic.extend(short.result, long.result, m, shape)
+        if isinstance(got, SimResult):
+            return Outcome(got, long.workload, long.note, str(got.meta["periodic"]))
+        why = got
+    say(f"the schedule does not repeat ({why}): simulating all {shape.micro_batches} micro-batches")
+    plain = runs.run(None)
+    return replace(plain, periodic=f"not used: {why}; all {shape.micro_batches} micro-batches simulated")
+
+
+def _first(shape: PipelineShape) -> int:
+    """The first short count to try, or the job's where none is (:func:`periodic.counts`)."""
+    tries = periodic.counts(shape)
+    return tries[0] if tries else shape.micro_batches
+
+
+def _count(m: int) -> Choose:
+    return lambda _: m
+
+
+class _Runs:
+    """Runs of one job's programs, folded where the fold holds; the fold's state (what to fold, why
+    not) carries over from one run to the next, as the periodic shortcut runs several counts."""
+
+    def __init__(self, topo: Topology, build: Build, predict: Predict, planner: Planner, options: EngineOptions,
+                 fold: bool, say: Callable[[str], None]) -> None:
+        self.topo, self.build, self.predict, self.planner, self.options, self.say = (
+            topo, build, predict, planner, options, say)
+        self.note = "" if fold else "turned off"
+        if fold and options.record_links:
+            fold, self.note = False, "link intervals are recorded for every link"
+        self.fold, self.inside = fold, True  # fold at all; fold ranks inside nodes too
+        self._timed: tuple[list[object], tuple[np.ndarray, list[str]]] | None = None
+
+    @property
+    def state(self) -> tuple[bool, bool, str]:
+        return self.fold, self.inside, self.note
+
+    def _predict(self, workload: Workload) -> tuple[np.ndarray, list[str]]:
+        """The kernels' durations, reused from the last run where its kernel table is the same."""
+        if self._timed is not None and self._timed[0] == workload.kernels:
+            return self._timed[1]
+        self.say(f"timing {len(workload.kernels):,} kernel shapes")
+        timed = self.predict(workload)
+        self._timed = (list(workload.kernels), timed)
+        return timed
+
+    def run(self, choose: Choose | None) -> Outcome:
+        topo, build = self.topo, self.build
+        self.say("building the programs")
+        workload = build(self.fold, self.inside, choose)
+        if workload.replicas is not None:
+            blocker = fold_blocker(topo, workload.replicas)
+            if blocker is not None:
+                self.note, self.fold, self.inside = blocker, False, False
+                workload = build(False, False, choose)
+        elif self.fold and not self.note:
+            self.note = "no identical ranks that fill whole nodes or sit alike inside nodes"
+        durations, models = self._predict(workload)
+        while True:
+            try:
+                self.say(f"simulating {len(workload.programs):,} ranks")
+                result = Engine(topo, workload, durations, models, self.planner, self.options).run()
+                return Outcome(result, workload, self.note)
+            except FoldBroken as e:
+                self.note = str(e)
+                self.fold, self.inside = e.inside_nodes and self.inside, False  # whole nodes only, if that may hold
+                workload = build(self.fold, False, choose)
+                if workload.replicas is not None:
+                    if fold_blocker(topo, workload.replicas) is None:
+                        self.note = f"not folded inside nodes: {e}"
+                    else:
+                        self.fold = False
+                        workload = build(False, False, choose)
+                durations, models = self._predict(workload)
 
 
 def slack_note(result: SimResult, note: str) -> str:

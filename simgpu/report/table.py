@@ -37,6 +37,9 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     steady = summary.get("steady_state")
     if steady and str(steady).startswith("steady"):
         lines.append(f"iteration found  {steady}")
+    periodic = str(summary.get("periodic") or "")
+    if periodic.startswith("periodic"):
+        lines.append(f"repeated  {periodic.removeprefix('periodic: ')}")
     fold = summary.get("fold") or {}
     if fold.get("replicas", 1) > 1:
         lines.append(f"folded  each simulated rank stands for {fold['replicas']} identical ranks; the timeline "

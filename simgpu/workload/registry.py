@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..config.workload import WorkloadSpec
-from ..graph import Workload
+from ..graph import PipelineShape, Workload
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,9 @@ class World:
     placement choices, such as the DLRM's sharding planner, keep them within memory. ``fold``: the
     caller accepts a folded workload (programs for one data-parallel replica only, with
     :class:`~simgpu.graph.Replicas` saying which ranks they stand for) where the builder
-    can prove the replicas identical."""
+    can prove the replicas identical. ``micro_batches``: given the job's pipeline shape, how many
+    micro-batches per pipeline the programs run (the engine's periodic shortcut runs fewer than the
+    job); None: the job's."""
 
     nodes: int
     gpus_per_node: int
@@ -32,6 +34,7 @@ class World:
     #: such block that maps the topology onto itself (the block's size where none does); None: no
     #: shift inside nodes is known to be a symmetry
     local_unit: Callable[[int], int] | None = None
+    micro_batches: Callable[[PipelineShape], int] | None = None
 
     @property
     def size(self) -> int:

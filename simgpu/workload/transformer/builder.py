@@ -21,8 +21,10 @@ under DDP: one micro-batch forward, backward with bucketed all-reduces, a fused 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ...config.workload import WorkloadSpec
-from ...graph import CollectiveOp, KernelTable, Program, Replicas, Workload
+from ...graph import CollectiveOp, KernelTable, PipelineShape, Program, Replicas, Workload
 from ..common import GRAD_BYTES, Param, assign_buckets, is_mixed, optimizer_step
 from ..dataparallel import GradSink, NoSync, Reducer
 from ..parallel import Coord, Layout
@@ -369,11 +371,43 @@ def replicas(lay: Layout, world: World, tp_ring: bool = False) -> Replicas | Non
     return Replicas(world=lay.world, levels=tuple(levels)) if levels else None
 
 
+def pipeline_shape(s: Setup) -> PipelineShape | None:
+    """How the schedule of ``s`` repeats (see :class:`~simgpu.graph.PipelineShape`), or None where
+    there is no pipeline or its schedule does not repeat one period at a time (GPipe runs every
+    forward before any backward). Under 1F1B every stage has a steady state once there are ``pp``
+    micro-batches and one more adds one forward and one backward; the interleaved schedule needs
+    ``2 pp`` (its warm-up is ``2 (pp - stage - 1) + (v - 1) pp`` chunk steps, and ``pp``
+    micro-batches run every forward first) and takes micro-batches ``pp`` at a time."""
+    pp = s.layout.pp
+    if pp < 2 or s.schedule == "gpipe":
+        return None
+    if s.schedule == "interleaved":
+        return PipelineShape(micro_batches=s.m, period=pp, least=2 * pp, simulated=s.m)
+    return PipelineShape(micro_batches=s.m, period=1, least=pp, simulated=s.m)
+
+
+def _simulated(s: Setup, shape: PipelineShape | None, world: World) -> tuple[Setup, PipelineShape | None]:
+    """The setup the programs are built from: ``s`` with the micro-batch count ``world.micro_batches``
+    chooses (the job's where it chooses none)."""
+    if shape is None or world.micro_batches is None:
+        return s, shape
+    m = world.micro_batches(shape)
+    if m == s.m:
+        return s, shape
+    if m < shape.least or (m - shape.least) % shape.period:
+        raise ValueError(f"cannot run {m} micro-batches of a pipeline that takes {shape.least} plus a multiple "
+                         f"of {shape.period}")
+    return replace(s, m=m), replace(shape, simulated=m)
+
+
 @register("transformer")
 def build(spec: WorkloadSpec, world: World) -> Workload:
     """One program per pipeline stage, retargeted to each of its ranks (to each representative
-    rank only, when ``world.fold`` and the replicas fold)."""
-    s = make_setup(spec, world)
+    rank only, when ``world.fold`` and the replicas fold). Where ``world.micro_batches`` chooses
+    fewer micro-batches than the job's, the programs run that many; samples, FLOPs and memory stay
+    the job's."""
+    job = make_setup(spec, world)
+    s, shape = _simulated(job, pipeline_shape(job), world)
     lay = s.layout
     fold = replicas(lay, world, s.tp_overlap) if world.fold else None
     kernels = KernelTable()
@@ -381,14 +415,14 @@ def build(spec: WorkloadSpec, world: World) -> Workload:
     memory = {}
     for stage in range(lay.pp):
         em = _Stage(s, stage, kernels).build()
-        mem = stage_memory(s, stage)
+        mem = stage_memory(job, stage)
         for r in lay.stage_ranks(stage):
             if fold is None or fold.is_rep(r):
                 programs[r] = retarget(em, r)
             memory[r] = mem
-    samples = s.global_batch
+    samples = job.global_batch
     return Workload(name=spec.name, programs=[programs[r] for r in sorted(programs)], kernels=kernels.specs,
                     memory=[memory[r] for r in range(lay.world)], samples=samples,
                     tokens=samples * s.model.seq_len, model_flops=model_flops(s.model, samples),
-                    compute_dtype=s.precision, replicas=fold, iterations=s.iterations)
+                    compute_dtype=s.precision, replicas=fold, iterations=s.iterations, pipeline=shape)
 

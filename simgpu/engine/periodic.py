@@ -1,0 +1,213 @@
+"""The periodic shortcut: the identical middle micro-batches of a pipeline schedule, simulated once.
+
+In the steady state of a 1F1B or interleaved schedule every stage repeats one period (a forward
+and a backward, or a group of ``pp`` micro-batches through its model chunks), and so does all the
+traffic between stages. So the job is simulated with two short counts of micro-batches, ``m``
+and ``m + period`` (:func:`counts`; the builder keeps samples, FLOPs and memory the job's), and
+the two runs are compared on every rank and stream (:func:`extend`). The shortcut holds where,
+on each of them, the longer run's records are the shorter one's with one block inserted: before
+the block they are the same, after it they are the same delayed by the difference ``D`` of the
+two iterations, and the block is the one before it delayed by ``D`` (the steady state has
+already repeated once). Then each further period inserts the same block ``D`` later, and the
+job's iteration is the longer run with its block copied once per missing period: its records
+have every micro-batch, the copies shifted by whole periods, and its link statistics grow by the
+difference of the two runs per period. Times are compared within :data:`TOLERANCE` of the
+iteration.
+
+Where a stream does not repeat so (contention that changes from period to period, a straggler
+whose delay the pipeline has not absorbed yet, a schedule that has not settled), the check finds
+it, and the shortcut tries once more with counts twice as far past ``least`` or gives up, so the
+caller simulates the job's own count (:mod:`simgpu.engine.shortcuts`). It is tried only where the
+runs together are at most :data:`BUDGET` of the job's micro-batches. It does not apply to programs
+that run several iterations back to back (:mod:`simgpu.engine.steady`), nor where link intervals
+are recorded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Final
+
+import numpy as np
+import pandas as pd
+
+from ..graph import PipelineShape
+from .result import RECORD_COLUMNS, SimResult
+
+#: Times of the two runs must agree (shifted where they are) within this fraction of the iteration.
+TOLERANCE: Final = 1e-9
+#: The short runs together simulate at most this fraction of the job's micro-batches.
+BUDGET: Final = 0.5
+#: Columns that must be equal between matched records (besides their times).
+_SAME = ("name", "category", "phase", "kind", "nbytes", "model")
+
+
+#: Micro-batches past ``least`` that the first try gives the schedule to settle (rounded up to whole
+#: periods): a pipeline's first periods of steady state still differ a little, as it fills.
+SETTLE: Final = 4
+
+
+def _margin(shape: PipelineShape) -> int:
+    """The first try's margin past ``least``, in periods."""
+    return -(-SETTLE // shape.period)
+
+
+def counts(shape: PipelineShape) -> list[int]:
+    """The shorter counts ``m`` to try, in order (each run with ``m + period`` too): ``least`` plus
+    :data:`SETTLE` micro-batches for the schedule to settle, then twice that margin, as long as the
+    runs so far stay within :data:`BUDGET` of the job's micro-batches."""
+    p = shape.period
+    margin = _margin(shape)
+    out: list[int] = []
+    spent = 0
+    while True:
+        m = shape.least + margin * p
+        spent += 2 * m + p
+        if spent > BUDGET * shape.micro_batches or len(out) == 2:
+            return out
+        out.append(m)
+        margin *= 2
+
+
+def blocker(shape: PipelineShape | None, iterations: int, record_links: bool) -> str:
+    """Why the shortcut does not apply to these programs ("" where it may be tried)."""
+    if record_links:
+        return "link intervals are recorded for every link"
+    if shape is None:
+        return "no pipeline schedule that repeats one period at a time"
+    if iterations > 1:
+        return (f"the programs run {iterations} iterations back to back (steady state), and the shortcut "
+                "repeats periods of one")
+    if not counts(shape):
+        m = shape.least + _margin(shape) * shape.period
+        return (f"{shape.micro_batches} micro-batches are too few: the short runs would simulate "
+                f"{2 * m + shape.period} ({m} and {m + shape.period}), more than {BUDGET:.0%} of them")
+    return ""
+
+
+def extend(short: SimResult, long: SimResult, m: int, shape: PipelineShape) -> SimResult | str:
+    """The job's iteration from runs of ``m`` and ``m + shape.period`` micro-batches (``short``,
+    ``long``), or why the runs do not repeat one period (see the module docstring)."""
+    p = shape.period
+    n, rest = divmod(shape.micro_batches - m, p)
+    if rest or n < 1:
+        raise ValueError(f"{shape.micro_batches} micro-batches are not {m} plus a positive multiple of {p}")
+    d = long.iteration_time_s - short.iteration_time_s
+    if not d > 0:
+        return f"{m + p} micro-batches took no longer than {m}"
+    tol = TOLERANCE * long.iteration_time_s
+    a, b = short.records, long.records
+    streams = np.unique(np.concatenate([a["stream"].to_numpy(dtype=object), b["stream"].to_numpy(dtype=object)]))
+    ga = _groups(a, streams)
+    gb = _groups(b, streams)
+    keys_a, start_a, na = np.unique(ga, return_index=True, return_counts=True)
+    keys_b, start_b, nb = np.unique(gb, return_index=True, return_counts=True)
+    if not np.array_equal(keys_a, keys_b):
+        return "the two runs use different streams"
+    k = nb - na
+    if (k < 0).any():
+        return "a stream has fewer records with more micro-batches"
+    same = _codes(a, b)
+    sa, ea = a["start_s"].to_numpy(), a["end_s"].to_numpy()
+    sb, eb = b["start_s"].to_numpy(), b["end_s"].to_numpy()
+    g = np.repeat(np.arange(len(na)), na)              # each record of the short run: its stream
+    j = np.arange(len(a)) - start_a[g]                 # and its place on it
+    pre = start_b[g] + j                               # the long run's record at the same place
+    post = pre + k[g]                                  # and the one as far from the end
+    before = _equal(same, pre, sa, ea, sb, eb, tol, 0.0)
+    after = _equal(same, post, sa, ea, sb, eb, tol, d)
+    q = np.minimum.reduceat(np.where(before, na[g], j), start_a)           # common prefix, per stream
+    tail = na - 1 - np.maximum.reduceat(np.where(after, -1, j), start_a)   # common delayed suffix
+    gap = np.flatnonzero(q + tail < na)
+    if len(gap):
+        return _where(a, start_a[gap[0]], f"{len(gap)} of {len(na)} rank streams differ between {m} and {m + p} "
+                      "micro-batches by more than one inserted block")
+    if (q < k).any():
+        return "a stream's inserted block is longer than what runs before it"
+    # the inserted block is the one before it, delayed by d
+    gk = np.repeat(np.arange(len(k)), k)
+    t = np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k)
+    block = start_b[gk] + q[gk] + t
+    earlier = block - k[gk]
+    ok = _equal((same[1], same[1]), earlier, sb[block], eb[block], sb, eb, tol, -d, rows=block)
+    if not ok.all():
+        bad = int(gk[np.argmin(ok)])
+        return _where(b, start_b[bad], f"the steady state has not settled by {m} micro-batches: a period "
+                      "differs from the one before it")
+    records = _repeat(a, b, start_a, na, start_b, q, k, n, d)
+    links = _links(short, long, n)
+    meta = dict(short.meta)
+    for key in ("fold_slack_s",):
+        if key in meta:
+            meta[key] = float(meta[key]) + n * (float(long.meta[key]) - float(meta[key]))
+    simulated = m + (m + p)
+    meta["periodic"] = (f"periodic: {m} and {m + p} micro-batches simulated; the second repeats one period of "
+                        f"the steady state ({d * 1e3:.3f} ms, {int(k.sum()):,} records) on every rank and stream "
+                        f"and delays the rest by as much, so {n - 1} more periods ({(n - 1) * p} of the "
+                        f"{shape.micro_batches} micro-batches) are its copies, shifted")
+    meta["periodic_micro_batches"] = simulated
+    return replace(short, records=records, link_stats=links, iteration_time_s=short.iteration_time_s + n * d,
+                   events=short.events + long.events, meta=meta)
+
+
+def _groups(rec: pd.DataFrame, streams: np.ndarray) -> np.ndarray:
+    """A number per record for its (rank, stream), in the records' order (rank, then stream)."""
+    code = np.searchsorted(streams, rec["stream"].to_numpy(dtype=object))
+    return rec["rank"].to_numpy(dtype=np.int64) * len(streams) + code
+
+
+def _codes(a: pd.DataFrame, b: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """The columns of :data:`_SAME` as one integer per record, comparable between ``a`` and ``b``."""
+    both = pd.concat([a[list(_SAME)], b[list(_SAME)]], ignore_index=True)
+    code = np.zeros(len(both), dtype=np.int64)
+    for col in _SAME:
+        c, uniques = pd.factorize(both[col])
+        code = pd.factorize(code * (len(uniques) + 1) + c)[0]
+    return code[:len(a)], code[len(a):]
+
+
+def _equal(codes: tuple[np.ndarray, np.ndarray], other: np.ndarray, s: np.ndarray, e: np.ndarray,
+           so: np.ndarray, eo: np.ndarray, tol: float, shift: float, rows: np.ndarray | None = None) -> np.ndarray:
+    """Whether each record (``rows`` of the first frame, else all) equals the second frame's record
+    ``other`` with its times less ``shift``."""
+    mine = codes[0] if rows is None else codes[0][rows]
+    return ((mine == codes[1][other]) & (np.abs(s + shift - so[other]) <= tol)
+            & (np.abs(e + shift - eo[other]) <= tol))
+
+
+def _where(rec: pd.DataFrame, row: int, what: str) -> str:
+    return f"{what} (first: rank {int(rec['rank'].iat[row])}, stream {rec['stream'].iat[row]})"
+
+
+def _repeat(a: pd.DataFrame, b: pd.DataFrame, start_a: np.ndarray, na: np.ndarray, start_b: np.ndarray,
+            q: np.ndarray, k: np.ndarray, n: int, d: float) -> pd.DataFrame:
+    """Per stream: the short run's records before its block, the long run's block ``n`` times
+    (each ``d`` after the one before) and the short run's records after the block, ``n d`` later."""
+    length = na + n * k
+    g = np.repeat(np.arange(len(na)), length)
+    t = np.arange(int(length.sum())) - np.repeat(np.cumsum(length) - length, length)
+    qg, kg = q[g], k[g]
+    head = t < qg
+    tail = t >= qg + n * kg
+    mid = ~head & ~tail
+    u = np.where(mid, t - qg, 0)
+    per = np.where(mid, u // np.maximum(kg, 1), 0)
+    row = np.where(head, start_a[g] + t, start_a[g] + t - n * kg)
+    row = np.where(mid, len(a) + start_b[g] + qg + u - per * kg, row)
+    times = np.where(head, 0.0, np.where(tail, n * d, per * d))
+    both = pd.concat([a, b], ignore_index=True)
+    out = both.take(row).reset_index(drop=True)
+    out["start_s"] = out["start_s"].to_numpy() + times
+    out["end_s"] = out["end_s"].to_numpy() + times
+    return out[list(RECORD_COLUMNS)]
+
+
+def _links(short: SimResult, long: SimResult, n: int) -> pd.DataFrame:
+    """Link statistics of the job: the short run's plus ``n`` times what one period added."""
+    a = short.link_stats.set_index("link")
+    b = long.link_stats.set_index("link")
+    out = b.copy()
+    for col in ("nbytes", "busy_s"):
+        base = a[col].reindex(b.index, fill_value=0.0)
+        out[col] = base + n * (b[col] - base)
+    return out.reset_index()[list(short.link_stats.columns)]

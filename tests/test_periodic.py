@@ -1,0 +1,249 @@
+"""The periodic shortcut: a pipeline's steady state repeated, the same iteration as every micro-batch.
+
+Each case is simulated both ways; with the shortcut the iteration time, every rank's breakdown,
+every record (name and times) and the link statistics match the plain simulation of all
+micro-batches, on 1F1B and interleaved schedules, folded and every rank, with the data-parallel
+reductions overlapping the cool-down, a slow NIC, an oversubscribed core and a slow rank. Where
+the schedule does not repeat (a rank that slows down from one micro-batch to the next), the check
+finds it and every micro-batch is simulated; without the check that case would be extrapolated
+wrongly. A hypothesis property checks :func:`periodic.extend` on made-up periodic streams.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import ROOT
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simgpu import load_job, simulate
+from simgpu.comm.planner import Planner
+from simgpu.config.checks import gpus_per_node
+from simgpu.engine import EngineOptions, periodic, shortcuts
+from simgpu.engine.result import LINK_STAT_COLUMNS, RECORD_COLUMNS, SimResult
+from simgpu.graph import PipelineShape, Workload
+from simgpu.kernels.base import make_predictor
+from simgpu.platform.topology import Topology
+from simgpu.report.summary import rank_breakdown, summarize
+from simgpu.sim import build
+
+GPT3 = ROOT / "workloads" / "gpt3_175b_1024x_a100.yaml"
+#: GPT-3's layer shapes cut to fit the suite: TP8 PP2 DP4 on 8 nodes, 32 micro-batches of 2
+PP2 = ["model.layers=4", "nodes=8", "parallelism.tp=8", "parallelism.pp=2", "parallelism.dp=4",
+       "training.global_batch=256"]
+#: TP4 PP4 DP2 on 4 nodes, 48 micro-batches
+PP4 = ["model.layers=8", "model.hidden=4096", "model.heads=32", "nodes=4", "parallelism.tp=4", "parallelism.pp=4",
+       "parallelism.dp=2", "training.global_batch=192"]
+#: PP2 interleaved over 2 model chunks a stage, 40 micro-batches
+INTERLEAVED = ["model.layers=8", "nodes=8", "parallelism.tp=8", "parallelism.pp=2", "parallelism.dp=4",
+               "training.global_batch=320", "parallelism.pp_schedule=interleaved", "parallelism.virtual_stages=2"]
+
+
+def assert_same(plain: SimResult, short: SimResult) -> None:
+    assert short.iteration_time_s == pytest.approx(plain.iteration_time_s, rel=1e-9)
+    a, b = rank_breakdown(plain), rank_breakdown(short)
+    assert list(a.index) == list(b.index)
+    np.testing.assert_allclose(b.to_numpy(), a.to_numpy(), rtol=1e-9, atol=1e-9)
+    ra, rb = plain.records, short.records
+    assert len(ra) == len(rb)
+    for col in ("rank", "stream", "name", "category", "kind", "nbytes"):
+        assert (ra[col].to_numpy() == rb[col].to_numpy()).all(), col
+    np.testing.assert_allclose(rb[["start_s", "end_s"]].to_numpy(), ra[["start_s", "end_s"]].to_numpy(),
+                               rtol=0, atol=1e-9 * plain.iteration_time_s)
+    la, lb = plain.link_stats.set_index("link"), short.link_stats.set_index("link")
+    assert sorted(la.index) == sorted(lb.index)
+    np.testing.assert_allclose(lb.loc[la.index, ["nbytes", "busy_s"]].to_numpy(),
+                               la[["nbytes", "busy_s"]].to_numpy(), rtol=1e-9, atol=1e-6)
+    sa, sb = summarize(plain), summarize(short)
+    assert sb["breakdown_ms"] == pytest.approx(sa["breakdown_ms"], rel=1e-6)
+    assert sb["categories_ms"] == pytest.approx(sa["categories_ms"], rel=1e-6)
+    assert sb["memory_gib"] == sa["memory_gib"] and sb["throughput"] == sa["throughput"]
+
+
+def both(overrides: list[str], fold: bool = True) -> tuple[SimResult, SimResult]:
+    job = load_job(GPT3, overrides)
+    return simulate(job, fold=fold, periodic=False), simulate(job, fold=fold)
+
+
+@pytest.mark.parametrize("overrides, fold, counts", [
+    (PP2, True, (6, 7)),
+    (PP4, True, (8, 9)),
+    (INTERLEAVED, True, (8, 10)),
+    (PP2, False, (6, 7)),                                                   # every rank
+    (PP2 + ["parallelism.zero=0", "comm.algorithm=ring"], True, (6, 7)),   # DDP all-reduce in the cool-down
+    (PP2 + ["platform.network.nic_gbps=25"], True, (6, 7)),                 # reductions contend with P2P
+    (PP2 + ["platform.network.oversubscription=4", "platform.network.nodes_per_leaf=2"], True, (6, 7)),
+], ids=["1f1b-pp2", "1f1b-pp4", "interleaved", "every-rank", "ddp-ring", "slow-nic", "oversubscribed-core"])
+def test_periodic_equals_every_micro_batch(overrides, fold, counts):
+    plain, short = both(overrides, fold)
+    note = short.meta["periodic"]
+    assert note.startswith(f"periodic: {counts[0]} and {counts[1]} micro-batches simulated"), note
+    assert plain.meta["periodic"] == "turned off"
+    assert short.events < plain.events
+    assert_same(plain, short)
+    assert summarize(short)["periodic"] == note
+
+
+def test_oversubscribed_core_is_simulated_every_rank_and_still_repeats():
+    _, short = both(PP2 + ["platform.network.oversubscription=4", "platform.network.nodes_per_leaf=2"])
+    assert short.meta["fold"] == 1 and "oversubscribed" in short.meta["fold_note"]
+    assert short.meta["periodic"].startswith("periodic")
+
+
+def _run(job, perturb, options: EngineOptions) -> shortcuts.Outcome:
+    """``shortcuts.run`` on ``job`` with each program changed by ``perturb(workload)``."""
+    topo = Topology(job.platform, job.workload.nodes, gpus_per_node(job))
+
+    def building(fold: bool, inside: bool, micro) -> Workload:
+        w = build(job, fold=fold, topo=topo if inside else None, micro_batches=micro)
+        perturb(w)
+        return w
+
+    predictor = make_predictor("analytical", job.platform)
+    planner = Planner(topo, job.platform.collectives, "ring")
+    return shortcuts.run(topo, building, lambda w: predictor.predict(w.kernels), planner, options)
+
+
+def _slow_rank(step_s: float):
+    """Rank 0's kernels each wait before they start: ``step_s`` each, or, with ``growing``, ``step_s``
+    times the kernel's place in the program (a GPU that gets slower and slower)."""
+    def perturb(w: Workload, growing: bool = False) -> None:
+        kernels = [op for op in w.programs[0].ops if op.kind == "kernel"]
+        for i, op in enumerate(kernels):
+            op.delay_s = step_s * (i if growing else 1)
+    return perturb
+
+
+def test_a_slow_rank_still_repeats():
+    job = load_job(GPT3, PP2)
+    perturb = _slow_rank(20e-6)
+    plain = _run(job, perturb, EngineOptions(periodic=False)).result
+    out = _run(job, perturb, EngineOptions())
+    assert out.periodic.startswith("periodic: 6 and 7"), out.periodic
+    assert_same(plain, out.result)
+    assert plain.iteration_time_s > _run(job, lambda w: None, EngineOptions(periodic=False)).result.iteration_time_s
+
+
+def test_a_rank_that_slows_down_is_not_repeated():
+    """Rank 0's kernels wait longer and longer: no period repeats, the check finds it and every
+    micro-batch is simulated. Extending the short runs regardless gives a shorter iteration."""
+    job = load_job(GPT3, PP2)
+
+    def perturb(w: Workload) -> None:
+        _slow_rank(2e-6)(w, growing=True)
+
+    plain = _run(job, perturb, EngineOptions(periodic=False)).result
+    out = _run(job, perturb, EngineOptions())
+    assert out.periodic.startswith("not used: ") and "all 32 micro-batches simulated" in out.periodic
+    assert out.result.iteration_time_s == plain.iteration_time_s
+    assert_same(plain, out.result)
+    # what the runs would give without the check: the last period's delays stand for all later ones
+    short = _run(load_job(GPT3, PP2[:-1] + ["training.global_batch=48"]), perturb, EngineOptions(periodic=False))
+    long = _run(load_job(GPT3, PP2[:-1] + ["training.global_batch=56"]), perturb, EngineOptions(periodic=False))
+    d = long.result.iteration_time_s - short.result.iteration_time_s
+    assert short.result.iteration_time_s + 26 * d < 0.99 * plain.iteration_time_s
+
+
+@pytest.mark.parametrize("overrides, options, why", [
+    (PP2 + ["training.global_batch=64"], EngineOptions(), "8 micro-batches are too few"),
+    (PP2 + ["training.steady_state=always"], EngineOptions(), "2 iterations back to back"),
+    (PP2 + ["parallelism.pp_schedule=gpipe"], EngineOptions(), "no pipeline schedule that repeats"),
+    (PP2, EngineOptions(periodic=False), "turned off"),
+    (PP2, EngineOptions(record_links=True), "link intervals are recorded"),
+], ids=["too-few", "steady-state", "gpipe", "off", "links"])
+def test_periodic_turns_itself_off(overrides, options, why):
+    out = _run(load_job(GPT3, overrides), lambda w: None, options)
+    assert why in out.periodic
+    assert out.workload.pipeline is None or out.workload.pipeline.simulated == out.workload.pipeline.micro_batches
+
+
+def test_short_programs_keep_the_jobs_memory_and_samples():
+    job = load_job(GPT3, PP4)
+    full = build(job)
+    short = build(job, micro_batches=lambda shape: shape.least)
+    assert full.pipeline == PipelineShape(micro_batches=48, period=1, least=4, simulated=48)
+    assert short.pipeline == PipelineShape(micro_batches=48, period=1, least=4, simulated=4)
+    assert short.memory == full.memory and short.samples == full.samples and short.model_flops == full.model_flops
+    assert sum(len(p.ops) for p in short.programs) < sum(len(p.ops) for p in full.programs) / 6
+    with pytest.raises(ValueError, match="plus a multiple"):
+        build(load_job(GPT3, INTERLEAVED), micro_batches=lambda shape: shape.least + 1)
+
+
+def test_counts_stay_within_the_budget():
+    assert periodic.counts(PipelineShape(96, 1, 16)) == [20]
+    assert periodic.counts(PipelineShape(200, 1, 16)) == [20, 24]
+    assert periodic.counts(PipelineShape(128, 8, 16)) == [24]
+    assert periodic.counts(PipelineShape(40, 1, 16)) == []
+    for shape in (PipelineShape(96, 1, 16), PipelineShape(1000, 4, 8), PipelineShape(37, 1, 2)):
+        tried = periodic.counts(shape)
+        assert sum(2 * m + shape.period for m in tried) <= periodic.BUDGET * shape.micro_batches
+        assert all((m - shape.least) % shape.period == 0 and m > shape.least for m in tried)
+
+
+# ---- periodic.extend on made-up streams
+
+
+def _stream(rank: int, names: list[str], starts: list[float], length: float) -> list[tuple]:
+    return [(rank, "compute", n, "gemm", "fwd", "kernel", s, s + length, 0, "analytical")
+            for n, s in zip(names, starts, strict=True)]
+
+
+def _result(rows: list[tuple]) -> SimResult:
+    rec = pd.DataFrame(rows, columns=list(RECORD_COLUMNS)).sort_values(
+        ["rank", "stream", "start_s", "end_s"], kind="stable").reset_index(drop=True)
+    links = pd.DataFrame({"link": ["nic0"], "link_kind": ["nic"], "capacity_gbytes_per_s": [25.0],
+                          "nbytes": [float(len(rec))], "busy_s": [float(len(rec)) * 1e-3]},
+                         columns=list(LINK_STAT_COLUMNS))
+    return SimResult(rec, links, float(rec["end_s"].max()), len(rec), {})
+
+
+@settings(max_examples=40, deadline=None)
+@given(head=st.integers(0, 4), block=st.integers(1, 4), tail=st.integers(0, 4), ranks=st.integers(1, 3),
+       extra=st.integers(1, 5), period=st.floats(1.0, 10.0), broken=st.booleans())
+def test_extend_repeats_made_up_periods(head, block, tail, ranks, extra, period, broken):
+    """Per rank: ``head`` records, the block once (``m`` micro-batches) or twice (``m + 1``), then
+    ``tail`` records; extended by ``extra`` periods, the result is the stream with the block
+    ``extra + 1`` times. With ``broken``, the longer run's second block is one record late: refused."""
+    step = period / block
+
+    def stream(rank: int, blocks: int, late: bool = False) -> list[tuple]:
+        names = [f"h{i}" for i in range(head)] + [f"b{i}" for i in range(block)] * blocks + \
+            [f"t{i}" for i in range(tail)]
+        starts = [i * 0.5 for i in range(head)]
+        t0 = head * 0.5
+        starts += [t0 + i * step for i in range(block * blocks)]
+        t1 = t0 + blocks * period
+        starts += [t1 + i * 0.25 for i in range(tail)]
+        if late:
+            starts[head + block] += 0.1 * step
+        return _stream(rank, names, starts, 0.1 * step)
+
+    short = _result([r for k in range(ranks) for r in stream(k, 1)])
+    long = _result([r for k in range(ranks) for r in stream(k, 2, late=broken and k == ranks - 1)])
+    shape = PipelineShape(micro_batches=4 + extra, period=1, least=1)
+    out = periodic.extend(short, long, 4, shape)
+    if broken:
+        assert isinstance(out, str)
+        return
+    assert isinstance(out, SimResult), out
+    want = _result([r for k in range(ranks) for r in stream(k, extra + 1)])
+    assert out.iteration_time_s == pytest.approx(want.iteration_time_s, rel=1e-12)
+    pd.testing.assert_frame_equal(out.records, want.records, check_exact=False, rtol=1e-12)
+    assert float(out.link_stats["nbytes"].iloc[0]) == len(want.records)
+
+
+def test_extend_refuses_runs_that_differ_by_more_than_a_block():
+    def run(blocks: int, shift: float) -> SimResult:
+        names = ["a"] + ["b"] * blocks + ["c"]
+        starts = [0.0] + [1.0 + i for i in range(blocks)] + [1.0 + blocks + shift]
+        return _result(_stream(0, names, starts, 0.5))
+
+    assert isinstance(periodic.extend(run(2, 0.0), run(3, 0.0), 2, PipelineShape(6, 1, 1)), SimResult)
+    why = periodic.extend(run(2, 0.0), run(3, 0.3), 2, PipelineShape(6, 1, 1))
+    assert isinstance(why, str) and "has not settled" in why
+    short = _result(_stream(0, ["a", "b", "c", "d"], [0, 1, 2, 3], 0.5))
+    long = _result(_stream(0, ["a", "b", "b", "c", "d"], [0, 1.2, 2, 3.2, 4], 0.5))
+    why = periodic.extend(short, long, 2, PipelineShape(6, 1, 1))
+    assert isinstance(why, str) and "more than one inserted block" in why
