@@ -26,6 +26,7 @@ The engine knows no model family and calls no kernel model: kernel durations arr
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -104,10 +105,11 @@ class _Rank:
     def __init__(self, rank: int, ops: list[Op], launch_scale: float) -> None:
         self.rank, self.ops, self.launch_scale = rank, ops, launch_scale
         n = len(ops)
-        self.issue = np.full(n, np.nan)
-        self.start = np.full(n, np.nan)
-        self.done = np.zeros(n, dtype=bool)
-        self.deps_left = np.zeros(n, dtype=np.int64)
+        # Python lists, not arrays: read and written one element at a time, at every op
+        self.issue = [math.nan] * n
+        self.start = [math.nan] * n
+        self.done = [False] * n
+        self.deps_left = [0] * n
         self.dependents: list[list[int]] = [[] for _ in range(n)]
         for i, op in enumerate(ops):
             deps = set(op.deps)
@@ -136,13 +138,14 @@ class Engine:
             raise ValueError("one duration per kernel spec is needed")
         self.topo, self.workload, self.planner, self.opt = topo, workload, planner, options
         self.durations = np.asarray(durations, dtype=float)
+        self._durations = self.durations.tolist()  # Python floats: the clock stays a Python float
         self.models = models
         self.env = simpy.Environment()
         self.net = FlowNetwork(self.env, topo.capacity, record=options.record_links,
                                aggregate_from=AGGREGATE_FROM if options.aggregate else 0)
         self.records: list[tuple[Any, ...]] = []
         self._rv: dict[str, _Rendezvous] = {}
-        self._comm_active = np.zeros(topo.world, dtype=np.int64)
+        self._comm_active = [0] * topo.world
         self._by_op = dict(options.overlap_slowdown_by_op)
         self._ops_active: dict[int, dict[str, int]] = {}  # rank -> collective op -> running (by_op only)
         self._ranks: dict[int, _Rank] = {}
@@ -233,7 +236,7 @@ class Engine:
         i = stream.queue[0]
         if r.deps_left[i] > 0:
             return  # a dependency's end will call again
-        issue = float(r.issue[i])
+        issue = r.issue[i]
         if issue > self.env.now:
             stream.waking = True
 
@@ -254,7 +257,7 @@ class Engine:
         op = r.ops[i]
         r.start[i] = self.env.now
         if op.kind == "kernel":
-            dur = self.durations[op.kernel]
+            dur = self._durations[op.kernel]
             if op.sm_taken:  # shares the GPU with a communication kernel by design
                 sms = self.opt.sms
                 dur *= sms / max(1, sms - op.sm_taken)
@@ -288,7 +291,7 @@ class Engine:
             model = self.models[op.kernel] if op.kind == "kernel" else "network"
             if op.kind == "kernel" and now > self.iteration_ends[op.iteration]:
                 self.iteration_ends[op.iteration] = now
-            self.records.append((r.rank, op.stream, op.name, op.category, op.phase, op.kind, float(r.start[i]), now,
+            self.records.append((r.rank, op.stream, op.name, op.category, op.phase, op.kind, r.start[i], now,
                                  op.nbytes, model))
             stream = r.streams[op.stream]
             stream.busy = False

@@ -97,11 +97,9 @@ def extend(short: SimResult, long: SimResult, m: int, shape: PipelineShape) -> S
         return f"{m + p} micro-batches took no longer than {m}"
     tol = TOLERANCE * long.iteration_time_s
     a, b = short.records, long.records
-    streams = np.unique(np.concatenate([a["stream"].to_numpy(dtype=object), b["stream"].to_numpy(dtype=object)]))
-    ga = _groups(a, streams)
-    gb = _groups(b, streams)
-    keys_a, start_a, na = np.unique(ga, return_index=True, return_counts=True)
-    keys_b, start_b, nb = np.unique(gb, return_index=True, return_counts=True)
+    ga, gb = _groups(a, b)
+    keys_a, start_a, na = _runs(ga)
+    keys_b, start_b, nb = _runs(gb)
     if not np.array_equal(keys_a, keys_b):
         return "the two runs use different streams"
     k = nb - na
@@ -134,7 +132,7 @@ def extend(short: SimResult, long: SimResult, m: int, shape: PipelineShape) -> S
         bad = int(gk[np.argmin(ok)])
         return _where(b, start_b[bad], f"the steady state has not settled by {m} micro-batches: a period "
                       "differs from the one before it")
-    records = _repeat(a, b, start_a, na, start_b, q, k, n, d)
+    records = _repeat(b, na, start_b, q, k, n, d)
     links = _links(short, long, n)
     meta = dict(short.meta)
     for key in ("fold_slack_s",):
@@ -150,10 +148,24 @@ def extend(short: SimResult, long: SimResult, m: int, shape: PipelineShape) -> S
                    events=short.events + long.events, meta=meta)
 
 
-def _groups(rec: pd.DataFrame, streams: np.ndarray) -> np.ndarray:
-    """A number per record for its (rank, stream), in the records' order (rank, then stream)."""
-    code = np.searchsorted(streams, rec["stream"].to_numpy(dtype=object))
-    return rec["rank"].to_numpy(dtype=np.int64) * len(streams) + code
+def _groups(a: pd.DataFrame, b: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """A number per record of ``a`` and of ``b`` for its (rank, stream), the same in both, in the
+    order the records are sorted (rank, then stream)."""
+    codes, names = pd.factorize(pd.concat([a["stream"], b["stream"]], ignore_index=True))
+    order = np.empty(len(names), dtype=np.int64)
+    order[np.argsort(np.asarray(names, dtype=object))] = np.arange(len(names))
+    code = order[codes]
+    ranks = np.concatenate([a["rank"].to_numpy(dtype=np.int64), b["rank"].to_numpy(dtype=np.int64)])
+    g = ranks * len(names) + code
+    return g[:len(a)], g[len(a):]
+
+
+def _runs(g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct values of sorted ``g``, where each starts and how many there are."""
+    if len(g) and (np.diff(g) < 0).any():
+        raise ValueError("records must be sorted by rank and stream")
+    start = np.flatnonzero(np.r_[True, g[1:] != g[:-1]]) if len(g) else np.zeros(0, dtype=np.int64)
+    return g[start], start, np.diff(np.r_[start, len(g)])
 
 
 def _codes(a: pd.DataFrame, b: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -179,10 +191,11 @@ def _where(rec: pd.DataFrame, row: int, what: str) -> str:
     return f"{what} (first: rank {int(rec['rank'].iat[row])}, stream {rec['stream'].iat[row]})"
 
 
-def _repeat(a: pd.DataFrame, b: pd.DataFrame, start_a: np.ndarray, na: np.ndarray, start_b: np.ndarray,
-            q: np.ndarray, k: np.ndarray, n: int, d: float) -> pd.DataFrame:
-    """Per stream: the short run's records before its block, the long run's block ``n`` times
-    (each ``d`` after the one before) and the short run's records after the block, ``n d`` later."""
+def _repeat(b: pd.DataFrame, na: np.ndarray, start_b: np.ndarray, q: np.ndarray, k: np.ndarray, n: int,
+            d: float) -> pd.DataFrame:
+    """Per stream: the longer run's records before its block, its block ``n`` times (each ``d`` after
+    the one before) and its records after the block, ``(n - 1) d`` later (the shorter run's records
+    are the longer run's, where :func:`extend` found them equal)."""
     length = na + n * k
     g = np.repeat(np.arange(len(na)), length)
     t = np.arange(int(length.sum())) - np.repeat(np.cumsum(length) - length, length)
@@ -192,11 +205,9 @@ def _repeat(a: pd.DataFrame, b: pd.DataFrame, start_a: np.ndarray, na: np.ndarra
     mid = ~head & ~tail
     u = np.where(mid, t - qg, 0)
     per = np.where(mid, u // np.maximum(kg, 1), 0)
-    row = np.where(head, start_a[g] + t, start_a[g] + t - n * kg)
-    row = np.where(mid, len(a) + start_b[g] + qg + u - per * kg, row)
-    times = np.where(head, 0.0, np.where(tail, n * d, per * d))
-    both = pd.concat([a, b], ignore_index=True)
-    out = both.take(row).reset_index(drop=True)
+    row = start_b[g] + np.where(head, t, np.where(tail, t - (n - 1) * kg, qg + u - per * kg))
+    times = np.where(head, 0.0, np.where(tail, (n - 1) * d, per * d))
+    out = b.take(row).reset_index(drop=True)
     out["start_s"] = out["start_s"].to_numpy() + times
     out["end_s"] = out["end_s"].to_numpy() + times
     return out[list(RECORD_COLUMNS)]
