@@ -146,6 +146,16 @@ def test_a_rank_that_slows_down_is_not_repeated():
     assert short.result.iteration_time_s + 26 * d < 0.99 * plain.iteration_time_s
 
 
+def test_a_pipeline_that_has_not_settled_is_not_repeated(monkeypatch):
+    """PP4 from 6 micro-batches: stage 0's gradients still arrive a little later each period (the
+    pipeline settles by 8), so the shortcut refuses 6 and 7 and simulates every micro-batch."""
+    plain = simulate(load_job(GPT3, PP4), periodic=False)
+    monkeypatch.setattr(periodic, "counts", lambda shape: [6])
+    short = simulate(load_job(GPT3, PP4))
+    assert short.meta["periodic"].startswith("not used: the steady state has not settled by 6"), short.meta["periodic"]
+    assert_same(plain, short)
+
+
 @pytest.mark.parametrize("overrides, options, why", [
     (PP2 + ["training.global_batch=64"], EngineOptions(), "8 micro-batches are too few"),
     (PP2 + ["training.steady_state=always"], EngineOptions(), "2 iterations back to back"),

@@ -138,12 +138,10 @@ def extend(short: SimResult, long: SimResult, m: int, shape: PipelineShape) -> S
     for key in ("fold_slack_s",):
         if key in meta:
             meta[key] = float(meta[key]) + n * (float(long.meta[key]) - float(meta[key]))
-    simulated = m + (m + p)
     meta["periodic"] = (f"periodic: {m} and {m + p} micro-batches simulated; the second repeats one period of "
                         f"the steady state ({d * 1e3:.3f} ms, {int(k.sum()):,} records) on every rank and stream "
                         f"and delays the rest by as much, so {n - 1} more periods ({(n - 1) * p} of the "
                         f"{shape.micro_batches} micro-batches) are its copies, shifted")
-    meta["periodic_micro_batches"] = simulated
     return replace(short, records=records, link_stats=links, iteration_time_s=short.iteration_time_s + n * d,
                    events=short.events + long.events, meta=meta)
 
