@@ -257,3 +257,16 @@ def test_extend_refuses_runs_that_differ_by_more_than_a_block():
     long = _result(_stream(0, ["a", "b", "b", "c", "d"], [0, 1.2, 2, 3.2, 4], 0.5))
     why = periodic.extend(short, long, 2, PipelineShape(6, 1, 1))
     assert isinstance(why, str) and "more than one inserted block" in why
+
+
+def test_run_command_turns_it_off(tmp_path):
+    import json
+
+    from simgpu.run import main
+
+    path = ROOT / "workloads" / "gpt2_small_pcie_4gpu.yaml"
+    for flags, want in (([], "no pipeline schedule"), (["--no-periodic"], "turned off")):
+        out = tmp_path / str(len(flags))
+        assert main([str(path), "--out", str(out), "--set", "model.layers=1", "--quiet", "--no-trace",
+                     "--records", "none", *flags]) == 0
+        assert want in json.loads((out / "summary.json").read_text())["periodic"]
