@@ -198,7 +198,7 @@ class Engine:
                 if op.kind == "host":
                     rec((r.rank, "cpu", op.name, op.category, op.phase, "host", t0, r.cpu_time, 0, "host"))
                     r.cursor += 1
-                    self._at(r.cpu_time, lambda r=r, i=i: self._finish(r, i))
+                    self._at(r.cpu_time, lambda _e, r=r, i=i: self._finish(r, i))
                     continue
                 rec((r.rank, "cpu", op.name, "launch", op.phase, "launch", t0, r.cpu_time, 0, "host"))
             if op.kind == "host_wait":
@@ -210,7 +210,7 @@ class Engine:
                 rec((r.rank, "cpu", op.name, op.category, op.phase, "host_wait", t0, r.cpu_time, 0, "host"))
                 r.waiting = -1
                 r.cursor += 1
-                self._at(r.cpu_time, lambda r=r, i=i: self._finish(r, i))
+                self._at(r.cpu_time, lambda _e, r=r, i=i: self._finish(r, i))
                 continue
             r.issue[i] = r.cpu_time
             stream = r.streams.get(op.stream)
@@ -222,10 +222,9 @@ class Engine:
                 self._try_start(r, stream)
 
     def _at(self, t: float, fn: Any) -> None:
-        """Call ``fn`` at simulated time ``t`` (now if ``t`` has passed)."""
+        """Call ``fn(event)`` at simulated time ``t`` (now if ``t`` has passed)."""
         delay = t - self.env.now
-        ev = self.env.timeout(delay if delay > 0 else 0.0)
-        ev.callbacks.append(lambda _e: fn())
+        self.env.timeout(delay if delay > 0 else 0.0).callbacks.append(fn)
         self.events += 1
 
     # -- streams ----------------------------------------------------------------------------------
@@ -240,7 +239,7 @@ class Engine:
         if issue > self.env.now:
             stream.waking = True
 
-            def wake() -> None:
+            def wake(_e: object) -> None:
                 stream.waking = False
                 self._try_start(r, stream)
             self._at(issue, wake)
@@ -249,7 +248,7 @@ class Engine:
         stream.busy = True
         delay = r.ops[i].delay_s
         if delay > 0:  # the op's own wait on its stream (a replayed trace's measured GPU-side delay)
-            self._at(self.env.now + delay, lambda: self._start(r, i))
+            self._at(self.env.now + delay, lambda _e: self._start(r, i))
         else:
             self._start(r, i)
 
@@ -263,7 +262,7 @@ class Engine:
                 dur *= sms / max(1, sms - op.sm_taken)
             elif self._comm_active[r.rank]:
                 dur *= 1.0 + self._slowdown(r.rank)
-            self._at(self.env.now + dur, lambda: self._finish(r, i))
+            self._at(self.env.now + dur, lambda _e: self._finish(r, i))
         elif op.kind == "memcpy":
             route = self.topo.host_route(r.rank, to_device=True)
             latency = self.topo.route_latency(route)
@@ -338,7 +337,7 @@ class Engine:
         if len(rv.arrived) < rv.needed:
             return
         if rv.call.duration_s is not None:
-            self._at(self.env.now + rv.call.duration_s, lambda: self._complete(rv))
+            self._at(self.env.now + rv.call.duration_s, lambda _e: self._complete(rv))
             return
         req = self._request(rv)
         plan = self.planner.plan(req)
@@ -349,7 +348,7 @@ class Engine:
             items = self.fold.transfers(self.planner, req, plan)
             self.fold_slack_s += self.fold.latency_slack(self.planner, req, plan)
 
-        def move() -> None:
+        def move(_e: object) -> None:
             if not items:
                 self._complete(rv)
                 return
