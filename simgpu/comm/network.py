@@ -122,21 +122,39 @@ class _Flow:
 
     ``links`` are the distinct links it crosses and ``w`` how many edges (of all its members) cross
     each; its members are the transfers ``idx`` of ``batch``; ``common`` (aggregates only) the
-    links every member crosses."""
+    links every member crosses; ``block`` (aggregates only) the aggregates it started with;
+    ``active`` whether it is on the network."""
 
-    __slots__ = ("batch", "cap", "common", "finish", "idx", "last", "links", "rate", "remaining", "serial", "w")
+    __slots__ = ("active", "batch", "block", "cap", "common", "finish", "idx", "last", "links", "rate",
+                 "remaining", "serial", "w")
 
     def __init__(self, links: np.ndarray, w: np.ndarray, nbytes: float, batch: _Batch, idx: np.ndarray,
                  cap: float = float("inf"), common: np.ndarray | None = None, serial: int = 0) -> None:
         self.links, self.w, self.remaining, self.rate, self.cap = links, w, nbytes, 0.0, cap
         self.batch, self.idx, self.common = batch, idx, common
         self.serial, self.last, self.finish = serial, 0.0, float("inf")
+        self.block: _Block | None = None
+        self.active = False
 
     def settle(self, now: float) -> None:
         """Bring ``remaining`` up to ``now`` at the current rate."""
         if now > self.last:
             self.remaining -= self.rate * (now - self.last)
             self.last = now
+
+
+class _Block:
+    """The aggregates started together, indexed on the network as one: under each link any of them
+    crosses (``links``), so that starting, ending or reaching them costs one entry per link, not one
+    per aggregate and link. Reaching the block reaches all its active aggregates (a superset of the
+    component is exact: the rates of flows that share no link do not depend on each other)."""
+
+    __slots__ = ("links", "live", "members", "serial")
+
+    def __init__(self, members: list[_Flow], links: np.ndarray, serial: int) -> None:
+        self.members, self.links, self.serial, self.live = members, links, serial, len(members)
+        for f in members:
+            f.block = self
 
 
 def _single(batch: _Batch, i: int, nbytes: float, cap: float) -> _Flow:
@@ -280,7 +298,8 @@ class FlowNetwork:
         self.aggregates = 0
         self._aggregate_from = aggregate_from
         self._serial = 0
-        self._on_link: dict[int, dict[int, _Flow]] = {}   # link -> active flows crossing it, by serial
+        #: link -> the active flows crossing it (blocks of aggregates: once), by serial
+        self._on_link: dict[int, dict[int, _Flow | _Block]] = {}
         self._link_rate: dict[int, float] = {}            # link -> total rate on it (links in use only)
         self._link_last: dict[int, float] = {}            # link -> when its bytes were last settled
         self._heap: list[tuple[float, int, _Flow]] = []   # (finish time, serial, flow); stale entries skipped
@@ -295,7 +314,11 @@ class FlowNetwork:
         """The active flows, in the order they started."""
         seen: dict[int, _Flow] = {}
         for on in self._on_link.values():
-            seen.update(on)
+            for k, item in on.items():
+                if isinstance(item, _Block):
+                    seen.update((f.serial, f) for f in item.members if f.active)
+                else:
+                    seen[k] = item
         return [seen[k] for k in sorted(seen)]
 
     # -- public ---------------------------------------------------------------------------------
@@ -377,41 +400,70 @@ class FlowNetwork:
         if not len(live):
             return
         flows = _flows_of(batch, live, nbytes[live], caps[live], self.capacity, self._aggregate_from)
-        self.aggregates += sum(1 for f in flows if f.common is not None)
+        aggs = [f for f in flows if f.common is not None]
+        if aggs:
+            self.aggregates += len(aggs)
+            self._serial += 1
+            _Block(aggs, _union([f.links for f in aggs], len(self.capacity)), self._serial)
         self._start(flows)
 
     def _start(self, flows: list[_Flow]) -> None:
         now = self.env.now
         seeds: set[int] = set()
+        blocks: dict[int, _Block] = {}
         for f in flows:
             if not f.serial:
                 self._serial += 1
                 f.serial = self._serial
-            f.last = now
+            f.last, f.active = now, True
+            if f.block is not None:
+                blocks[f.block.serial] = f.block
+                continue
             uniq = f.links.tolist()
             for lid in uniq:
                 self._on_link.setdefault(lid, {})[f.serial] = f
             seeds.update(uniq)
+        for b in blocks.values():
+            uniq = b.links.tolist()
+            for lid in uniq:
+                self._on_link.setdefault(lid, {})[b.serial] = b
+            seeds.update(uniq)
         self._reschedule(seeds)
 
-    def _component(self, seeds: set[int]) -> list[_Flow]:
-        """The active flows connected to the links ``seeds`` through shared links, by serial."""
+    def _retire(self, block: _Block) -> None:
+        """One of ``block``'s aggregates has left the network; the block leaves with its last."""
+        block.live -= 1
+        if block.live == 0:
+            for lid in block.links.tolist():
+                on = self._on_link[lid]
+                del on[block.serial]
+                if not on:
+                    del self._on_link[lid]
+
+    def _component(self, seeds: set[int]) -> tuple[list[_Flow], set[int]]:
+        """The active flows connected to the links ``seeds`` through shared links, by serial, and
+        the links reached (every link they cross, and the seeds)."""
         comp: dict[int, _Flow] = {}
+        reached: set[int] = set()
         seen = set(seeds)
         stack = list(seeds)
         while stack:
             on = self._on_link.get(stack.pop())
             if not on:
                 continue
-            for k, f in on.items():
-                if k in comp:
+            for k, item in on.items():
+                if k in reached:
                     continue
-                comp[k] = f
-                for lid in f.links.tolist():
+                reached.add(k)
+                if isinstance(item, _Block):
+                    comp.update((f.serial, f) for f in item.members if f.active)
+                else:
+                    comp[k] = item
+                for lid in item.links.tolist():
                     if lid not in seen:
                         seen.add(lid)
                         stack.append(lid)
-        return [comp[k] for k in sorted(comp)]
+        return [comp[k] for k in sorted(comp)], seen
 
     def _settle_link(self, lid: int, now: float) -> None:
         last = self._link_last.get(lid, now)
@@ -430,12 +482,16 @@ class FlowNetwork:
             agg = flows[k]
             agg.settle(now)
             self.splits += 1
-            for lid in agg.links.tolist():
-                del self._on_link[lid][agg.serial]
+            agg.active = False
+            if agg.block is not None:
+                self._retire(agg.block)
+            else:
+                for lid in agg.links.tolist():
+                    del self._on_link[lid][agg.serial]
             for i in agg.idx.tolist():
                 f = _single(agg.batch, i, agg.remaining, agg.cap)
                 self._serial += 1
-                f.serial, f.last = self._serial, now
+                f.serial, f.last, f.active = self._serial, now, True
                 for lid in f.links.tolist():
                     self._on_link.setdefault(lid, {})[f.serial] = f
                 out.append(f)
@@ -446,10 +502,7 @@ class FlowNetwork:
         """New max-min rates for the component of the links ``seeds`` (whose flows changed)."""
         self.reschedules += 1
         now = self.env.now
-        flows = self._component(seeds)
-        touched = set(seeds)
-        for f in flows:
-            touched.update(f.links.tolist())
+        flows, touched = self._component(seeds)
         for lid in touched:
             self._settle_link(lid, now)
         if flows:
@@ -484,7 +537,7 @@ class FlowNetwork:
         self._arm()
 
     def _live(self, t: float, serial: int, f: _Flow) -> bool:
-        return f.finish == t and serial in self._on_link.get(int(f.links[0]), {})
+        return f.finish == t and f.active
 
     def _arm(self) -> None:
         """Keep one timeout pending, at the earliest finish time."""
@@ -524,7 +577,15 @@ class FlowNetwork:
             self._arm()
             return
         seeds: set[int] = set()
+        blocks: dict[int, _Block] = {}
         for f in finished:
+            f.active = False
+            if f.block is not None:
+                if f.block.serial not in blocks:
+                    blocks[f.block.serial] = f.block
+                    seeds.update(f.block.links.tolist())
+                self._retire(f.block)
+                continue
             uniq = f.links.tolist()
             for lid in uniq:
                 on = self._on_link[lid]
@@ -579,25 +640,45 @@ def _fair(flows: Sequence[_Flow], capacity: np.ndarray) -> tuple[np.ndarray, np.
     counts = np.fromiter((len(f.links) for f in flows), dtype=np.int64, count=n)
     pair_flow = np.repeat(np.arange(n), counts)
     raw_link = np.concatenate([f.links for f in flows])
-    ids, pair_link = np.unique(raw_link, return_inverse=True)
+    ids, pair_link = _numbered(raw_link, len(capacity))
     pair_w = np.concatenate([f.w for f in flows])
     rates, link_rate = _fill(pair_flow, pair_link, pair_w, caps, capacity[ids])
-    aggs = [k for k, f in enumerate(flows) if f.common is not None]
-    if not aggs:
+    aggs = np.array([k for k, f in enumerate(flows) if f.common is not None], dtype=np.int64)
+    if not len(aggs):
         return rates, ids, link_rate, []
     cap_l = capacity[ids]
     saturated = link_rate >= cap_l * (1 - _CHECK_TOL)
     top = np.zeros(len(ids))
     np.maximum.at(top, pair_link, rates[pair_flow])
-    broken = []
-    for k in aggs:
-        f, r = flows[k], float(rates[k])
-        if f.common is None or r >= f.cap * (1 - _CHECK_TOL):
-            continue
-        c = np.searchsorted(ids, f.common)
-        if not np.any(saturated[c] & (r >= top[c] * (1 - _CHECK_TOL))):
-            broken.append(k)
-    return rates, ids, link_rate, broken
+    # an aggregate below its cap needs a saturated common link on which no flow gets more
+    aggs = aggs[rates[aggs] < caps[aggs] * (1 - _CHECK_TOL)]
+    if not len(aggs):
+        return rates, ids, link_rate, []
+    commons = [flows[k].common for k in aggs.tolist()]
+    owner = np.repeat(np.arange(len(aggs)), [len(c) for c in commons])
+    c = np.searchsorted(ids, np.concatenate(commons))
+    ok = saturated[c] & (rates[aggs][owner] >= top[c] * (1 - _CHECK_TOL))
+    held = np.bincount(owner[ok], minlength=len(aggs))
+    return rates, ids, link_rate, aggs[held == 0].tolist()
+
+
+def _numbered(raw: np.ndarray, L: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(raw, return_inverse=True)`` for link ids below ``L``, by lookup where ``raw`` is
+    long enough for a table of ``L`` to cost less than a sort."""
+    if len(raw) * 8 < L:
+        ids, inverse = np.unique(raw, return_inverse=True)
+        return ids, inverse.reshape(-1)
+    present = np.zeros(L, dtype=bool)
+    present[raw] = True
+    ids = np.flatnonzero(present)
+    pos = np.empty(L, dtype=np.int64)
+    pos[ids] = np.arange(len(ids))
+    return ids, pos[raw]
+
+
+def _union(parts: Sequence[np.ndarray], L: int) -> np.ndarray:
+    """The distinct link ids (below ``L``) in ``parts``, in increasing order."""
+    return _numbered(np.concatenate(parts), L)[0]
 
 
 def _fill(pair_flow: np.ndarray, pair_link: np.ndarray, pair_w: np.ndarray, caps: np.ndarray,
