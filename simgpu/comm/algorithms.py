@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..config.platform import CollectiveSpec, ProtocolSpec
-from ..platform.topology import Topology, key_members
+from ..platform.topology import RouteParts, Topology, first_positions, key_members
 from .plan import CollectivePlan, CollectiveRequest, Transfer, TransferTable, register
 from .tuning import PAT_PER_RANK_US, pat_enabled
 
@@ -552,9 +552,9 @@ def _p2p_rate(a: int, b: int, nbytes: float, ranks: int, topo: Topology, spec: C
 
 
 def _pairs(req: CollectiveRequest, topo: Topology
-           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, object]]:
+           ) -> tuple[np.ndarray, np.ndarray, RouteParts, np.ndarray, np.ndarray, dict[str, object]]:
     """The pairs of an all-to-all with bytes to move, member by member (member indices from and
-    to), their routes (links ``flat[starts[p]:starts[p + 1]]``), bytes and kinds (pairs whose routes
+    to), their routes (:class:`RouteParts`), bytes and kinds (pairs whose routes
     cross the same kinds of link in the same order, so the same hardware, latency and bottleneck,
     and whose sizes are equal; numbered in the order they first appear), and a memo the plans'
     transfer tables share (:class:`TransferTable`); the same for every protocol, so the last
@@ -562,6 +562,7 @@ def _pairs(req: CollectiveRequest, topo: Topology
     cached = topo.memo.get("direct pairs")
     if cached is not None and cached[0] == req:  # type: ignore[index]
         return cached[1]  # type: ignore[index]
+    topo.memo.pop("direct pairs", None)
     g, n = np.array(req.group, dtype=np.int64), len(req.group)
     if req.send_matrix is not None:
         nbytes = np.array(req.send_matrix, dtype=float).reshape(n, n)
@@ -572,16 +573,14 @@ def _pairs(req: CollectiveRequest, topo: Topology
     sizes = nbytes[src, dst]
     held: Any = topo.memo.get("direct routes")
     if held is not None and held[0] == req.group and np.array_equal(held[1], src) and np.array_equal(held[2], dst):
-        flat, starts, shape_class, memo = held[3:]  # the last request's pairs (another size): its routes
+        parts, shape_class, memo = held[3:]  # the last request's pairs (another size): its routes
     else:
-        table, shape = topo.route_table(g[src], g[dst])
-        used = table >= 0
-        flat = table[used]
-        starts = np.concatenate(([0], np.cumsum(used.sum(axis=1))))
-        shape_class = _shape_classes(table, shape, topo)
+        topo.memo.pop("direct routes", None)  # the last request's routes go before these are made
+        parts = topo.route_parts(g[src], g[dst])
+        shape_class = _shape_classes(parts, topo)
         memo = {}
-        topo.memo["direct routes"] = (req.group, src, dst, flat, starts, shape_class, memo)
-    out = (src, dst, flat, starts, sizes, _route_kinds(shape_class, sizes), memo)
+        topo.memo["direct routes"] = (req.group, src, dst, parts, shape_class, memo)
+    out = (src, dst, parts, sizes, _route_kinds(shape_class, sizes), memo)
     topo.memo["direct pairs"] = (req, out)
     return out
 
@@ -596,15 +595,15 @@ def _link_classes(topo: Topology) -> np.ndarray:
     return cached  # type: ignore[return-value]
 
 
-def _shape_classes(table: np.ndarray, shape: np.ndarray, topo: Topology) -> np.ndarray:
-    """A number per pair of a route table (:meth:`Topology.route_table`, with its shapes), shared by
-    the pairs whose routes cross the same classes of link in the same order. Routes of one shape
-    differ only in their end nodes, whose links at the same place of their block are alike, so one
-    route a shape is read."""
-    if len(shape) == 0:
+def _shape_classes(parts: RouteParts, topo: Topology) -> np.ndarray:
+    """A number per pair of ``parts`` (:meth:`Topology.route_parts`), shared by the pairs whose
+    routes cross the same classes of link in the same order. Routes of one shape differ only in
+    their end nodes, whose links at the same place of their block are alike, so one route a shape
+    is read."""
+    if len(parts) == 0:
         return np.zeros(0, dtype=np.int64)
-    _, member, of_shape = key_members(shape)
-    rows = table[member]
+    _, member, of_shape = key_members(parts.shape)
+    rows = parts.rows(member)
     classes = np.full(rows.shape, -1, dtype=np.int64)
     for k, row in enumerate(rows):
         route = row[row >= 0]
@@ -623,10 +622,11 @@ def _route_kinds(shape_class: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     else:
         _, size_class = np.unique(sizes, return_inverse=True)
     key = shape_class * (int(size_class.max()) + 1) + size_class.reshape(-1)
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    _, _, inverse = key_members(key)
+    first = first_positions(inverse, int(inverse.max()) + 1)
     renumber = np.empty(len(first), dtype=np.int64)
     renumber[np.argsort(first, kind="stable")] = np.arange(len(first))
-    return renumber[inverse.reshape(-1)]
+    return renumber[inverse]
 
 
 @register("direct", {"all_to_all", "send_recv", "all_gather", "reduce_scatter"})
@@ -652,10 +652,11 @@ def direct(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: 
                               _base(spec, proto) + step)
     if n == 1:
         return CollectivePlan("direct", (), 0.0)
-    src, dst, flat, starts, _, kinds, memo = _pairs(req, topo)
+    src, dst, parts, _, kinds, memo = _pairs(req, topo)
     spread = len({topo.node_of(r) for r in g}) > 2
     per_kind: list[tuple[float, float, float, bool]] = []
-    for first in np.unique(kinds, return_index=True)[1].tolist():  # kinds are numbered as they first appear
+    kinds_n = int(kinds.max()) + 1 if len(kinds) else 0
+    for first in first_positions(kinds, kinds_n).tolist():  # kinds are numbered as they first appear
         i, j = int(src[first]), int(dst[first])
         a, b = g[i], g[j]
         nbytes = req.send_matrix[i][j] if req.send_matrix is not None else req.nbytes / n
@@ -671,5 +672,5 @@ def direct(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: 
     wire = np.array([w for _, _, w, _ in per_kind])[kinds]
     rate = np.array([r for _, r, _, _ in per_kind])[kinds]
     per_peer = float(np.max(local * spec.p2p_local_peer_us + remote * spec.p2p_net_peer_us, initial=0.0)) * US
-    transfers = TransferTable(flat, starts, wire, rate, memo)
+    transfers = TransferTable(None, None, wire, rate, memo, parts, kinds)
     return CollectivePlan("direct", transfers, _base(spec, proto) + worst + per_peer)

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import simpy
 
+from ..platform.topology import RouteParts, first_positions, key_members
 from .plan import TransferTable
 
 _EPS_S = 1e-12  # flows within this many seconds of completion are complete
@@ -90,16 +91,24 @@ class _Batch:
         keep[live] = True
         return t.flat[np.repeat(keep, t.lens)]
 
-    def ended(self, idx: np.ndarray) -> None:
-        """The transfers at ``idx`` have ended."""
+    def ended(self, idx: np.ndarray, count: int | None = None) -> None:
+        """The transfers at ``idx`` have ended (``count``: how many, where one join waits for all
+        and ``idx`` need not be made)."""
         if self.shared is not None:
-            self.shared.left -= len(idx)
+            self.shared.left -= len(idx) if count is None else count
             if self.shared.left == 0:
                 self.shared.event.succeed()
             return
         for i in idx.tolist():
             if self.targets[i] is not None:
                 self.targets[i].succeed()
+
+    def flow_ended(self, f: _Flow) -> None:
+        """The members of ``f`` have ended."""
+        if self.shared is not None:
+            self.ended(np.zeros(0, dtype=np.int64), f.count)
+        else:
+            self.ended(f.idx)
 
 
 class _TableRoutes(Sequence[tuple[int, ...]]):
@@ -121,20 +130,31 @@ class _Flow:
     """A transfer on the network, or an aggregate of several started together.
 
     ``links`` are the distinct links it crosses and ``w`` how many edges (of all its members) cross
-    each; its members are the transfers ``idx`` of ``batch``; ``common`` (aggregates only) the
-    links every member crosses; ``block`` (aggregates only) the aggregates it started with;
-    ``active`` whether it is on the network."""
+    each; its ``count`` members are the transfers ``idx`` of ``batch`` (found when first asked
+    for, where ``group`` says which group of a :class:`_PartGroups` it is); ``common`` (aggregates
+    only) the links every member crosses; ``block`` (aggregates only) the aggregates it started
+    with; ``active`` whether it is on the network."""
 
-    __slots__ = ("active", "batch", "block", "cap", "common", "finish", "idx", "last", "links", "rate",
-                 "remaining", "serial", "w")
+    __slots__ = ("_idx", "active", "batch", "block", "cap", "common", "count", "finish", "group", "last", "links",
+                 "rate", "remaining", "serial", "w")
 
-    def __init__(self, links: np.ndarray, w: np.ndarray, nbytes: float, batch: _Batch, idx: np.ndarray,
-                 cap: float = float("inf"), common: np.ndarray | None = None, serial: int = 0) -> None:
+    def __init__(self, links: np.ndarray, w: np.ndarray, nbytes: float, batch: _Batch, idx: np.ndarray | None,
+                 cap: float = float("inf"), common: np.ndarray | None = None, serial: int = 0,
+                 group: tuple[_PartGroups, int] | None = None) -> None:
         self.links, self.w, self.remaining, self.rate, self.cap = links, w, nbytes, 0.0, cap
-        self.batch, self.idx, self.common = batch, idx, common
+        self.batch, self._idx, self.common, self.group = batch, idx, common, group
+        self.count = len(idx) if idx is not None else int(group[0].size[group[1]]) if group is not None else 0
         self.serial, self.last, self.finish = serial, 0.0, float("inf")
         self.block: _Block | None = None
         self.active = False
+
+    @property
+    def idx(self) -> np.ndarray:
+        """Its members: positions in its batch, in increasing order."""
+        if self._idx is None:
+            assert self.group is not None
+            self._idx = self.group[0].members(self.group[1])
+        return self._idx
 
     def settle(self, now: float) -> None:
         """Bring ``remaining`` up to ``now`` at the current rate."""
@@ -176,6 +196,11 @@ def _flows_of(batch: _Batch, live: np.ndarray, nbytes: np.ndarray, caps: np.ndar
     if n < max(2, aggregate_from) or aggregate_from <= 0:
         return [_single(batch, i, b, c) for i, b, c in zip(live.tolist(), nbytes.tolist(), caps.tolist(), strict=True)]
     memo = batch.table.memo if batch.table is not None else None
+    uniform = memo is not None and nbytes.min() == nbytes.max() and caps.min() == caps.max()
+    if batch.table is not None and batch.table.parts is not None:
+        flows = _part_flows(batch, live, nbytes, caps, capacity)
+        if flows is not None:
+            return flows
     held: Any = memo.get("anchors") if memo is not None else None
     if held is not None and np.array_equal(held[0], live) and np.array_equal(held[1], capacity):
         lens, flat, owner, anchor = held[2]  # the same routes on the same links
@@ -192,7 +217,6 @@ def _flows_of(batch: _Batch, live: np.ndarray, nbytes: np.ndarray, caps: np.ndar
             memo["anchors"] = (live, capacity.copy(), (lens, flat, owner, anchor))
     # all bytes alike and all caps alike (an even all-to-all): the groups are those of the first
     # slowest links alone, the same for every protocol's plan
-    uniform = memo is not None and nbytes.min() == nbytes.max() and caps.min() == caps.max()
     held = memo.get("uniform") if memo is not None and uniform else None
     if held is not None and held[0] is anchor:
         order, gid = held[1], held[2]
@@ -219,6 +243,212 @@ def _flows_of(batch: _Batch, live: np.ndarray, nbytes: np.ndarray, caps: np.ndar
         else:
             out.append(_Flow(links, w, float(nbytes[i0]), batch, ids, float(caps[i0]), common))
     return out
+
+
+def _part_flows(batch: _Batch, live: np.ndarray, nbytes: np.ndarray, caps: np.ndarray, capacity: np.ndarray
+                ) -> list[_Flow] | None:
+    """:func:`_flows_of` for the transfers ``live`` of a table whose routes are :class:`RouteParts`
+    and whose bytes and caps follow its kinds (their bytes and caps): its groups found from the
+    parts and the kinds, with per pair only a few numbers read; None where they do not allow it
+    (see :meth:`_PartGroups.of`)."""
+    table = batch.table
+    assert table is not None and table.parts is not None
+    whole = len(live) == len(table)
+    if table.kinds is not None:
+        kinds = table.kinds if whole else table.kinds[live]
+    elif nbytes.min() == nbytes.max() and caps.min() == caps.max():
+        kinds = np.zeros(len(live), dtype=np.int64)
+    else:
+        return None
+    K = int(kinds.max()) + 1
+    first = first_positions(kinds, K)
+    kb, kc = nbytes[first], caps[first]
+    if not (np.array_equal(kb[kinds], nbytes) and np.array_equal(kc[kinds], caps)):
+        return None
+    # kinds of the same bytes and cap are one class: groups are (first slowest link, class)
+    by = np.lexsort((kc, kb))
+    new = np.concatenate(([True], (kb[by][1:] != kb[by][:-1]) | (kc[by][1:] != kc[by][:-1])))
+    kclass = np.empty(K, dtype=np.int64)
+    kclass[by] = np.cumsum(new) - 1
+    memo = table.memo
+    held: Any = memo.get("part anchors")
+    if held is not None and np.array_equal(held[0], live) and np.array_equal(held[1], capacity):
+        anchor = held[2]  # the same routes on the same links
+    else:
+        memo.pop("part anchors", None)
+        memo.pop("part groups", None)
+        anchor = _part_anchors(table.parts, live, capacity)
+        memo["part anchors"] = (live, capacity.copy(), anchor)
+    if anchor is None:
+        return None
+    held = memo.get("part groups")
+    if held is not None and held[0] is anchor and np.array_equal(held[1], kclass):
+        grouping = held[2]
+    else:
+        memo.pop("part groups", None)
+        classes = int(kclass.max()) + 1
+        grouping = _PartGroups.of(table.parts, live, anchor * classes + kclass[kinds] if classes > 1 else anchor,
+                                  len(capacity))
+        memo["part groups"] = (anchor, kclass, grouping)
+    out: list[_Flow] = []
+    heads = grouping.heads
+    hb, hc = nbytes[heads].tolist(), caps[heads].tolist()
+    for g in np.argsort(heads, kind="stable").tolist():  # in the order the transfers came
+        if grouping.size[g] == 1:
+            out.append(_single(batch, int(live[heads[g]]), hb[g], hc[g]))
+        else:
+            links, w, common = grouping.links[g]
+            out.append(_Flow(links, w, hb[g], batch, None, hc[g], common, group=(grouping, g)))
+    return out
+
+
+def _part_anchors(parts: RouteParts, live: np.ndarray, capacity: np.ndarray) -> np.ndarray | None:
+    """The first slowest link of the routes of the pairs ``live`` of ``parts``, found once per
+    pair of parts: its place in the route is the same for all pairs of those parts, as every
+    node's links have the capacities of node 0's. None where they do not, where the fabric
+    reaches into a node's block, or where a part crosses a link twice (then the routes are read
+    pair by pair)."""
+    lpn, nodes = parts.lpn, parts.nodes
+    node_cap = capacity[:nodes * lpn].reshape(nodes, lpn)
+    pre, fab, post = parts.pre, parts.fab, parts.post
+    if not np.all(node_cap == node_cap[0]) or np.any(fab[fab >= 0] < nodes * lpn):
+        return None
+    if any(_repeats_a_link_in(rows) for rows in (pre, fab, post)):
+        return None
+    tp, fp, na, nb = (parts.tpart[live], parts.fpart[live], parts.na[live], parts.nb[live]) \
+        if len(live) < len(parts) else (parts.tpart, parts.fpart, parts.na, parts.nb)
+    nF = len(fab)
+    cvals, _, cinv = key_members(tp.astype(np.int64) * nF + fp)
+    ct, cf = np.divmod(cvals, nF)
+    cap0 = node_cap[0]
+
+    def caps_of(rows: np.ndarray, cap: np.ndarray) -> np.ndarray:
+        return np.where(rows >= 0, cap[np.maximum(rows, 0)], np.inf)
+
+    wp, wf = pre.shape[1], fab.shape[1]
+    row_cap = np.concatenate((caps_of(pre, cap0)[ct], caps_of(fab, capacity)[cf], caps_of(post, cap0)[ct]), axis=1)
+    at = np.argmin(row_cap, axis=1)  # the first of the slowest (padding is never slowest)
+    rows = np.concatenate((pre[ct], fab[cf], post[ct]), axis=1)
+    anchor = rows[np.arange(len(at)), at][cinv]
+    for part, shift in ((at < wp, na), (at >= wp + wf, nb)):
+        if part.any():
+            anchor += np.where(part[cinv], shift, 0).astype(np.int64) * lpn
+    return anchor
+
+
+#: per pair, what a tally of (group, row of a part, node) keeps: those keys and the pairs with each
+_Tally = tuple[np.ndarray, np.ndarray]
+
+
+def _tally(key: np.ndarray, bound: int) -> _Tally:
+    """The distinct values of ``key`` (non-negative, below ``bound``) in increasing order, and how
+    often each occurs: counted in place where the range is small, else sorted."""
+    if bound <= _DENSE_BINS:
+        counts = np.bincount(key, minlength=bound)
+        values = np.flatnonzero(counts)
+        return values, counts[values]
+    values, counts = np.unique(key, return_counts=True)
+    return values, counts
+
+
+class _PartGroups:
+    """The aggregates of an even all-to-all whose routes are :class:`RouteParts`, found from the
+    parts: the first slowest link of a route is found once per pair of parts (its place in the
+    route is the same for all pairs of those parts, as every node's links have the capacities of
+    node 0's), and a group's links and edge counts are counted per (group, row of a part, node)
+    rather than per pair and link. ``gid`` numbers each pair's group (as the sorted first slowest
+    links), ``size`` and ``heads`` (first member) are per group, ``links`` holds each group's
+    links, edges crossing each and the links every member crosses."""
+
+    __slots__ = ("gid", "heads", "links", "live", "order", "size")
+
+    def __init__(self, live: np.ndarray, gid: np.ndarray, size: np.ndarray, heads: np.ndarray,
+                 links: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+        self.live, self.gid, self.size, self.heads, self.links = live, gid, size, heads, links
+        self.order: np.ndarray | None = None
+
+    def members(self, g: int) -> np.ndarray:
+        """Group ``g``'s transfers, in increasing order."""
+        if self.order is None:  # all groups' members at once, the first time any is asked for
+            key = self.gid.astype(np.uint16) if len(self.size) <= 1 << 16 else self.gid
+            self.order = np.argsort(key, kind="stable")
+        bounds = np.concatenate(([0], np.cumsum(self.size)))
+        return self.live[self.order[bounds[g]:bounds[g + 1]]]
+
+    @classmethod
+    def of(cls, parts: RouteParts, live: np.ndarray, key: np.ndarray, L: int) -> _PartGroups:
+        """The groups of the pairs ``live`` of ``parts`` (none crossing a link twice) by ``key``
+        (first slowest link and class, a number per pair), over ``L`` links."""
+        _, _, gid = key_members(key)
+        G = int(gid.max()) + 1
+        size = np.bincount(gid, minlength=G)
+        heads = first_positions(gid, G)
+        tp, fp, na, nb = (parts.tpart[live], parts.fpart[live], parts.na[live], parts.nb[live]) \
+            if len(live) < len(parts) else (parts.tpart, parts.fpart, parts.na, parts.nb)
+        lpn, nodes = parts.lpn, parts.nodes
+        # each group's links: counted per (group, row, node) for the node parts, per (group, row)
+        # for the fabric, then each row's links shifted to its node
+        entries = [_entries(_rows_of(parts.pre, tp), parts.pre, na, gid, heads, G, nodes, lpn),
+                   _entries(fp, parts.fab, None, gid, heads, G, nodes, lpn),
+                   _entries(_rows_of(parts.post, tp), parts.post, nb, gid, heads, G, nodes, lpn)]
+        eg = np.concatenate([e[0] for e in entries])
+        el = np.concatenate([e[1] for e in entries])
+        ew = np.concatenate([e[2] for e in entries])
+        del entries
+        if G * L <= _DENSE_BINS:
+            mult_all = np.bincount(eg * L + el, weights=ew, minlength=G * L)
+            keys = np.flatnonzero(mult_all)
+            mult = mult_all[keys]
+            del mult_all
+        else:
+            keys, at_key = np.unique(eg * L + el, return_inverse=True)
+            mult = np.bincount(at_key.reshape(-1), weights=ew)
+        kg, kl = np.divmod(keys, L)
+        bounds = np.searchsorted(kg, np.arange(G + 1))
+        links = []
+        for g in range(G):
+            lo, hi = bounds[g], bounds[g + 1]
+            ids, w = kl[lo:hi], mult[lo:hi]
+            links.append((ids, w, ids[w == size[g]]))  # no route crosses a link twice: members are edges
+        return cls(live, gid, size, heads, links)
+
+
+def _rows_of(rows: np.ndarray, tp: np.ndarray) -> np.ndarray:
+    """Per pair, the number of its row of a node part (``rows[tp]``) among the distinct rows."""
+    _, number = np.unique(rows, axis=0, return_inverse=True)
+    return number.reshape(-1)[tp]
+
+
+def _entries(r: np.ndarray, rows: np.ndarray, shift: np.ndarray | None, gid: np.ndarray, heads: np.ndarray,
+             G: int, nodes: int, lpn: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(group, link, pairs crossing) for one part of the routes: pair p crosses ``rows[r[p]]``
+    shifted by ``shift[p] * lpn`` (None: not shifted), in group ``gid[p]``. Counted per (group,
+    row), where every pair of a group shifts by the same node, else per (group, row, node)."""
+    R = int(r.max()) + 1 if len(r) else 1
+    key = gid.astype(np.int64) * R + r
+    if shift is None or np.array_equal(shift, shift[heads][gid]):
+        values, count = _tally(key, G * R)
+        g, row = np.divmod(values, R)
+        s = np.zeros(len(g), dtype=np.int64) if shift is None else shift[heads][g].astype(np.int64)
+    else:
+        values, count = _tally(key * nodes + shift, G * R * nodes)
+        gr, s = np.divmod(values, nodes)
+        g, row = np.divmod(gr, R)
+    if shift is None:
+        links = rows[row]
+    else:
+        _, first = np.unique(rows, axis=0, return_index=True)
+        links = rows[first][row]
+        links = np.where(links >= 0, links + (s * lpn)[:, None], -1)
+    valid = links >= 0
+    width = valid.sum(axis=1)
+    return np.repeat(g, width), links[valid], np.repeat(count, width).astype(float)
+
+
+def _repeats_a_link_in(rows: np.ndarray) -> bool:
+    """Whether any of the padded ``rows`` holds a link twice."""
+    srt = np.sort(rows, axis=1)
+    return bool(np.any((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)))
 
 
 _Members = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -595,7 +825,7 @@ class FlowNetwork:
             seeds.update(uniq)
         self._reschedule(seeds)
         for f in sorted(finished, key=lambda f: f.serial):
-            f.batch.ended(f.idx)
+            f.batch.flow_ended(f)
 
 
 def _succeed(event: simpy.Event) -> None:
@@ -623,8 +853,19 @@ def isolated_rates(items: Sequence[tuple[Sequence[int], float]] | TransferTable,
         gone = set(broken)
         flows = [f for k, f in enumerate(flows) if k not in gone] + [
             _single(batch, i, 1.0, flows[k].cap) for k in broken for i in flows[k].idx.tolist()]
+    # aggregates of a table's groups by their group numbers (no members made), then the others
+    by_group: dict[int, tuple[_PartGroups, np.ndarray]] = {}
     for f, r in zip(flows, rates.tolist(), strict=True):
-        out[f.idx] = r
+        if f.group is not None and f._idx is None:
+            grouping, g = f.group
+            by_group.setdefault(id(grouping), (grouping, np.full(len(grouping.size), np.nan)))[1][g] = r
+    for grouping, rate in by_group.values():
+        at = rate[grouping.gid]
+        held = ~np.isnan(at)
+        out[grouping.live[held]] = at[held]
+    for f, r in zip(flows, rates.tolist(), strict=True):
+        if f.group is None or f._idx is not None:
+            out[f.idx] = r
     return out
 
 

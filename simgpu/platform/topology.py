@@ -67,6 +67,79 @@ def key_members(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return values, member, inverse
 
 
+def first_positions(inverse: np.ndarray, k: int) -> np.ndarray:
+    """The first position of each of the values ``0..k-1`` in ``inverse`` (each present): read in
+    chunks that double, so values that all show up early cost a few reads, not a sort."""
+    first = np.full(k, -1, dtype=np.int64)
+    lo, step, left = 0, 1024, k
+    while left and lo < len(inverse):
+        if step > len(inverse) // 8:  # the rest at once
+            rest = np.full(k, len(inverse), dtype=np.int64)
+            np.minimum.at(rest, inverse[lo:], np.arange(lo, len(inverse)))
+            first = np.where(first < 0, rest, first)
+            break
+        values, at = np.unique(inverse[lo:lo + step], return_index=True)
+        new = first[values] < 0
+        first[values[new]] = lo + at[new]
+        left -= int(np.count_nonzero(new))
+        lo, step = lo + step, step * 2
+    return first
+
+
+class RouteParts:
+    """The routes of many pairs in three parts, each part a row of a small table: the source node's
+    links (``pre``, as offsets in a node's block of ``lpn`` link ids, shifted by ``na * lpn``), the
+    fabric between the switches (``fab``, link ids) and the destination node's links (``post``,
+    offsets shifted by ``nb * lpn``); rows padded with -1. Pair p's route is
+    ``pre[tpart[p]] + na[p] * lpn``, then ``fab[fpart[p]]``, then ``post[tpart[p]] + nb[p] * lpn``
+    (each without its padding). Per pair this is four numbers, not a row of links."""
+
+    __slots__ = ("fab", "fpart", "lpn", "na", "nb", "nodes", "post", "pre", "tpart")
+
+    def __init__(self, pre: np.ndarray, fab: np.ndarray, post: np.ndarray, tpart: np.ndarray, fpart: np.ndarray,
+                 na: np.ndarray, nb: np.ndarray, lpn: int, nodes: int) -> None:
+        self.pre, self.fab, self.post, self.tpart, self.fpart = pre, fab, post, tpart, fpart
+        self.na, self.nb, self.lpn, self.nodes = na, nb, lpn, nodes
+
+    def __len__(self) -> int:
+        return len(self.tpart)
+
+    @property
+    def shape(self) -> np.ndarray:
+        """A number per pair shared by the pairs whose routes are the same up to their end nodes."""
+        return self.tpart.astype(np.int64) * len(self.fab) + self.fpart
+
+    def lens(self) -> np.ndarray:
+        """The number of links of each pair's route."""
+        per_t = (self.pre >= 0).sum(axis=1) + (self.post >= 0).sum(axis=1)
+        return per_t[self.tpart] + (self.fab >= 0).sum(axis=1)[self.fpart]
+
+    def rows(self, pairs: np.ndarray | None = None) -> np.ndarray:
+        """The routes of ``pairs`` (all by default) as rows of link ids padded with -1 between and
+        after the parts (``rows[rows >= 0]`` lists them route after route)."""
+        tp, fp, na, nb = self.tpart, self.fpart, self.na, self.nb
+        if pairs is not None:
+            tp, fp, na, nb = tp[pairs], fp[pairs], na[pairs], nb[pairs]
+        lpn = self.lpn
+        kind = np.int32 if self.nodes * lpn + len(self.fab) * self.fab.shape[1] < 2**31 else np.int64
+        wp, wf = self.pre.shape[1], self.fab.shape[1]
+        table = np.empty((len(tp), wp + wf + self.post.shape[1]), dtype=kind)
+        head, tail = table[:, :wp], table[:, wp + wf:]
+        head[:] = self.pre[tp]
+        np.add(head, (na.astype(np.int64) * lpn).astype(kind)[:, None], out=head, where=head >= 0)
+        table[:, wp:wp + wf] = self.fab[fp]
+        tail[:] = self.post[tp]
+        np.add(tail, (nb.astype(np.int64) * lpn).astype(kind)[:, None], out=tail, where=tail >= 0)
+        return table
+
+    def route(self, p: int) -> tuple[int, ...]:
+        """Pair ``p``'s route."""
+        t, f = int(self.tpart[p]), int(self.fpart[p])
+        a, b = int(self.na[p]) * self.lpn, int(self.nb[p]) * self.lpn
+        pre, fab, post = self.pre[t], self.fab[f], self.post[t]
+        return tuple((pre[pre >= 0] + a).tolist() + fab[fab >= 0].tolist() + (post[post >= 0] + b).tolist())
+
+
 class Topology:
     """Links and routes of ``nodes`` nodes of ``platform``, using ``gpus_per_node`` GPUs each."""
 
@@ -430,16 +503,22 @@ class Topology:
         pair shared by the pairs whose routes are the same up to the nodes they start and end on.
 
         Row p holds :meth:`route` ``(src[p], dst[p])``'s link ids in order, padded with -1 between
-        and after them (``table[table >= 0]`` lists every route's links, route after route). A route
-        is its source node's links, the fabric between the switches and its destination node's
-        links; every node's links sit at the same offsets of its block of ids, so the node parts are
-        the route of one representative pair of the same local GPUs shifted to the pair's nodes,
-        and the fabric is computed once per pair of switches it depends on."""
+        and after them (``table[table >= 0]`` lists every route's links, route after route); the
+        rows of :meth:`route_parts`."""
+        if len(src) == 0:
+            return np.full((0, 1), -1, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        parts = self.route_parts(src, dst)
+        return parts.rows(), parts.shape
+
+    def route_parts(self, src: np.ndarray, dst: np.ndarray) -> RouteParts:
+        """The routes of the pairs ``src[p] -> dst[p]`` (distinct GPUs) as :class:`RouteParts`.
+
+        A route is its source node's links, the fabric between the switches and its destination
+        node's links; every node's links sit at the same offsets of its block of ids, so the node
+        parts are the route of one representative pair of the same local GPUs shifted to the pair's
+        nodes, and the fabric is computed once per pair of switches it depends on."""
         src = np.asarray(src, dtype=np.int64)
         dst = np.asarray(dst, dtype=np.int64)
-        m = len(src)
-        if m == 0:
-            return np.full((0, 1), -1, dtype=np.int64), np.zeros(0, dtype=np.int64)
         w, gpn, lpn = self.world, self.gpus_per_node, self.links_per_node
         if np.any((src < 0) | (src >= w) | (dst < 0) | (dst >= w)) or np.any(src == dst):
             raise ValueError(f"route_table needs distinct GPUs of this {w}-GPU topology")
@@ -485,19 +564,11 @@ class Topology:
                                  dtype=np.int64))
 
         def pad(parts: list[np.ndarray]) -> np.ndarray:
-            out = np.full((len(parts), max(1, max(map(len, parts)))), -1, dtype=np.int64)
+            out = np.full((len(parts), max(1, max(map(len, parts), default=0))), -1, dtype=np.int64)
             for i, part in enumerate(parts):
                 out[i, :len(part)] = part
             return out
 
-        pre, fab, post = pad(pres), pad(fabs), pad(posts)
-        kind = np.int32 if len(self.links) < 2**31 else np.int64  # half the memory of a million routes
-        wp, wf = pre.shape[1], fab.shape[1]
-        table = np.empty((m, wp + wf + post.shape[1]), dtype=kind)
-        head, tail = table[:, :wp], table[:, wp + wf:]
-        head[:] = pre[tpair]
-        np.add(head, (na * lpn).astype(kind)[:, None], out=head, where=head >= 0)
-        table[:, wp:wp + wf] = fab[fpair]
-        tail[:] = post[tpair]
-        np.add(tail, (nb * lpn).astype(kind)[:, None], out=tail, where=tail >= 0)
-        return table, tpair * len(fkeys) + fpair
+        small = np.int32 if max(self.nodes, len(tkeys), len(fkeys)) < 2**31 else np.int64  # per pair
+        return RouteParts(pad(pres), pad(fabs), pad(posts), tpair.astype(small), fpair.astype(small),
+                          na.astype(small), nb.astype(small), lpn, self.nodes)
