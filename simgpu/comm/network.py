@@ -351,6 +351,25 @@ def _tally(key: np.ndarray, bound: int) -> _Tally:
     return values, counts
 
 
+def _tally2(hi: np.ndarray, lo: np.ndarray, lo_bound: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct pairs ``(hi, lo)`` (non-negative, ``lo`` below ``lo_bound``) in increasing order
+    and how often each occurs. Where their range is too wide to count in place, ``lo`` is split in
+    two digits and the pairs are numbered in two steps, each over a range that is."""
+    H = int(hi.max()) + 1 if len(hi) else 1
+    if H * lo_bound <= _DENSE_BINS:
+        values, count = _tally(hi.astype(np.int64) * lo_bound + lo, H * lo_bound)
+        a, b = np.divmod(values, lo_bound)
+        return a, b, count
+    B = int(np.ceil(np.sqrt(lo_bound)))
+    top, digit = np.divmod(lo.astype(np.int64), B)
+    first, _, at = key_members(hi.astype(np.int64) * ((lo_bound + B - 1) // B) + top)
+    del top
+    values, count = _tally(at * B + digit, len(first) * B)
+    at, digit = np.divmod(values, B)
+    a, top = np.divmod(first[at], (lo_bound + B - 1) // B)
+    return a, top * B + digit, count
+
+
 class _PartGroups:
     """The aggregates of an even all-to-all whose routes are :class:`RouteParts`, found from the
     parts: the first slowest link of a route is found once per pair of parts (its place in the
@@ -388,29 +407,43 @@ class _PartGroups:
         lpn, nodes = parts.lpn, parts.nodes
         # each group's links: counted per (group, row, node) for the node parts, per (group, row)
         # for the fabric, then each row's links shifted to its node
-        entries = [_entries(_rows_of(parts.pre, tp), parts.pre, na, gid, heads, G, nodes, lpn),
+        pre, post = parts.pre, parts.post
+        entries = [_entries(_rows_of(pre, tp), pre, na, gid, heads, G, nodes, lpn),
                    _entries(fp, parts.fab, None, gid, heads, G, nodes, lpn),
-                   _entries(_rows_of(parts.post, tp), parts.post, nb, gid, heads, G, nodes, lpn)]
-        eg = np.concatenate([e[0] for e in entries])
-        el = np.concatenate([e[1] for e in entries])
-        ew = np.concatenate([e[2] for e in entries])
-        del entries
-        if G * L <= _DENSE_BINS:
-            mult_all = np.bincount(eg * L + el, weights=ew, minlength=G * L)
-            keys = np.flatnonzero(mult_all)
-            mult = mult_all[keys]
-            del mult_all
-        else:
-            keys, at_key = np.unique(eg * L + el, return_inverse=True)
-            mult = np.bincount(at_key.reshape(-1), weights=ew)
-        kg, kl = np.divmod(keys, L)
-        bounds = np.searchsorted(kg, np.arange(G + 1))
+                   _entries(_rows_of(post, tp), post, nb, gid, heads, G, nodes, lpn)]
+        # the destination nodes' rows, where no two share a link and none shares one with a source
+        # node's row, give each (group, link) once (the rows are counted per group, row and node):
+        # only the others' entries need adding up
+        offsets = [set(row[row >= 0].tolist()) for row in np.unique(post, axis=0)]
+        alone = sum(map(len, offsets)) == len(set().union(*offsets)) and not set().union(*offsets) & set(
+            pre[pre >= 0].tolist())
+        merged = _merge(entries[:2] if alone else entries, G, L)
+        rest = entries[2] if alone else (np.zeros(0, dtype=np.int64),) * 2 + (np.zeros(0),)
+        mb = np.searchsorted(merged[0], np.arange(G + 1))
+        rb = np.searchsorted(rest[0], np.arange(G + 1))
         links = []
         for g in range(G):
-            lo, hi = bounds[g], bounds[g + 1]
-            ids, w = kl[lo:hi], mult[lo:hi]
+            ids = np.concatenate((merged[1][mb[g]:mb[g + 1]], rest[1][rb[g]:rb[g + 1]]))
+            w = np.concatenate((merged[2][mb[g]:mb[g + 1]], rest[2][rb[g]:rb[g + 1]]))
             links.append((ids, w, ids[w == size[g]]))  # no route crosses a link twice: members are edges
         return cls(live, gid, size, heads, links)
+
+
+def _merge(entries: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], G: int, L: int
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(group, link, pairs crossing) entries with each (group, link) once, its counts added up, in
+    order of group then link (``G`` groups over ``L`` links)."""
+    key = np.concatenate([e[0] * L + e[1] for e in entries])
+    weights = np.concatenate([e[2] for e in entries])
+    if G * L <= _DENSE_BINS:
+        total = np.bincount(key, weights=weights, minlength=G * L)
+        keys = np.flatnonzero(total)
+        mult = total[keys]
+    else:
+        keys, at = np.unique(key, return_inverse=True)
+        mult = np.bincount(at.reshape(-1), weights=weights)
+    kg, kl = np.divmod(keys, L)
+    return kg, kl, mult
 
 
 def _rows_of(rows: np.ndarray, tp: np.ndarray) -> np.ndarray:
@@ -425,14 +458,11 @@ def _entries(r: np.ndarray, rows: np.ndarray, shift: np.ndarray | None, gid: np.
     shifted by ``shift[p] * lpn`` (None: not shifted), in group ``gid[p]``. Counted per (group,
     row), where every pair of a group shifts by the same node, else per (group, row, node)."""
     R = int(r.max()) + 1 if len(r) else 1
-    key = gid.astype(np.int64) * R + r
     if shift is None or np.array_equal(shift, shift[heads][gid]):
-        values, count = _tally(key, G * R)
-        g, row = np.divmod(values, R)
+        g, row, count = _tally2(gid, r, R)
         s = np.zeros(len(g), dtype=np.int64) if shift is None else shift[heads][g].astype(np.int64)
     else:
-        values, count = _tally(key * nodes + shift, G * R * nodes)
-        gr, s = np.divmod(values, nodes)
+        gr, s, count = _tally2(gid.astype(np.int64) * R + r, shift, nodes)
         g, row = np.divmod(gr, R)
     if shift is None:
         links = rows[row]
@@ -858,7 +888,9 @@ def isolated_rates(items: Sequence[tuple[Sequence[int], float]] | TransferTable,
     for f, r in zip(flows, rates.tolist(), strict=True):
         if f.group is not None and f._idx is None:
             grouping, g = f.group
-            by_group.setdefault(id(grouping), (grouping, np.full(len(grouping.size), np.nan)))[1][g] = r
+            if id(grouping) not in by_group:
+                by_group[id(grouping)] = (grouping, np.full(len(grouping.size), np.nan))
+            by_group[id(grouping)][1][g] = r
     for grouping, rate in by_group.values():
         at = rate[grouping.gid]
         held = ~np.isnan(at)

@@ -94,12 +94,13 @@ class RouteParts:
     ``pre[tpart[p]] + na[p] * lpn``, then ``fab[fpart[p]]``, then ``post[tpart[p]] + nb[p] * lpn``
     (each without its padding). Per pair this is four numbers, not a row of links."""
 
-    __slots__ = ("fab", "fpart", "lpn", "na", "nb", "nodes", "post", "pre", "tpart")
+    __slots__ = ("_lens", "fab", "fpart", "lpn", "na", "nb", "nodes", "post", "pre", "tpart")
 
     def __init__(self, pre: np.ndarray, fab: np.ndarray, post: np.ndarray, tpart: np.ndarray, fpart: np.ndarray,
                  na: np.ndarray, nb: np.ndarray, lpn: int, nodes: int) -> None:
         self.pre, self.fab, self.post, self.tpart, self.fpart = pre, fab, post, tpart, fpart
         self.na, self.nb, self.lpn, self.nodes = na, nb, lpn, nodes
+        self._lens: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.tpart)
@@ -111,8 +112,10 @@ class RouteParts:
 
     def lens(self) -> np.ndarray:
         """The number of links of each pair's route."""
-        per_t = (self.pre >= 0).sum(axis=1) + (self.post >= 0).sum(axis=1)
-        return per_t[self.tpart] + (self.fab >= 0).sum(axis=1)[self.fpart]
+        if self._lens is None:
+            per_t = (self.pre >= 0).sum(axis=1) + (self.post >= 0).sum(axis=1)
+            self._lens = per_t[self.tpart] + (self.fab >= 0).sum(axis=1)[self.fpart]
+        return self._lens
 
     def rows(self, pairs: np.ndarray | None = None) -> np.ndarray:
         """The routes of ``pairs`` (all by default) as rows of link ids padded with -1 between and
