@@ -552,13 +552,13 @@ def _p2p_rate(a: int, b: int, nbytes: float, ranks: int, topo: Topology, spec: C
 
 
 def _pairs(req: CollectiveRequest, topo: Topology
-           ) -> tuple[np.ndarray, np.ndarray, RouteParts, np.ndarray, np.ndarray, dict[str, object]]:
+           ) -> tuple[np.ndarray, np.ndarray, RouteParts, np.ndarray, np.ndarray, np.ndarray, dict[str, object]]:
     """The pairs of an all-to-all with bytes to move, member by member (member indices from and
     to), their routes (:class:`RouteParts`), bytes and kinds (pairs whose routes
     cross the same kinds of link in the same order, so the same hardware, latency and bottleneck,
-    and whose sizes are equal; numbered in the order they first appear), and a memo the plans'
-    transfer tables share (:class:`TransferTable`); the same for every protocol, so the last
-    request's are kept."""
+    and whose sizes are equal; numbered in the order they first appear), each member's pairs of
+    each kind (a member x kind array), and a memo the plans' transfer tables share
+    (:class:`TransferTable`); the same for every protocol, so the last request's are kept."""
     cached = topo.memo.get("direct pairs")
     if cached is not None and cached[0] == req:  # type: ignore[index]
         return cached[1]  # type: ignore[index]
@@ -569,8 +569,12 @@ def _pairs(req: CollectiveRequest, topo: Topology
     else:
         nbytes = np.full((n, n), req.nbytes / n)
     keep = (nbytes > 0) & ~np.eye(n, dtype=bool)
-    src, dst = np.nonzero(keep)  # row by row: member i's pairs in the order of j
-    sizes = nbytes[src, dst]
+    small = np.int32 if n < 2**31 else np.int64
+    src, dst = (x.astype(small) for x in np.nonzero(keep))  # row by row: member i's pairs in the order of j
+    del keep
+    # an even all-to-all's sizes are one number (a view of it per pair)
+    sizes = nbytes[src, dst] if req.send_matrix is not None else np.broadcast_to(nbytes[0, 0], (len(src),))
+    del nbytes
     held: Any = topo.memo.get("direct routes")
     if held is not None and held[0] == req.group and np.array_equal(held[1], src) and np.array_equal(held[2], dst):
         parts, shape_class, memo = held[3:]  # the last request's pairs (another size): its routes
@@ -580,7 +584,10 @@ def _pairs(req: CollectiveRequest, topo: Topology
         shape_class = _shape_classes(parts, topo)
         memo = {}
         topo.memo["direct routes"] = (req.group, src, dst, parts, shape_class, memo)
-    out = (src, dst, parts, sizes, _route_kinds(shape_class, sizes), memo)
+    kinds = _route_kinds(shape_class, sizes)
+    K = int(kinds.max()) + 1 if len(kinds) else 0
+    peers = np.bincount(src.astype(np.int64) * K + kinds, minlength=n * K).reshape(n, K)
+    out = (src, dst, parts, sizes, kinds, peers, memo)
     topo.memo["direct pairs"] = (req, out)
     return out
 
@@ -609,7 +616,7 @@ def _shape_classes(parts: RouteParts, topo: Topology) -> np.ndarray:
         route = row[row >= 0]
         classes[k, :len(route)] = _link_classes(topo)[route]
     _, shape_class = np.unique(classes, axis=0, return_inverse=True)
-    return shape_class.reshape(-1)[of_shape]
+    return shape_class.reshape(-1).astype(np.int32)[of_shape]
 
 
 def _route_kinds(shape_class: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -618,15 +625,15 @@ def _route_kinds(shape_class: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     if len(sizes) == 0:
         return np.zeros(0, dtype=np.int64)
     if sizes.min() == sizes.max():
-        size_class = np.zeros(len(sizes), dtype=np.int64)
+        key = shape_class
     else:
         _, size_class = np.unique(sizes, return_inverse=True)
-    key = shape_class * (int(size_class.max()) + 1) + size_class.reshape(-1)
+        key = shape_class * (int(size_class.max()) + 1) + size_class.reshape(-1)
     _, _, inverse = key_members(key)
     first = first_positions(inverse, int(inverse.max()) + 1)
     renumber = np.empty(len(first), dtype=np.int64)
     renumber[np.argsort(first, kind="stable")] = np.arange(len(first))
-    return renumber[inverse]
+    return renumber.astype(np.int32)[inverse]
 
 
 @register("direct", {"all_to_all", "send_recv", "all_gather", "reduce_scatter"})
@@ -652,7 +659,7 @@ def direct(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: 
                               _base(spec, proto) + step)
     if n == 1:
         return CollectivePlan("direct", (), 0.0)
-    src, dst, parts, _, kinds, memo = _pairs(req, topo)
+    src, dst, parts, _, kinds, peers, memo = _pairs(req, topo)
     spread = len({topo.node_of(r) for r in g}) > 2
     per_kind: list[tuple[float, float, float, bool]] = []
     kinds_n = int(kinds.max()) + 1 if len(kinds) else 0
@@ -667,10 +674,9 @@ def direct(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: 
         per_kind.append((step, rate, nbytes / proto.bandwidth / eff, net))
     worst = max((step for step, _, _, _ in per_kind), default=0.0)
     # per member: peers inside its node, peers across the network
-    remote = np.bincount(src, weights=np.array([net for *_, net in per_kind], dtype=float)[kinds], minlength=n)
-    local = np.bincount(src, minlength=n) - remote
-    wire = np.array([w for _, _, w, _ in per_kind])[kinds]
-    rate = np.array([r for _, r, _, _ in per_kind])[kinds]
+    remote = peers @ np.array([net for *_, net in per_kind], dtype=float)
+    local = peers.sum(axis=1) - remote
     per_peer = float(np.max(local * spec.p2p_local_peer_us + remote * spec.p2p_net_peer_us, initial=0.0)) * US
-    transfers = TransferTable(None, None, wire, rate, memo, parts, kinds)
+    transfers = TransferTable(None, None, np.array([w for _, _, w, _ in per_kind]),  # bytes and caps per kind
+                              np.array([r for _, r, _, _ in per_kind]), memo, parts, kinds)
     return CollectivePlan("direct", transfers, _base(spec, proto) + worst + per_peer)

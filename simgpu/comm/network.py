@@ -197,10 +197,6 @@ def _flows_of(batch: _Batch, live: np.ndarray, nbytes: np.ndarray, caps: np.ndar
         return [_single(batch, i, b, c) for i, b, c in zip(live.tolist(), nbytes.tolist(), caps.tolist(), strict=True)]
     memo = batch.table.memo if batch.table is not None else None
     uniform = memo is not None and nbytes.min() == nbytes.max() and caps.min() == caps.max()
-    if batch.table is not None and batch.table.parts is not None:
-        flows = _part_flows(batch, live, nbytes, caps, capacity)
-        if flows is not None:
-            return flows
     held: Any = memo.get("anchors") if memo is not None else None
     if held is not None and np.array_equal(held[0], live) and np.array_equal(held[1], capacity):
         lens, flat, owner, anchor = held[2]  # the same routes on the same links
@@ -245,26 +241,25 @@ def _flows_of(batch: _Batch, live: np.ndarray, nbytes: np.ndarray, caps: np.ndar
     return out
 
 
-def _part_flows(batch: _Batch, live: np.ndarray, nbytes: np.ndarray, caps: np.ndarray, capacity: np.ndarray
-                ) -> list[_Flow] | None:
-    """:func:`_flows_of` for the transfers ``live`` of a table whose routes are :class:`RouteParts`
-    and whose bytes and caps follow its kinds (their bytes and caps): its groups found from the
-    parts and the kinds, with per pair only a few numbers read; None where they do not allow it
-    (see :meth:`_PartGroups.of`)."""
+def _by_kind(table: TransferTable | None, live: np.ndarray, aggregate_from: int) -> np.ndarray | None:
+    """The kinds of the transfers ``live`` of ``table``, where its bytes and caps are given per kind
+    and its routes as parts, and there are enough to aggregate; else None."""
+    if table is None or table.kinds is None or table.parts is None:
+        return None
+    if aggregate_from <= 0 or len(live) < max(2, aggregate_from):
+        return None
+    return table.kinds if len(live) == len(table) else table.kinds[live]
+
+
+def _part_flows(batch: _Batch, live: np.ndarray, kinds: np.ndarray, kb: np.ndarray, kc: np.ndarray,
+                capacity: np.ndarray) -> list[_Flow] | None:
+    """:func:`_flows_of` for the transfers ``live`` of a table whose routes are :class:`RouteParts`,
+    of ``kinds`` (one each) that move ``kb`` bytes under the cap ``kc`` (per kind): its groups found
+    from the parts and the kinds, with per pair only a few numbers read; None where the parts do
+    not allow it (see :func:`_part_anchors`)."""
     table = batch.table
     assert table is not None and table.parts is not None
-    whole = len(live) == len(table)
-    if table.kinds is not None:
-        kinds = table.kinds if whole else table.kinds[live]
-    elif nbytes.min() == nbytes.max() and caps.min() == caps.max():
-        kinds = np.zeros(len(live), dtype=np.int64)
-    else:
-        return None
-    K = int(kinds.max()) + 1
-    first = first_positions(kinds, K)
-    kb, kc = nbytes[first], caps[first]
-    if not (np.array_equal(kb[kinds], nbytes) and np.array_equal(kc[kinds], caps)):
-        return None
+    K = len(kb)
     # kinds of the same bytes and cap are one class: groups are (first slowest link, class)
     by = np.lexsort((kc, kb))
     new = np.concatenate(([True], (kb[by][1:] != kb[by][:-1]) | (kc[by][1:] != kc[by][:-1])))
@@ -282,17 +277,19 @@ def _part_flows(batch: _Batch, live: np.ndarray, nbytes: np.ndarray, caps: np.nd
     if anchor is None:
         return None
     held = memo.get("part groups")
-    if held is not None and held[0] is anchor and np.array_equal(held[1], kclass):
-        grouping = held[2]
+    if held is not None and held[0] is anchor and np.array_equal(held[1], kclass) and (
+            held[2] is kinds or np.array_equal(held[2], kinds)):
+        grouping = held[3]
     else:
         memo.pop("part groups", None)
         classes = int(kclass.max()) + 1
         grouping = _PartGroups.of(table.parts, live, anchor * classes + kclass[kinds] if classes > 1 else anchor,
                                   len(capacity))
-        memo["part groups"] = (anchor, kclass, grouping)
+        memo["part groups"] = (anchor, kclass, kinds, grouping)
     out: list[_Flow] = []
     heads = grouping.heads
-    hb, hc = nbytes[heads].tolist(), caps[heads].tolist()
+    head_kind = kinds[heads]
+    hb, hc = kb[head_kind].tolist(), kc[head_kind].tolist()
     for g in np.argsort(heads, kind="stable").tolist():  # in the order the transfers came
         if grouping.size[g] == 1:
             out.append(_single(batch, int(live[heads[g]]), hb[g], hc[g]))
@@ -340,10 +337,16 @@ def _part_anchors(parts: RouteParts, live: np.ndarray, capacity: np.ndarray) -> 
 _Tally = tuple[np.ndarray, np.ndarray]
 
 
+def _countable(bound: int, n: int) -> bool:
+    """Whether ``n`` keys below ``bound`` are counted in an array of ``bound`` for less than they
+    are sorted."""
+    return bound <= _DENSE_BINS and bound <= 8 * n + (1 << 16)
+
+
 def _tally(key: np.ndarray, bound: int) -> _Tally:
     """The distinct values of ``key`` (non-negative, below ``bound``) in increasing order, and how
     often each occurs: counted in place where the range is small, else sorted."""
-    if bound <= _DENSE_BINS:
+    if _countable(bound, len(key)):
         counts = np.bincount(key, minlength=bound)
         values = np.flatnonzero(counts)
         return values, counts[values]
@@ -356,7 +359,7 @@ def _tally2(hi: np.ndarray, lo: np.ndarray, lo_bound: int) -> tuple[np.ndarray, 
     and how often each occurs. Where their range is too wide to count in place, ``lo`` is split in
     two digits and the pairs are numbered in two steps, each over a range that is."""
     H = int(hi.max()) + 1 if len(hi) else 1
-    if H * lo_bound <= _DENSE_BINS:
+    if H * lo_bound <= _DENSE_BINS or not len(hi):
         values, count = _tally(hi.astype(np.int64) * lo_bound + lo, H * lo_bound)
         a, b = np.divmod(values, lo_bound)
         return a, b, count
@@ -379,12 +382,21 @@ class _PartGroups:
     links), ``size`` and ``heads`` (first member) are per group, ``links`` holds each group's
     links, edges crossing each and the links every member crosses."""
 
-    __slots__ = ("gid", "heads", "links", "live", "order", "size")
+    __slots__ = ("_kinds", "gid", "heads", "links", "live", "order", "size")
 
     def __init__(self, live: np.ndarray, gid: np.ndarray, size: np.ndarray, heads: np.ndarray,
                  links: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
         self.live, self.gid, self.size, self.heads, self.links = live, gid, size, heads, links
         self.order: np.ndarray | None = None
+        self._kinds: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def kinds_of(self, g: int, kinds: np.ndarray, K: int) -> np.ndarray:
+        """The kinds among group ``g``'s members (``kinds``: one per pair, ``K`` of them)."""
+        if self._kinds is None or self._kinds[0] is not kinds:
+            gs, ks, _ = _tally2(self.gid, kinds, K)
+            self._kinds = (kinds, ks, np.searchsorted(gs, np.arange(len(self.size) + 1)))
+        _, ks, bounds = self._kinds
+        return ks[bounds[g]:bounds[g + 1]]
 
     def members(self, g: int) -> np.ndarray:
         """Group ``g``'s transfers, in increasing order."""
@@ -435,7 +447,7 @@ def _merge(entries: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], G: int,
     order of group then link (``G`` groups over ``L`` links)."""
     key = np.concatenate([e[0] * L + e[1] for e in entries])
     weights = np.concatenate([e[2] for e in entries])
-    if G * L <= _DENSE_BINS:
+    if _countable(G * L, len(key)):
         total = np.bincount(key, weights=weights, minlength=G * L)
         keys = np.flatnonzero(total)
         mult = total[keys]
@@ -622,7 +634,7 @@ class FlowNetwork:
         """Like :meth:`transfer_all`, but one event that fires when the last of them has ended."""
         done = self.env.event()
         if isinstance(items, TransferTable):
-            join = _Join(done, int(np.count_nonzero((items.nbytes > 0) & (items.lens > 0))))
+            join = _Join(done, int(np.count_nonzero(_moving(items))))
         else:
             join = _Join(done, sum(1 for links, b, _ in items if b > 0 and len(links) > 0))
         if join.left == 0:
@@ -649,17 +661,37 @@ class FlowNetwork:
         m = len(items)
         self.transfers += m
         if isinstance(items, TransferTable):
+            moving = _moving(items)
+            if not moving.all() and batch.shared is None:  # a join counts the moving ones only
+                batch.ended(np.flatnonzero(~moving))
+            live = np.flatnonzero(moving)
+            del moving
+            kinds = _by_kind(items, live, self._aggregate_from)
+            if kinds is not None and len(live):
+                assert items.kind_nbytes is not None and items.kind_max_rate is not None
+                flows = _part_flows(batch, live, kinds, np.asarray(items.kind_nbytes, dtype=float),
+                                    np.asarray(items.kind_max_rate, dtype=float), self.capacity)
+                if flows is not None:
+                    self._start_flows(flows)
+                    return
+            if not len(live):
+                return
             nbytes, caps = np.asarray(items.nbytes, dtype=float), np.asarray(items.max_rate, dtype=float)
+            self._start_flows(_flows_of(batch, live, nbytes[live], caps[live], self.capacity, self._aggregate_from))
+            return
         else:
             nbytes = np.fromiter((b for _, b, _ in items), dtype=float, count=m)
             caps = np.fromiter((c for _, _, c in items), dtype=float, count=m)
         empty = (nbytes <= 0) | (batch.lens() == 0)
-        if empty.any():
+        if empty.any() and batch.shared is None:  # a join counts the moving ones only
             batch.ended(np.flatnonzero(empty))
         live = np.flatnonzero(~empty)
         if not len(live):
             return
-        flows = _flows_of(batch, live, nbytes[live], caps[live], self.capacity, self._aggregate_from)
+        self._start_flows(_flows_of(batch, live, nbytes[live], caps[live], self.capacity, self._aggregate_from))
+
+    def _start_flows(self, flows: list[_Flow]) -> None:
+        """Start ``flows`` made together: their aggregates indexed as one block."""
         aggs = [f for f in flows if f.common is not None]
         if aggs:
             self.aggregates += len(aggs)
@@ -860,6 +892,44 @@ class FlowNetwork:
 
 def _succeed(event: simpy.Event) -> None:
     event.succeed()
+
+
+def _moving(table: TransferTable) -> np.ndarray:
+    """Whether each transfer of ``table`` has bytes to move over at least one link."""
+    if table.kinds is not None and table.kind_nbytes is not None:
+        return (np.asarray(table.kind_nbytes) > 0)[table.kinds] & (table.lens > 0)
+    return (np.asarray(table.nbytes) > 0) & (table.lens > 0)
+
+
+def isolated_time(table: TransferTable, capacity: np.ndarray) -> float:
+    """The longest time any transfer of ``table`` takes at its isolated rate
+    (:func:`isolated_rates`; 0 where none crosses a link): for a table of kinds, from its
+    aggregates' rates and the largest bytes of each, with no array per transfer."""
+    live = np.flatnonzero(table.lens > 0)
+    kinds = _by_kind(table, live, AGGREGATE_FROM)
+    if kinds is None or not len(live):
+        return float(np.max(table.nbytes / isolated_rates(table, capacity), initial=0.0))
+    assert table.kind_nbytes is not None and table.kind_max_rate is not None
+    kb, kc = np.asarray(table.kind_nbytes, dtype=float), np.asarray(table.kind_max_rate, dtype=float)
+    batch = _Batch.of(table)
+    flows = _part_flows(batch, live, kinds, np.ones(len(kb)), kc, np.asarray(capacity, dtype=float))
+    if flows is None:
+        return float(np.max(table.nbytes / isolated_rates(table, capacity), initial=0.0))
+    while True:
+        rates, _, _, broken = _fair(flows, capacity)
+        if not broken:
+            break
+        gone = set(broken)
+        flows = [f for k, f in enumerate(flows) if k not in gone] + [
+            _single(batch, i, 1.0, flows[k].cap) for k in broken for i in flows[k].idx.tolist()]
+    worst = 0.0
+    for f, r in zip(flows, rates.tolist(), strict=True):
+        if f.group is not None and f._idx is None:
+            most = float(kb[f.group[0].kinds_of(f.group[1], kinds, len(kb))].max())
+        else:
+            most = float(kb[table.kinds[f.idx]].max())  # type: ignore[index]
+        worst = max(worst, most / r)
+    return worst
 
 
 def isolated_rates(items: Sequence[tuple[Sequence[int], float]] | TransferTable, capacity: np.ndarray
