@@ -629,7 +629,7 @@ def _route_kinds(shape_class: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     else:
         _, size_class = np.unique(sizes, return_inverse=True)
         key = shape_class * (int(size_class.max()) + 1) + size_class.reshape(-1)
-    _, _, inverse = key_members(key)
+    _, _, inverse = key_members(key, members=False)
     first = first_positions(inverse, int(inverse.max()) + 1)
     renumber = np.empty(len(first), dtype=np.int64)
     renumber[np.argsort(first, kind="stable")] = np.arange(len(first))

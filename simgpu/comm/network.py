@@ -315,7 +315,7 @@ def _part_anchors(parts: RouteParts, live: np.ndarray, capacity: np.ndarray) -> 
     tp, fp, na, nb = (parts.tpart[live], parts.fpart[live], parts.na[live], parts.nb[live]) \
         if len(live) < len(parts) else (parts.tpart, parts.fpart, parts.na, parts.nb)
     nF = len(fab)
-    cvals, _, cinv = key_members(tp.astype(np.int64) * nF + fp)
+    cvals, _, cinv = key_members(tp.astype(np.int64) * nF + fp, members=False)
     ct, cf = np.divmod(cvals, nF)
     cap0 = node_cap[0]
 
@@ -365,9 +365,9 @@ def _tally2(hi: np.ndarray, lo: np.ndarray, lo_bound: int) -> tuple[np.ndarray, 
         return a, b, count
     B = int(np.ceil(np.sqrt(lo_bound)))
     top, digit = np.divmod(lo.astype(np.int64), B)
-    first, _, at = key_members(hi.astype(np.int64) * ((lo_bound + B - 1) // B) + top)
+    first, _, at = key_members(hi.astype(np.int64) * ((lo_bound + B - 1) // B) + top, members=False)
     del top
-    values, count = _tally(at * B + digit, len(first) * B)
+    values, count = _tally(at.astype(np.int64) * B + digit, len(first) * B)
     at, digit = np.divmod(values, B)
     a, top = np.divmod(first[at], (lo_bound + B - 1) // B)
     return a, top * B + digit, count
@@ -410,7 +410,7 @@ class _PartGroups:
     def of(cls, parts: RouteParts, live: np.ndarray, key: np.ndarray, L: int) -> _PartGroups:
         """The groups of the pairs ``live`` of ``parts`` (none crossing a link twice) by ``key``
         (first slowest link and class, a number per pair), over ``L`` links."""
-        _, _, gid = key_members(key)
+        _, _, gid = key_members(key, members=False)
         G = int(gid.max()) + 1
         size = np.bincount(gid, minlength=G)
         heads = first_positions(gid, G)
@@ -1036,9 +1036,9 @@ def _fill(pair_flow: np.ndarray, pair_link: np.ndarray, pair_w: np.ndarray, caps
     rates = np.zeros(n)
     active = np.ones(n, dtype=bool)
     nl = len(capacity)
+    pf, pl, pw = pair_flow, pair_link, pair_w  # the pairs of unfrozen flows, in order
     while True:
-        act_pairs = active[pair_flow]
-        load = np.bincount(pair_link[act_pairs], weights=pair_w[act_pairs], minlength=nl)
+        load = np.bincount(pl, weights=pw, minlength=nl)
         used = load > 0
         if not used.any():
             break
@@ -1048,12 +1048,14 @@ def _fill(pair_flow: np.ndarray, pair_link: np.ndarray, pair_w: np.ndarray, caps
         rates[active] += inc
         cap_left -= inc * load
         saturated = used & (cap_left <= tol)
-        frozen = np.unique(pair_flow[saturated[pair_link] & act_pairs])
-        active[frozen] = False
+        active[pf[saturated[pl]]] = False
         if capped:
             active &= rates < caps * (1 - 1e-9)
         if not active.any():
             break
+        keep = active[pf]
+        if not keep.all():
+            pf, pl, pw = pf[keep], pl[keep], pw[keep]
     link_rate = np.bincount(pair_link, weights=pair_w * rates[pair_flow], minlength=nl)
     return rates, link_rate
 

@@ -49,9 +49,10 @@ class EdgeInfo:
 _LOOKUP_KEYS = 1 << 24
 
 
-def key_members(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def key_members(key: np.ndarray, members: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The distinct values of the non-negative ints ``key`` in increasing order, one position holding
-    each (a member, not necessarily the first), and each position's index among the values."""
+    each (a member, not necessarily the first; empty unless ``members``), and each position's index
+    among the values (32-bit where the values are fewer than 2**31)."""
     if len(key) == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     bound = int(key.max()) + 1
@@ -61,9 +62,11 @@ def key_members(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     present = np.zeros(bound, dtype=bool)
     present[key] = True
     values = np.flatnonzero(present)
-    inverse = (np.cumsum(present) - 1)[key]
-    member = np.empty(len(values), dtype=np.int64)
-    member[inverse] = np.arange(len(key))
+    number: np.ndarray = np.cumsum(present, dtype=np.int32 if len(values) < 2**31 else np.int64)
+    inverse = number[key] - 1
+    member = np.empty(len(values) if members else 0, dtype=np.int64)
+    if members:
+        member[inverse] = np.arange(len(key))
     return values, member, inverse
 
 
