@@ -563,7 +563,7 @@ def _pairs(req: CollectiveRequest, topo: Topology
     if cached is not None and cached[0] == req:  # type: ignore[index]
         return cached[1]  # type: ignore[index]
     topo.memo.pop("direct pairs", None)
-    g, n = np.array(req.group, dtype=np.int64), len(req.group)
+    g, n = np.array(req.group, dtype=np.int32 if topo.world < 2**31 else np.int64), len(req.group)
     if req.send_matrix is not None:
         nbytes = np.array(req.send_matrix, dtype=float).reshape(n, n)
     else:

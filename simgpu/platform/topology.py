@@ -523,42 +523,55 @@ class Topology:
         node's links; every node's links sit at the same offsets of its block of ids, so the node
         parts are the route of one representative pair of the same local GPUs shifted to the pair's
         nodes, and the fabric is computed once per pair of switches it depends on."""
-        src = np.asarray(src, dtype=np.int64)
-        dst = np.asarray(dst, dtype=np.int64)
+        idx = np.int32 if self.world < 2**31 else np.int64
+        src, dst = np.asarray(src).astype(idx, copy=False), np.asarray(dst).astype(idx, copy=False)
         w, gpn, lpn = self.world, self.gpus_per_node, self.links_per_node
-        if np.any((src < 0) | (src >= w) | (dst < 0) | (dst >= w)) or np.any(src == dst):
+        if len(src) and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= w or np.any(src == dst)):
             raise ValueError(f"route_table needs distinct GPUs of this {w}-GPU topology")
-        na, ga = np.divmod(src, gpn)
-        nb, gb = np.divmod(dst, gpn)
+        # per GPU, then read per pair: its node, local index and NIC
+        gpu = np.arange(w, dtype=np.int64)
+        node_of, local_of = (x.astype(idx) for x in np.divmod(gpu, gpn))
+        na, nb = node_of[src], node_of[dst]
         inter = na != nb
         # the node parts, by (local GPUs, whether the pair leaves the node)
-        tkey = (inter * gpn + ga) * gpn + gb
+        tkey = (local_of * gpn)[src]
+        tkey += local_of[dst]
+        tkey += inter.astype(idx) * (gpn * gpn)
         tkeys, tfirst, tpair = key_members(tkey)
+        del tkey
         pres, posts = [], []
         for k, p in zip(tkeys.tolist(), tfirst.tolist(), strict=True):
-            leaves, g_a, g_b = k >= gpn * gpn, int(ga[p]), int(gb[p])
+            leaves, g_a, g_b = k >= gpn * gpn, int(src[p]) % gpn, int(dst[p]) % gpn
             r = np.array(self._route(g_a, (gpn if leaves else 0) + g_b), dtype=np.int64)
             pres.append(r[r < lpn])
             posts.append(r[(r >= lpn) & (r < 2 * lpn)] - lpn)
         # the fabric, by what it depends on: the two switches (and on a dragonfly the end nodes)
         nv = self.platform.node.nvlink
-        nic = np.array(self._nic_of, dtype=np.int64)
-        ka, kb = nic[ga], nic[gb]
-        if nv is not None and nv.kind == "nvswitch":  # PXN: leaves through the destination rail's NIC
-            ka = np.where(ka != kb, kb, ka)
+        nic_of = np.array(self._nic_of, dtype=np.int64)[local_of.astype(np.int64)].astype(idx)
+        kb = nic_of[dst]
+        # PXN (NVSwitch nodes): a pair leaves through the destination rail's NIC
+        ka = kb if nv is not None and nv.kind == "nvswitch" else nic_of[src]
         net = self.platform.network
         if net.topology == "dragonfly":
             assert net.dragonfly is not None
-            ports = self.nodes // net.dragonfly.nodes_per_switch + 1
-            fkey = ((na // net.dragonfly.nodes_per_switch) * ports + nb // net.dragonfly.nodes_per_switch) \
-                * net.dragonfly.global_links_per_group_pair + (na + nb) % net.dragonfly.global_links_per_group_pair
+            d = net.dragonfly
+            ports = self.nodes // d.nodes_per_switch + 1
+            na64, nb64 = na.astype(np.int64), nb.astype(np.int64)
+            fkey = ((na64 // d.nodes_per_switch) * ports + nb64 // d.nodes_per_switch) \
+                * d.global_links_per_group_pair + (na64 + nb64) % d.global_links_per_group_pair
         else:
             rail = net.topology == "rail_optimized"
             pods = self.nodes // net.nodes_per_leaf + 1
-            la = (na // net.nodes_per_leaf) * self.ports + (ka if rail else 0)
-            lb = (nb // net.nodes_per_leaf) * self.ports + (kb if rail else 0)
-            fkey = la * (pods * self.ports) + lb
-        fkey = np.where(inter, fkey + 1, 0)
+            span = pods * self.ports
+            wide = np.int64 if span * span + 1 >= 2**31 else idx
+            pod = ((node_of // net.nodes_per_leaf) * self.ports).astype(wide)
+            la = pod[src] + ka.astype(wide) if rail else pod[src]
+            lb = pod[dst] + kb.astype(wide) if rail else pod[dst]
+            fkey = la * span
+            fkey += lb
+            del la, lb
+        fkey += 1
+        fkey *= inter
         fkeys, ffirst, fpair = key_members(fkey)
         fabs = []
         for k, p in zip(fkeys.tolist(), ffirst.tolist(), strict=True):
@@ -576,5 +589,5 @@ class Topology:
             return out
 
         small = np.int32 if max(self.nodes, len(tkeys), len(fkeys)) < 2**31 else np.int64  # per pair
-        return RouteParts(pad(pres), pad(fabs), pad(posts), tpair.astype(small), fpair.astype(small),
-                          na.astype(small), nb.astype(small), lpn, self.nodes)
+        tpart, fpart, na, nb = (x.astype(small, copy=False) for x in (tpair, fpair, na, nb))
+        return RouteParts(pad(pres), pad(fabs), pad(posts), tpart, fpart, na, nb, lpn, self.nodes)
