@@ -241,6 +241,11 @@ def _flows_of(batch: _Batch, live: np.ndarray, nbytes: np.ndarray, caps: np.ndar
     return out
 
 
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether ``a`` and ``b`` hold the same numbers (at once where they are one array)."""
+    return a is b or np.array_equal(a, b)
+
+
 def _by_kind(table: TransferTable | None, live: np.ndarray, aggregate_from: int) -> np.ndarray | None:
     """The kinds of the transfers ``live`` of ``table``, where its bytes and caps are given per kind
     and its routes as parts, and there are enough to aggregate; else None."""
@@ -267,7 +272,7 @@ def _part_flows(batch: _Batch, live: np.ndarray, kinds: np.ndarray, kb: np.ndarr
     kclass[by] = np.cumsum(new) - 1
     memo = table.memo
     held: Any = memo.get("part anchors")
-    if held is not None and np.array_equal(held[0], live) and np.array_equal(held[1], capacity):
+    if held is not None and _same(held[0], live) and np.array_equal(held[1], capacity):
         anchor = held[2]  # the same routes on the same links
     else:
         memo.pop("part anchors", None)
@@ -277,8 +282,7 @@ def _part_flows(batch: _Batch, live: np.ndarray, kinds: np.ndarray, kb: np.ndarr
     if anchor is None:
         return None
     held = memo.get("part groups")
-    if held is not None and held[0] is anchor and np.array_equal(held[1], kclass) and (
-            held[2] is kinds or np.array_equal(held[2], kinds)):
+    if held is not None and held[0] is anchor and np.array_equal(held[1], kclass) and _same(held[2], kinds):
         grouping = held[3]
     else:
         memo.pop("part groups", None)
@@ -290,7 +294,7 @@ def _part_flows(batch: _Batch, live: np.ndarray, kinds: np.ndarray, kb: np.ndarr
     heads = grouping.heads
     head_kind = kinds[heads]
     hb, hc = kb[head_kind].tolist(), kc[head_kind].tolist()
-    for g in np.argsort(heads, kind="stable").tolist():  # in the order the transfers came
+    for g in np.argsort(heads, kind="stable").tolist():  # in the order the transfers came (see .made)
         if grouping.size[g] == 1:
             out.append(_single(batch, int(live[heads[g]]), hb[g], hc[g]))
         else:
@@ -315,7 +319,8 @@ def _part_anchors(parts: RouteParts, live: np.ndarray, capacity: np.ndarray) -> 
     tp, fp, na, nb = (parts.tpart[live], parts.fpart[live], parts.na[live], parts.nb[live]) \
         if len(live) < len(parts) else (parts.tpart, parts.fpart, parts.na, parts.nb)
     nF = len(fab)
-    cvals, _, cinv = key_members(tp.astype(np.int64) * nF + fp, members=False)
+    wide = np.int64 if len(pre) * nF >= 2**31 else np.int32
+    cvals, _, cinv = key_members(tp.astype(wide) * nF + fp, members=False)
     ct, cf = np.divmod(cvals, nF)
     cap0 = node_cap[0]
 
@@ -326,10 +331,13 @@ def _part_anchors(parts: RouteParts, live: np.ndarray, capacity: np.ndarray) -> 
     row_cap = np.concatenate((caps_of(pre, cap0)[ct], caps_of(fab, capacity)[cf], caps_of(post, cap0)[ct]), axis=1)
     at = np.argmin(row_cap, axis=1)  # the first of the slowest (padding is never slowest)
     rows = np.concatenate((pre[ct], fab[cf], post[ct]), axis=1)
-    anchor = rows[np.arange(len(at)), at][cinv]
+    link = np.int64 if len(capacity) >= 2**31 else np.int32
+    anchor = rows[np.arange(len(at)), at].astype(link)[cinv]
     for part, shift in ((at < wp, na), (at >= wp + wf, nb)):
-        if part.any():
-            anchor += np.where(part[cinv], shift, 0).astype(np.int64) * lpn
+        if part.all():
+            anchor += shift.astype(link) * lpn
+        elif part.any():
+            anchor += np.where(part[cinv], shift.astype(link) * lpn, 0).astype(link)
     return anchor
 
 
@@ -382,13 +390,17 @@ class _PartGroups:
     links), ``size`` and ``heads`` (first member) are per group, ``links`` holds each group's
     links, edges crossing each and the links every member crosses."""
 
-    __slots__ = ("_kinds", "gid", "heads", "links", "live", "order", "size")
+    __slots__ = ("_kinds", "gid", "heads", "incidence", "links", "live", "made", "order", "size")
 
     def __init__(self, live: np.ndarray, gid: np.ndarray, size: np.ndarray, heads: np.ndarray,
                  links: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
         self.live, self.gid, self.size, self.heads, self.links = live, gid, size, heads, links
         self.order: np.ndarray | None = None
         self._kinds: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        #: the groups made aggregates (of two or more), in the order they are made; and the
+        #: (flow, link) pairs of those aggregates (see :func:`_incidence`), on how many links
+        self.made = [g for g in np.argsort(heads, kind="stable").tolist() if size[g] > 1]
+        self.incidence: tuple[int, _Incidence] | None = None
 
     def kinds_of(self, g: int, kinds: np.ndarray, K: int) -> np.ndarray:
         """The kinds among group ``g``'s members (``kinds``: one per pair, ``K`` of them)."""
@@ -661,11 +673,11 @@ class FlowNetwork:
         m = len(items)
         self.transfers += m
         if isinstance(items, TransferTable):
-            moving = _moving(items)
-            if not moving.all() and batch.shared is None:  # a join counts the moving ones only
-                batch.ended(np.flatnonzero(~moving))
-            live = np.flatnonzero(moving)
-            del moving
+            live = _live(items)
+            if len(live) < m and batch.shared is None:  # a join counts the moving ones only
+                ended = np.ones(m, dtype=bool)
+                ended[live] = False
+                batch.ended(np.flatnonzero(ended))
             kinds = _by_kind(items, live, self._aggregate_from)
             if kinds is not None and len(live):
                 assert items.kind_nbytes is not None and items.kind_max_rate is not None
@@ -894,6 +906,18 @@ def _succeed(event: simpy.Event) -> None:
     event.succeed()
 
 
+def _live(table: TransferTable, routed: bool = False) -> np.ndarray:
+    """The transfers of ``table`` that move bytes over at least one link (``routed``: that cross
+    one), the same array each time where that is all of them."""
+    moving = table.lens > 0 if routed else _moving(table)
+    if not moving.all():
+        return np.flatnonzero(moving)
+    held = table.memo.get("all live")
+    if not isinstance(held, np.ndarray) or len(held) != len(table):
+        held = table.memo["all live"] = np.arange(len(table))
+    return held
+
+
 def _moving(table: TransferTable) -> np.ndarray:
     """Whether each transfer of ``table`` has bytes to move over at least one link."""
     if table.kinds is not None and table.kind_nbytes is not None:
@@ -905,7 +929,7 @@ def isolated_time(table: TransferTable, capacity: np.ndarray) -> float:
     """The longest time any transfer of ``table`` takes at its isolated rate
     (:func:`isolated_rates`; 0 where none crosses a link): for a table of kinds, from its
     aggregates' rates and the largest bytes of each, with no array per transfer."""
-    live = np.flatnonzero(table.lens > 0)
+    live = _live(table, routed=True)
     kinds = _by_kind(table, live, AGGREGATE_FROM)
     if kinds is None or not len(live):
         return float(np.max(table.nbytes / isolated_rates(table, capacity), initial=0.0))
@@ -980,11 +1004,7 @@ def _fair(flows: Sequence[_Flow], capacity: np.ndarray) -> tuple[np.ndarray, np.
         f = flows[0]
         rate = min(float(np.min(capacity[f.links] / f.w)), f.cap)
         return np.array([rate]), f.links, f.w * rate, []
-    counts = np.fromiter((len(f.links) for f in flows), dtype=np.int64, count=n)
-    pair_flow = np.repeat(np.arange(n), counts)
-    raw_link = np.concatenate([f.links for f in flows])
-    ids, pair_link = _numbered(raw_link, len(capacity))
-    pair_w = np.concatenate([f.w for f in flows])
+    pair_flow, pair_link, ids, pair_w = _incidence(flows, len(capacity))
     rates, link_rate = _fill(pair_flow, pair_link, pair_w, caps, capacity[ids])
     aggs = np.array([k for k, f in enumerate(flows) if f.common is not None], dtype=np.int64)
     if not len(aggs):
@@ -1005,6 +1025,30 @@ def _fair(flows: Sequence[_Flow], capacity: np.ndarray) -> tuple[np.ndarray, np.
     return rates, ids, link_rate, aggs[held == 0].tolist()
 
 
+_Incidence = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _incidence(flows: Sequence[_Flow], L: int) -> _Incidence:
+    """The (flow, link) pairs of ``flows``: each pair's flow (a position in ``flows``), its link
+    (a position in the links in use), the links in use (ids below ``L``) and the edges crossing.
+    Kept with the groups of a table when ``flows`` are exactly its aggregates in the order they
+    were made (every protocol's isolated rates, then the run, compute over the same pairs)."""
+    grouping = flows[0].group[0] if flows[0].group is not None else None
+    made = grouping is not None and len(flows) == len(grouping.made) and all(
+        f.group is not None and f.group[0] is grouping for f in flows) and [
+        f.group[1] for f in flows if f.group is not None] == grouping.made
+    if made and grouping is not None and grouping.incidence is not None and grouping.incidence[0] == L:
+        return grouping.incidence[1]
+    n = len(flows)
+    counts = np.fromiter((len(f.links) for f in flows), dtype=np.int64, count=n)
+    pair_flow = np.repeat(np.arange(n, dtype=np.int32 if n < 2**31 else np.int64), counts)
+    ids, pair_link = _numbered(np.concatenate([f.links for f in flows]), L)
+    out = (pair_flow, pair_link, ids, np.concatenate([f.w for f in flows]))
+    if made and grouping is not None:
+        grouping.incidence = (L, out)
+    return out
+
+
 def _numbered(raw: np.ndarray, L: int) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(raw, return_inverse=True)`` for link ids below ``L``, by lookup where ``raw`` is
     long enough for a table of ``L`` to cost less than a sort."""
@@ -1014,7 +1058,7 @@ def _numbered(raw: np.ndarray, L: int) -> tuple[np.ndarray, np.ndarray]:
     present = np.zeros(L, dtype=bool)
     present[raw] = True
     ids = np.flatnonzero(present)
-    pos = np.empty(L, dtype=np.int64)
+    pos = np.empty(L, dtype=np.int32 if L < 2**31 else np.int64)
     pos[ids] = np.arange(len(ids))
     return ids, pos[raw]
 
