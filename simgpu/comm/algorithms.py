@@ -609,8 +609,12 @@ def _shape_classes(parts: RouteParts, topo: Topology) -> np.ndarray:
     is read."""
     if len(parts) == 0:
         return np.zeros(0, dtype=np.int64)
-    _, member, of_shape = key_members(parts.shape)
-    rows = parts.rows(member)
+    nF = len(parts.fab)
+    key: np.ndarray = parts.tpart.astype(np.int64 if len(parts.pre) * nF >= 2**31 else np.int32) * nF
+    key += parts.fpart
+    shapes, _, of_shape = key_members(key, members=False)
+    del key
+    rows = parts.shape_rows(shapes)
     classes = np.full(rows.shape, -1, dtype=np.int64)
     for k, row in enumerate(rows):
         route = row[row >= 0]

@@ -708,7 +708,7 @@ class FlowNetwork:
         if aggs:
             self.aggregates += len(aggs)
             self._serial += 1
-            _Block(aggs, _union([f.links for f in aggs], len(self.capacity)), self._serial)
+            _Block(aggs, _incidence(aggs, len(self.capacity))[2], self._serial)  # the links any of them crosses
         self._start(flows)
 
     def _start(self, flows: list[_Flow]) -> None:
@@ -1062,10 +1062,6 @@ def _numbered(raw: np.ndarray, L: int) -> tuple[np.ndarray, np.ndarray]:
     pos[ids] = np.arange(len(ids))
     return ids, pos[raw]
 
-
-def _union(parts: Sequence[np.ndarray], L: int) -> np.ndarray:
-    """The distinct link ids (below ``L``) in ``parts``, in increasing order."""
-    return _numbered(np.concatenate(parts), L)[0]
 
 
 def _fill(pair_flow: np.ndarray, pair_link: np.ndarray, pair_w: np.ndarray, caps: np.ndarray,

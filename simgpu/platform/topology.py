@@ -138,6 +138,15 @@ class RouteParts:
         np.add(tail, (nb.astype(np.int64) * lpn).astype(kind)[:, None], out=tail, where=tail >= 0)
         return table
 
+    def shape_rows(self, shapes: np.ndarray) -> np.ndarray:
+        """One route of each of ``shapes`` (numbers of :attr:`shape`) as :meth:`rows` gives them:
+        from node 0 to node 1 (to node 0 where there is one node); a shape's other routes are
+        these links at the same places of other nodes' blocks."""
+        t, f = np.divmod(np.asarray(shapes, dtype=np.int64), len(self.fab))
+        parts = RouteParts(self.pre, self.fab, self.post, t, f, np.zeros_like(t),
+                           np.full_like(t, min(1, self.nodes - 1)), self.lpn, self.nodes)
+        return parts.rows()
+
     def route(self, p: int) -> tuple[int, ...]:
         """Pair ``p``'s route."""
         t, f = int(self.tpart[p]), int(self.fpart[p])
