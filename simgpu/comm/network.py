@@ -368,17 +368,27 @@ def _tally2(hi: np.ndarray, lo: np.ndarray, lo_bound: int) -> tuple[np.ndarray, 
     two digits and the pairs are numbered in two steps, each over a range that is."""
     H = int(hi.max()) + 1 if len(hi) else 1
     if H * lo_bound <= _DENSE_BINS or not len(hi):
-        values, count = _tally(hi.astype(np.int64) * lo_bound + lo, H * lo_bound)
+        values, count = _tally(_joined(hi, H, lo, lo_bound), H * lo_bound)
         a, b = np.divmod(values, lo_bound)
         return a, b, count
     B = int(np.ceil(np.sqrt(lo_bound)))
-    top, digit = np.divmod(lo.astype(np.int64), B)
-    first, _, at = key_members(hi.astype(np.int64) * ((lo_bound + B - 1) // B) + top, members=False)
+    tops = (lo_bound + B - 1) // B
+    top = lo // B
+    digit = lo - top * B
+    first, _, at = key_members(_joined(hi, H, top, tops), members=False)
     del top
-    values, count = _tally(at.astype(np.int64) * B + digit, len(first) * B)
+    values, count = _tally(_joined(at, len(first), digit, B), len(first) * B)
     at, digit = np.divmod(values, B)
-    a, top = np.divmod(first[at], (lo_bound + B - 1) // B)
+    a, top = np.divmod(first[at], tops)
     return a, top * B + digit, count
+
+
+def _joined(hi: np.ndarray, H: int, lo: np.ndarray, lo_bound: int) -> np.ndarray:
+    """``hi * lo_bound + lo`` (``hi`` below ``H``), in 32-bit numbers where the product fits."""
+    kind = np.int32 if H * lo_bound < 2**31 else np.int64
+    out: np.ndarray = hi.astype(kind) * lo_bound
+    out += lo
+    return out
 
 
 class _PartGroups:
@@ -486,7 +496,7 @@ def _entries(r: np.ndarray, rows: np.ndarray, shift: np.ndarray | None, gid: np.
         g, row, count = _tally2(gid, r, R)
         s = np.zeros(len(g), dtype=np.int64) if shift is None else shift[heads][g].astype(np.int64)
     else:
-        gr, s, count = _tally2(gid.astype(np.int64) * R + r, shift, nodes)
+        gr, s, count = _tally2(_joined(gid, G, r, R), shift, nodes)
         g, row = np.divmod(gr, R)
     if shift is None:
         links = rows[row]
