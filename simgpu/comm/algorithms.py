@@ -564,17 +564,22 @@ def _pairs(req: CollectiveRequest, topo: Topology
         return cached[1]  # type: ignore[index]
     topo.memo.pop("direct pairs", None)
     g, n = np.array(req.group, dtype=np.int32 if topo.world < 2**31 else np.int64), len(req.group)
+    small = np.int32 if n < 2**31 else np.int64
+    src: np.ndarray
+    dst: np.ndarray
     if req.send_matrix is not None:
         nbytes = np.array(req.send_matrix, dtype=float).reshape(n, n)
-    else:
-        nbytes = np.full((n, n), req.nbytes / n)
-    keep = (nbytes > 0) & ~np.eye(n, dtype=bool)
-    small = np.int32 if n < 2**31 else np.int64
-    src, dst = (x.astype(small) for x in np.nonzero(keep))  # row by row: member i's pairs in the order of j
-    del keep
-    # an even all-to-all's sizes are one number (a view of it per pair)
-    sizes = nbytes[src, dst] if req.send_matrix is not None else np.broadcast_to(nbytes[0, 0], (len(src),))
-    del nbytes
+        keep = (nbytes > 0) & ~np.eye(n, dtype=bool)
+        src, dst = (x.astype(small) for x in np.nonzero(keep))  # row by row: member i's pairs in the order of j
+        sizes = nbytes[src, dst]
+        del keep, nbytes
+    else:  # every pair, row by row, and their sizes one number (a view of it per pair)
+        share = np.float64(req.nbytes / n)
+        m = n * (n - 1) if share > 0 else 0
+        src = np.repeat(np.arange(n, dtype=small), n - 1 if m else 0)
+        dst = np.tile(np.arange(n - 1, dtype=small), n if m else 0)
+        dst[dst >= src] += 1  # member i's peers skip i
+        sizes = np.broadcast_to(share, (m,))
     held: Any = topo.memo.get("direct routes")
     if held is not None and held[0] == req.group and np.array_equal(held[1], src) and np.array_equal(held[2], dst):
         parts, shape_class, memo = held[3:]  # the last request's pairs (another size): its routes
