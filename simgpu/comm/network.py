@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import simpy
 
+from ..platform import topology as _topology
 from ..platform.topology import RouteParts, first_positions, key_members
 from .plan import TransferTable
 
@@ -371,6 +372,13 @@ def _tally2(hi: np.ndarray, lo: np.ndarray, lo_bound: int) -> tuple[np.ndarray, 
         values, count = _tally(_joined(hi, H, lo, lo_bound), H * lo_bound)
         a, b = np.divmod(values, lo_bound)
         return a, b, count
+    lookup = _topology._LOOKUP_KEYS
+    if lookup >= H:  # the high values numbered first, if that narrows the range enough
+        his, _, at = key_members(hi, members=False)
+        if len(his) * lo_bound <= _DENSE_BINS:
+            values, count = _tally(_joined(at, len(his), lo, lo_bound), len(his) * lo_bound)
+            a, b = np.divmod(values, lo_bound)
+            return his[a], b, count
     B = int(np.ceil(np.sqrt(lo_bound)))
     tops = (lo_bound + B - 1) // B
     top = lo // B
