@@ -11,9 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simgpu.comm import network
+from simgpu.comm import parts as parts_module
 from simgpu.comm.algorithms import direct
-from simgpu.comm.network import _Batch, _flows_of, _part_flows, _tally2, isolated_rates, isolated_time
+from simgpu.comm.network import _Batch, _flows_of, _part_flows, isolated_rates, isolated_time
+from simgpu.comm.parts import _tally2
 from simgpu.comm.plan import CollectiveRequest, Transfer, TransferTable
 from simgpu.config.loader import load_platform
 from simgpu.platform import topology
@@ -71,7 +72,7 @@ def both(topo: Topology, t: TransferTable, live: np.ndarray, ones: bool = False)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[2]}x{c[3] or 'all'}-{len(c[1])}")
 def test_part_groups_equal_groups_from_rows(case, sorted_, monkeypatch):
     if sorted_:
-        monkeypatch.setattr(network, "_DENSE_BINS", 0)
+        monkeypatch.setattr(parts_module, "_DENSE_BINS", 0)
         monkeypatch.setattr(topology, "_LOOKUP_KEYS", 0)
     for nbytes in (1 << 16, 1 << 26):
         topo, t = plan_table(case, nbytes)
@@ -127,12 +128,12 @@ def test_first_positions_equal_uniques(seed, k, n):
 def test_tally2_equals_unique_counts(seed, hi, lo, n, dense):
     rng = np.random.default_rng(seed)
     a, b = rng.integers(0, hi, n), rng.integers(0, lo, n)
-    old = network._DENSE_BINS
-    network._DENSE_BINS = dense
+    old = parts_module._DENSE_BINS
+    parts_module._DENSE_BINS = dense
     try:
         x, y, count = _tally2(a, b, lo)
     finally:
-        network._DENSE_BINS = old
+        parts_module._DENSE_BINS = old
     keys, want = np.unique(a.astype(np.int64) * lo + b, return_counts=True)
     np.testing.assert_array_equal(x * lo + y, keys)
     np.testing.assert_array_equal(count, want)
