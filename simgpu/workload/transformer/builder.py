@@ -29,7 +29,7 @@ from ..parallel import Coord, Layout
 from ..registry import World, register
 from ..stage import Pair, StageEmitter, retarget
 from .blocks import Blocks
-from .fsdp import Gatherer, Pass
+from .fsdp import Gatherer, Pass, UnitReducer
 from .memory import stage_memory, weight_bytes
 from .pipeline import Batch, Step, plan
 from .shapes import (
@@ -202,13 +202,13 @@ class _Stage:
         esink: GradSink | None
         units: list[Unit] = (["head"] if g == self.last_g else []) + list(reversed(self.blocks[g])) \
             + (["embed"] if g == 0 else [])
+        gather = self._pass(units, "bwd")
         if s.zero == 3:
-            sink, esink = self._unit_reducers(units, g)
+            sink, esink = self._unit_reducers(units, g, gather)
         elif final and s.dp_overlap:
             sink, esink = self.dense, self.expert
         else:
             sink = esink = NoSync()
-        gather = self._pass(units, "bwd", [r for r in (sink, esink) if isinstance(r, Reducer)])
         for i, u in enumerate(units):
             if gather:
                 gather.before(i)
@@ -237,22 +237,23 @@ class _Stage:
         assert isinstance(u, Block)
         return list(u.dense_params()), list(u.experts.params) if u.experts else []
 
-    def _pass(self, units: list[Unit], phase: str, reducers: list[Reducer] | None = None) -> Pass | None:
+    def _pass(self, units: list[Unit], phase: str) -> Pass | None:
         """Under ZeRO-3, FSDP's gathering of ``units`` for one pass (:mod:`.fsdp`); None otherwise."""
         if self.fsdp is None:
             return None
-        return self.fsdp.run([(_unit_name(u), *self._unit_params(u)) for u in units], phase, f"mb{self.bl.mb}",
-                             reducers or ())
+        return self.fsdp.run([(_unit_name(u), *self._unit_params(u)) for u in units], phase, f"mb{self.bl.mb}")
 
     def _copy_out(self, name: str, numel: int, phase: str, deps: tuple[int, ...]) -> None:
         self.bl.ew(f"{name}.copy_out", numel, 1, 1, phase, deps=deps, op="copy")
 
-    def _unit_reducers(self, units: list[Unit], g: int) -> tuple[Reducer, Reducer]:
+    def _unit_reducers(self, units: list[Unit], g: int, gather: Pass | None) -> tuple[Reducer, Reducer]:
+        """FSDP's reduce-scatter per unit, on each process group's stream; the dense group's after
+        the pass's post-backward prefetch (:class:`.fsdp.UnitReducer`)."""
         key = f"grads.g{g}.mb{self.bl.mb}"
         dense = [tuple(self._unit_params(u)[0]) for u in units]
         expert = [tuple(self._unit_params(u)[1]) for u in units if self._unit_params(u)[1]]
-        return (Reducer(self.em, [b for b in dense if b], "dp_cp", op="reduce_scatter", key=key),
-                Reducer(self.em, expert, "edp_cp", op="reduce_scatter", key="expert_" + key))
+        return (UnitReducer(self.em, [b for b in dense if b], "dp_cp", key=key, hook=gather),
+                UnitReducer(self.em, expert, "edp_cp", key="expert_" + key))
 
     # ---- after the last backward
 
