@@ -160,6 +160,8 @@ RUN = [
          "bucket_mib: .inf")),
     case("bucket-nan", "run", W, "comm.bucket_mib", "finite", w__yaml=GPT_TEXT.replace("bucket_mib: 25",
          "bucket_mib: .nan")),
+    case("first-bucket-megatron", "run", W, "first_bucket_mib", "expected no first_bucket_mib",
+         w__yaml=gpt(training__framework="megatron", comm__first_bucket_mib=2)),
     case("seed-string", "run", W, "seed: expected a number", w__yaml=gpt(seed="x")),
     case("seed-fraction", "run", W, "seed", "fractional", w__yaml=gpt(seed=0.5)),
     case("sp-int", "run", W, "parallelism.sp: expected true or false", w__yaml=gpt(parallelism__sp=1)),

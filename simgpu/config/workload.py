@@ -564,12 +564,17 @@ class Comm(Spec):
     protocol: Literal["auto", "ll", "ll128", "simple"] = Field(
         "auto", description="NCCL protocol; auto picks per collective")
     bucket_mib: Annotated[float, Field(gt=0)] = Field(
-        25.0, description="gradient bucket size of data-parallel all-reduce, MiB (PyTorch DDP bucket_cap_mb, "
-                          "default 25); buckets are filled in the order backward readies the gradients, the "
-                          "reverse of the parameters' order, as DDP's rebuilt buckets after the first iteration")
+        25.0, description="gradient bucket size of data-parallel reductions, MiB of fp32 gradients (PyTorch DDP "
+                          "bucket_cap_mb, default 25); buckets are filled in the order backward readies the "
+                          "gradients, the reverse of the parameters' order, as DDP's rebuilt buckets after the first "
+                          "iteration. Under training.framework: megatron, when not given, Megatron-core's "
+                          "DistributedDataParallelConfig.bucket_size default: max(40,000,000, 1,000,000 x dp) "
+                          "parameters (megatron/core/distributed/distributed_data_parallel.py); given, that many "
+                          "MiB (its --ddp-bucket-size in parameters of 4 bytes)")
     first_bucket_mib: Annotated[float, Field(gt=0)] = Field(
         1.0, description="size of the first gradient bucket, MiB, so that the first all-reduce starts early "
-                         "(PyTorch DDP's torch.distributed._DEFAULT_FIRST_BUCKET_BYTES, 1 MiB)")
+                         "(PyTorch DDP's torch.distributed._DEFAULT_FIRST_BUCKET_BYTES, 1 MiB); PyTorch DDP's "
+                         "only: Megatron's buckets are all of one size")
 
 
 class WorkloadSpec(Spec):
@@ -604,6 +609,9 @@ class WorkloadSpec(Spec):
             raise ValueError(f"training: missing required key (a {self.model.kind} model is trained); expected "
                              "training: {...}")
         framework = self.training.framework if self.training is not None else "pytorch"
+        if framework == "megatron" and "first_bucket_mib" in self.comm.model_fields_set:
+            raise ValueError("comm.first_bucket_mib is PyTorch DDP's small first bucket; Megatron's buckets are all "
+                             "comm.bucket_mib; expected no first_bucket_mib under training.framework: megatron")
         if self.parallelism.gradient_as_bucket_view and (self.model.kind != "transformer" or framework != "pytorch"):
             raise ValueError("parallelism.gradient_as_bucket_view is PyTorch DDP's for a transformer; expected "
                              "model.kind: transformer and training.framework: pytorch")

@@ -21,6 +21,8 @@ under DDP: one micro-batch forward, backward with bucketed all-reduces, a fused 
 
 from __future__ import annotations
 
+import math
+
 from ...config.workload import WorkloadSpec
 from ...graph import CollectiveOp, KernelTable, Program, Replicas, Workload
 from ..common import GRAD_BYTES, Param, assign_buckets, is_mixed, optimizer_step
@@ -71,9 +73,13 @@ class _Stage:
         self.reductions: list[int] = []
         steps = [x for x in plan(s.schedule, lay.pp, s.m, s.v, stage) if isinstance(x, Step)]
         final = [self.chunks[x.chunk] for x in steps if x.kind == "B" and x.mb == s.m - 1]
-        self.dense_order = [p for g in final for p in self._chunk_params(g)]
-        self.expert_order = [p for g in final for b in reversed(self.blocks[g]) if b.experts
-                             for p in b.experts.params]
+        dense_chunks = [(g, self._chunk_params(g)) for g in final]
+        expert_chunks = [(g, [p for b in reversed(self.blocks[g]) if b.experts for p in b.experts.params])
+                         for g in final]
+        self.dense_order = [p for _, ps in dense_chunks for p in ps]
+        self.expert_order = [p for _, ps in expert_chunks for p in ps]
+        #: the gradient (and, under the distributed optimizer, parameter) buckets per process group
+        self.buckets = {"dp_cp": self._buckets(dense_chunks), "edp_cp": self._buckets(expert_chunks)}
         self.dense: Reducer | None = None
         self.expert: Reducer | None = None
         #: module name -> the previous iteration's all-gathers of its parameters' buckets, not yet waited for
@@ -91,12 +97,29 @@ class _Stage:
         if s.zero < 3:
             op: CollectiveOp = "all_reduce" if s.zero == 0 else "reduce_scatter"
             kind = _BucketCopies if s.bucket_copies else Reducer
-            self.dense = kind(self.em, self._buckets(self.dense_order), "dp_cp", op=op)
+            self.dense = kind(self.em, self.buckets["dp_cp"], "dp_cp", op=op)
             if self.expert_order:
-                self.expert = kind(self.em, self._buckets(self.expert_order), "edp_cp", op=op, key="expert_grads")
+                self.expert = kind(self.em, self.buckets["edp_cp"], "edp_cp", op=op, key="expert_grads")
 
-    def _buckets(self, order: list[Param]) -> list[tuple[Param, ...]]:
-        return assign_buckets(order, self.s.bucket_bytes, self.s.first_bucket_bytes)
+    def _buckets(self, chunks: list[tuple[int, list[Param]]]) -> list[tuple[Param, ...]]:
+        """Buckets of the stage's gradients, ``chunks`` (global chunk, its parameters in gradient-ready
+        order) in the order their last backward runs. PyTorch DDP: one DDP over the stage, a small
+        first bucket. Megatron-core: a DDP per model chunk, its buckets all of ``bucket_bytes``, and
+        one bucket per chunk (``bucket_size`` None) where bucketing is off: without
+        overlap_grad_reduce, on pipeline stages after the first (``pp_rank > 0``) and for model
+        chunks after the first (``disable_bucketing=(model_chunk_idx > 0)``; Megatron-LM
+        ``training.get_model``, megatron/core/distributed/distributed_data_parallel.py). Of all the
+        chunks only the global chunk 0 (stage 0's first) is bucketed."""
+        s = self.s
+        if not s.megatron:
+            order = [p for _, ps in chunks for p in ps]
+            return assign_buckets(order, s.bucket_bytes, s.first_bucket_bytes) if order else []
+        out: list[tuple[Param, ...]] = []
+        for g, ps in chunks:
+            if ps:
+                cap = s.bucket_bytes if s.dp_overlap and g == 0 else math.inf
+                out += assign_buckets(ps, cap, cap)
+        return out
 
     def _chunk_params(self, g: int) -> list[Param]:
         out: list[Param] = list(head_params(self.s)) if g == self.last_g else []
@@ -294,8 +317,8 @@ class _Stage:
             wb = weight_bytes(s.precision)
             step = em.last
             gathers: list[int] = []
-            for kind, order in (("dp_cp", self.dense_order), ("edp_cp", self.expert_order)):
-                buckets = self._buckets(order) if order else []
+            for kind in ("dp_cp", "edp_cp"):
+                buckets = self.buckets[kind]
                 for i in reversed(range(len(buckets))):
                     b = buckets[i]
                     ag = em.group_op(kind, f"params.bucket{i}.all_gather", f"params.{kind}.bucket{i}", "all_gather",
