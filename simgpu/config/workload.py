@@ -432,6 +432,26 @@ class Training(Spec):
         return self
 
 
+class UserbufferSMs(Spec):
+    """SMs the communication kernel of each Transformer Engine userbuffers overlap takes beside its GEMM
+    (the ub config's ``num_sm`` per layer). Defaults: Transformer Engine's ``initialize_ub``, 16 for
+    "bulk" and "pipeline" (transformer_engine/pytorch/module/base.py). NeMo's GPT-3 175B bf16 config
+    (nemo/collections/llm/recipes/tp_overlap_configs/userbuffers.py,
+    ``userbuffers_bf16_h100_h12288_tp4_mbs1_seqlen2048``): qkv_dgrad 4, qkv_wgrad 4, fc1_dgrad 2,
+    fc1_wgrad 4, proj_fprop 24 (fc2_fprop is a ring exchange there, not modelled: pipeline here)."""
+
+    qkv_dgrad: PositiveInt = Field(16, description="bulk: the input's all-gather beside the qkv dgrad GEMM")
+    qkv_wgrad: PositiveInt = Field(16, description="bulk: the input gradient's reduce-scatter beside the qkv wgrad "
+                                                   "GEMM")
+    fc1_dgrad: PositiveInt = Field(16, description="bulk: the input's all-gather beside the fc1 dgrad GEMM")
+    fc1_wgrad: PositiveInt = Field(16, description="bulk: the input gradient's reduce-scatter beside the fc1 wgrad "
+                                                   "GEMM")
+    proj_fprop: PositiveInt = Field(16, description="pipeline: each chunk's reduce-scatter beside the next proj "
+                                                    "GEMM chunk")
+    fc2_fprop: PositiveInt = Field(16, description="pipeline: each chunk's reduce-scatter beside the next fc2 GEMM "
+                                                   "chunk")
+
+
 class Parallelism(Spec):
     """How the job is split over GPUs, as Megatron-LM does it: tensor (tp, innermost: consecutive
     ranks of a node), context (cp), data (dp, with experts sharded over ep of its ranks) and pipeline
@@ -513,6 +533,11 @@ class Parallelism(Spec):
                            "off; NeMo's GPT and LLaMA recipes turn it on): the forward all-gather as a ring exchange "
                            "with a GEMM chunk per step, the reduce-scatter after GEMM chunks; needs sp and tp > 1")
 
+    tp_comm_overlap_sms: UserbufferSMs = Field(
+        default_factory=lambda: UserbufferSMs(),
+        description="under tp_comm_overlap, the SMs each overlap's communication kernel takes beside its GEMM, per "
+                    "layer (the ub config's num_sm; Transformer Engine's defaults, 16)")
+
     sharding: EmbeddingSharding = Field(default_factory=lambda: EmbeddingSharding(),
                                         description="embedding sharding plan (DLRM)")
 
@@ -543,6 +568,9 @@ class Parallelism(Spec):
             raise ValueError(f"fsdp is ZeRO stage 3; it contradicts zero: {self.zero}; expected zero: 3 or no fsdp")
         if self.gradient_as_bucket_view and self.zero_stage != 0:
             raise ValueError(f"gradient_as_bucket_view is PyTorch DDP's; expected zero: 0, got zero: {self.zero_stage}")
+        if "tp_comm_overlap_sms" in self.model_fields_set and not self.tp_comm_overlap:
+            raise ValueError("tp_comm_overlap_sms are the SMs of userbuffers' overlaps; expected tp_comm_overlap: "
+                             "true")
         fsdp_keys = [k for k in ("forward_prefetch", "backward_prefetch", "limit_all_gathers", "reshard_after_forward")
                      if k in self.model_fields_set]
         if fsdp_keys and self.zero_stage != 3:

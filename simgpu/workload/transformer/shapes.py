@@ -63,6 +63,8 @@ class Setup:
     sync_layers: bool = False
     param_overlap: bool = False  # overlap_param_gather (zero 1-2)
     tp_overlap: bool = False     # tp_comm_overlap (Transformer Engine userbuffers)
+    #: under tp_overlap, SMs each userbuffers overlap's communication kernel takes (layer -> num_sm)
+    ub_sms: tuple[tuple[str, int], ...] = ()
     p2p_overlap: bool = False    # overlap_p2p_comm
     iterations: int = 1          # training iterations built back to back (two for the steady state)
     forward_prefetch: bool = False          # FSDP (zero 3): explicit forward prefetch
@@ -169,6 +171,7 @@ def make_setup(spec: WorkloadSpec, world: World) -> Setup:
                  bucket_bytes=_bucket_bytes(spec, dp), optimizer=t.optimizer,
                  host_s=None if host is None else host / 1e6, sync_layers=t.sync_each_layer,
                  param_overlap=param_overlap, iterations=iterations, tp_overlap=p.tp_comm_overlap,
+                 ub_sms=tuple(p.tp_comm_overlap_sms.model_dump().items()),
                  p2p_overlap=p.overlap_p2p_comm, forward_prefetch=p.forward_prefetch,
                  backward_prefetch=p.backward_prefetch, limit_all_gathers=p.limit_all_gathers,
                  reshard_after_forward=p.reshard_after_forward, first_bucket_bytes=spec.comm.first_bucket_mib * 2**20,
