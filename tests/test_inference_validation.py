@@ -17,7 +17,7 @@ needs_mlperf = pytest.mark.skipif(not (DATA / v.MLPERF).is_file(), reason=f"no M
 #: it was last measured: the test fails if it gets worse (see the README's Inference section: the
 #: groups at the ends, BLOOM-176B and Llama-2-70B TP2, are predicted from figures fitted to the
 #: others, and the prefills of single 4,096- and 8,192-token prompts take up to 2.2x the prediction).
-KNOWN_GAPS = {"a100-80gb": 0.139, "h100-80gb": 0.197}
+KNOWN_GAPS = {"a100-80gb": 0.121, "h100-80gb": 0.158}
 
 
 @pytest.fixture(scope="module")
