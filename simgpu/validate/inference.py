@@ -97,10 +97,10 @@ SPLITWISE_STACK: dict[str, dict[str, Any]] = {
 #: What the stack is taken to be beside its fitted figures, per machine: its all-reduces run as
 #: rings over NVLink, without NVLink SHARP's in-switch reduction, at a fitted share of the links
 #: (``platform.node.nvlink.efficiency``). The data's TP scaling says they are that slow: at a fixed
-#: batch the prefill is a part divided by TP (the GEMMs, linear in the tokens: 73% of the H100's
-#: peak, 79% of the A100's) and a part that is not, ~36 us (H100) and ~58 us (A100) per prompt
-#: token below 2,048 tokens, i.e. the two all-reduces of 16 KiB per token and block at ~120 GB/s
-#: on the H100's NVLink of 450; NVLS would move them at several times that.
+#: batch the prefill is a part divided by TP (the GEMMs, linear in the tokens: 54% of the H100's
+#: fp16 peak, 72% of the A100's) and ~22 us (H100) or ~29 us (A100) a token x 2(tp-1)/tp that is
+#: not (one 2,048-token prompt at TP 2/4/8), the two all-reduces of 16 KiB a token and block at
+#: ~120 GB/s of the H100's NVLink of 450 (A100: ~90 of 300); NVLS would move them several times faster.
 SPLITWISE_FIXED: dict[str, dict[str, Any]] = {"h100-80gb": {"platform.node.nvlink.nvls": False}}
 #: Leave-one-group-out figures: per machine, per held-out (model, TP) group, the stack fitted to the
 #: machine's other three groups from :data:`FIT_START` (``--fit``). A group's rows are scored with
