@@ -4,21 +4,21 @@
 8 on DGX-A100 and DGX-H100, fp16, batch 1-64, prompts 128-8192, outputs 128-8192; the median of the
 five repetitions of each point): the prefill of a batch against ``prompt_time``, and the decode
 iteration of the batch at the middle of its generation (each request's cache ``prompt + output / 2``
-tokens) against ``token_time``, the mean over the generation. The measured stack prefills the
-prompts of a batch one after another: ``prompt_time`` doubles with the batch at every prompt length
-on every machine (A100 TP2, 512-token prompts: 197, 416, 845, 1,597, 3,239, 6,633 ms for 1 to 32 of
-them), which a batched forward, bound by its weights at these sizes, does not do; a batch of ``b``
-prompts is predicted as ``b`` prefills of one. Its host and kernels are slower than those the kernel
-models were measured with (TensorRT-LLM's, through AIConfigurator): a decode iteration takes 30 ms
-on four or eight H100s alike (host-bound) and a prefill reaches 30-60% of the GEMM peak; five
-figures describe it per machine (:data:`FIT_KEYS`). They are fitted, so they are scored held out:
-each (model, TP) group's rows are predicted with the figures fitted to the machine's other three
-groups (:data:`SPLITWISE_FOLDS`); :data:`SPLITWISE_STACK`, fitted to all four, is reported as the
-in-sample figure beside it. The machines are the shipped
-``dgx_a100`` and ``dgx_h100``; the power-capped H100 (``h100-80gb-pcap``) is reported, not scored
-(no power model). Batch-64 rows are reported, not scored: their prompt times fall from batch 32 to
-64 on TP2 (6,633 to 794 ms on the A100) and e2e times do not add up, which the data's provenance
-flags as another measurement mode.
+tokens) against ``token_time``, the mean over the generation. A batch's prompts are one prefill:
+``prompt_time`` depends on the batch's tokens, not on how many prompts hold them (H100 TP8: 4 x 512
+in 132 ms, one 2,048 in 137; 16 x 512 in 812, one 8,192 in 845). The measured stack is slower than
+the one the kernel models were measured with (TensorRT-LLM's, through AIConfigurator): a decode
+iteration takes 30 ms on four or eight H100s alike (host-bound), and six figures describe it per
+machine (:data:`FIT_KEYS`: the host's time per op, per request and per prefilling block, the GEMM,
+HBM and NVLink shares; :data:`SPLITWISE_FIXED` beside them). They are fitted, so they are scored
+held out: each (model, TP) group's rows are predicted with the figures fitted to the machine's
+other three groups (:data:`SPLITWISE_FOLDS`); :data:`SPLITWISE_STACK`, fitted to all four, is
+reported as the in-sample figure beside it. The machines are the shipped ``dgx_a100`` and
+``dgx_h100``; the power-capped H100 (``h100-80gb-pcap``) is reported, not scored: on every row its
+prompt time is the H100's x 1.30 and its token time the H100's, a derived figure. Batch-64 rows are
+reported, not scored: their prompt times fall from batch 32 to 64 on TP2 (6,633 to 794 ms on the
+A100; 64 caches of 640 tokens need 6.3 GiB a GPU at TP2, about what the 64 GiB of weights leave)
+and e2e times do not add up, which the data's provenance flags as another measurement mode.
 
 **MLPerf Inference Llama-2-70B Offline** (``mlperf-llama2-70b/mlperf_llama2_70b.csv``): every
 system whose TP, PP, precision and batch are published, on the shipped platform of its GPU (H100
