@@ -271,6 +271,10 @@ RUN = [
          p__yaml=platform(gpu__name=None)),
     case("platform-tflops-string", "run", W, "p.yaml", "gpu.peak_tflops", "expected a number", w__yaml=ON_PLATFORM,
          p__yaml=platform(gpu__peak_tflops={"bf16": "989"})),
+    case("platform-max-channels-64", "run", W, "p.yaml", "collectives", "max_channels", "expected at most 32",
+         w__yaml=ON_PLATFORM, p__yaml=platform(collectives__max_channels=64)),
+    case("platform-min-above-max-channels", "run", W, "p.yaml", "collectives", "expected min_channels <= max_channels",
+         w__yaml=ON_PLATFORM, p__yaml=platform(collectives__min_channels=8, collectives__max_channels=4)),
     # --set overrides
     case("set-novalue", "run", f"{GPT_FILE} --set novalue", "--set: expected key.path=value"),
     case("set-nokey", "run", f"{GPT_FILE} --set =3", "--set: expected key.path=value"),

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..config.platform import CollectiveSpec, ProtocolSpec
 from ..platform.topology import Topology, key_members
+from .channels import Channels, communicator
 from .plan import CollectivePlan, CollectiveRequest, Transfer, TransferTable, register
 from .tuning import PAT_PER_RANK_US, pat_enabled
 
@@ -49,11 +50,23 @@ def _by_node(group: tuple[int, ...], topo: Topology) -> list[list[int]]:
     return [nodes[n] for n in sorted(nodes)]
 
 
+def nccl_channels(group: tuple[int, ...], topo: Topology) -> Channels:
+    """The channels NCCL sets up for ``group`` (:mod:`simgpu.comm.channels`), once per group shape."""
+    per_node = _by_node(group, topo)
+    key = ("nccl_channels", len(group), len(per_node))
+    cached = topo.memo.get(key)
+    if cached is None:
+        cached = topo.memo[key] = communicator(topo.platform, len(group), len(per_node))
+    return cached  # type: ignore[return-value]
+
+
 def channels(group: tuple[int, ...], topo: Topology, spec: CollectiveSpec) -> int:
+    """Distinct rings (and trees) across nodes: NCCL's search channels before duplication, each
+    entering every node on its own GPU (``collectives.channels`` where given)."""
     per_node = _by_node(group, topo)
     if len(per_node) == 1:
         return 1
-    want = spec.channels or topo.platform.network.nics_per_node
+    want = spec.channels or nccl_channels(group, topo).rings
     return max(1, min(want, min(len(m) for m in per_node)))
 
 
@@ -507,22 +520,16 @@ def p2p_channels(nbytes: float, ranks: int, piece: float, across_nodes: bool) ->
     return max(1, min(channels, int(np.ceil(nbytes / size))))
 
 
-def net_peer_channels(ranks: int, comm_channels: int) -> int:
-    """Channels NCCL gives one peer across the network on a communicator of ``ranks`` with
-    ``comm_channels`` channels (src/graph/paths.cc, ncclTopoGetNchannels: two per network peer,
-    halved while the peers' channels would exceed four times the communicator's, at least one)."""
-    per_peer = 2
-    while per_peer * ranks > 4 * comm_channels and per_peer > 1:
-        per_peer //= 2
-    return per_peer
-
-
-def comm_channels(ranks: int, topo: Topology, spec: CollectiveSpec) -> int:
-    """Channels of a communicator of ``ranks`` spread evenly over the topology's nodes: NCCL
-    duplicates its rings (src/graph/connect.cc), so twice the rings it finds, one per NIC the
-    communicator's GPUs of a node reach (or ``collectives.channels``)."""
+def net_peer_channels(ranks: int, topo: Topology) -> int:
+    """Channels NCCL gives one peer across the network on a communicator of ``ranks`` spread evenly
+    over the topology's nodes, by the rule of the platform's NCCL release (:mod:`simgpu.comm.channels`)."""
     per_node = max(1, min(topo.gpus_per_node, ranks // max(1, topo.nodes)))
-    return 2 * max(1, min(spec.channels or topo.platform.network.nics_per_node, per_node))
+    nodes = max(2, -(-ranks // per_node))
+    key = ("net_peer_channels", ranks, nodes)
+    cached = topo.memo.get(key)
+    if cached is None:
+        cached = topo.memo[key] = communicator(topo.platform, per_node * nodes, nodes).net_peer
+    return cached  # type: ignore[return-value]
 
 
 def _p2p_rate(a: int, b: int, nbytes: float, ranks: int, topo: Topology, spec: CollectiveSpec,
@@ -542,7 +549,7 @@ def _p2p_rate(a: int, b: int, nbytes: float, ranks: int, topo: Topology, spec: C
         per_channel = spec.channel_gbytes_per_s * 1e9 / 2 / proto.bandwidth
     if not net:
         return channels * per_channel
-    channels = min(channels, net_peer_channels(ranks, comm_channels(ranks, topo, spec)))
+    channels = min(channels, net_peer_channels(ranks, topo))
     if spec.net_channel_gbytes_per_s is not None:  # a network channel's own bound replaces the block's
         per_channel = spec.net_channel_gbytes_per_s * 1e9 / proto.bandwidth
     per_channel = min(per_channel, _window([(a, b)], topo, proto, min(piece, nbytes / channels)))

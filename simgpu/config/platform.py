@@ -230,6 +230,15 @@ class CollectiveSpec(Spec):
                           "over a few channels by size; null: no bound")
     channels: PositiveInt | None = Field(
         None, description="parallel rings/trees across nodes; default one per NIC")
+    min_channels: PositiveInt | None = Field(
+        None, description="NCCL_MIN_NCHANNELS: the fewest channels a communicator's collectives run on; "
+                          "default NCCL's search decides (simgpu/comm/channels.py)")
+    max_channels: PositiveInt | None = Field(
+        None, description="NCCL_MAX_NCHANNELS: the most channels a communicator's collectives run on; "
+                          "default NCCL's MAXCHANNELS (32)")
+    net_peer_channels: PositiveInt | None = Field(
+        None, description="NCCL_NCHANNELS_PER_NET_PEER: channels one peer across the network gets; default "
+                          "NCCL's rule of the platform's release (simgpu/comm/channels.py)")
     net_channel_gbytes_per_s: PositiveFloat | None = Field(
         None, description="the most one channel moves to one peer across the network, per direction, GB/s (NCCL "
                           "gives a network peer two channels on a small communicator and one on a large one, "
@@ -299,6 +308,13 @@ class CollectiveSpec(Spec):
         if unknown:
             raise ValueError(f"enabled_protocols names {', '.join(unknown)}, not among protocols "
                              f"({', '.join(self.protocols)})")
+        for key in ("min_channels", "max_channels"):
+            value = getattr(self, key)
+            if value is not None and value > 32:
+                raise ValueError(f"{key} is {value}; expected at most 32 (NCCL's MAXCHANNELS)")
+        if self.min_channels and self.max_channels and self.min_channels > self.max_channels:
+            raise ValueError(f"min_channels ({self.min_channels}) is above max_channels ({self.max_channels}); "
+                             "expected min_channels <= max_channels")
         return self
 
     def usable_protocols(self) -> list[str]:
