@@ -275,6 +275,10 @@ RUN = [
          w__yaml=ON_PLATFORM, p__yaml=platform(collectives__max_channels=64)),
     case("platform-min-above-max-channels", "run", W, "p.yaml", "collectives", "expected min_channels <= max_channels",
          w__yaml=ON_PLATFORM, p__yaml=platform(collectives__min_channels=8, collectives__max_channels=4)),
+    case("platform-sharp-trees", "run", W, "p.yaml", "network.sharp.trees", "expected",
+         w__yaml=ON_PLATFORM, p__yaml=platform(network__sharp={"trees": "per_rack"})),
+    case("platform-sharp-unknown", "run", W, "p.yaml", "network.sharp.levels_us: unknown key",
+         w__yaml=ON_PLATFORM, p__yaml=platform(network__sharp={"levels_us": 1.5})),
     # --set overrides
     case("set-novalue", "run", f"{GPT_FILE} --set novalue", "--set: expected key.path=value"),
     case("set-nokey", "run", f"{GPT_FILE} --set =3", "--set: expected key.path=value"),

@@ -225,3 +225,53 @@ def test_collnet_moves_the_message_once_each_way_per_nic():
     assert t(sharp, "ring") / t(sharp, "collnet") == pytest.approx(1.75, rel=0.03)
     plain, _ = load_platform("dgx_h100")
     assert t(plain, "collnet") == pytest.approx(t(plain, "ring"), rel=1e-9)  # falls back to the ring
+
+
+def _sharp(name: str, *extra: tuple[str, object]):
+    return load_platform(name, [("network.in_network_reduction", True), *extra])[0]
+
+
+def test_collnet_aggregates_at_each_switch_level():
+    """Above the leaves each leaf sends its reduced stream up once and takes the result down once:
+    eight nodes of one GPU spread over four leaves (two levels) pay one more level's aggregation and
+    the spine's latency (a round trip with Simple) over the same nodes under one leaf; a 4:1
+    oversubscribed spine halves the tree's rate (two nodes a leaf: half a port up), while 2:1, which
+    would slow a ring, costs the tree nothing (one stream a leaf)."""
+    def t(size: int, *extra: tuple[str, object]) -> float:
+        return simulate_collective(_sharp("dgx_h100", *extra), "all_reduce", size, nodes=8, gpus_per_node=1,
+                                   algorithm="collnet")
+
+    plat = _sharp("dgx_h100")
+    one_level, two_levels = t(8 << 10), t(8 << 10, ("network.nodes_per_leaf", 2))
+    step = plat.network.sharp.level_us + 2 * plat.network.spine_latency_us
+    assert two_levels - one_level == pytest.approx(step * 1e-6, rel=0.02)
+    big = t(1 << 30)
+    spread = ("network.nodes_per_leaf", 2)
+    assert t(1 << 30, spread, ("network.oversubscription", 2.0)) == pytest.approx(big, rel=0.01)
+    assert t(1 << 30, spread, ("network.oversubscription", 4.0)) == pytest.approx(2 * big, rel=0.03)
+
+
+def test_collnet_time_grows_with_the_levels_of_a_dragonfly():
+    """On Perlmutter's dragonfly a small CollNet all-reduce takes longer from one switch (one level)
+    to one group (two) to two groups (three); each group aggregates before its stream crosses the
+    global links, once, so a 1 GiB all-reduce over two groups stays within 5% of one group's (a star
+    of every switch onto one root would be held by the global links)."""
+    plat = _sharp("perlmutter_gpu")
+
+    def t(nodes: int, size: int) -> float:
+        return simulate_collective(plat, "all_reduce", size, nodes=nodes, gpus_per_node=1, algorithm="collnet")
+
+    small = [t(n, 8 << 10) for n in (2, 64, 256)]
+    assert small == sorted(small) and small[0] < small[1] < small[2]
+    assert t(256, 1 << 30) == pytest.approx(t(64, 1 << 30), rel=0.05)
+
+
+def test_collnet_channels_share_a_switch_that_runs_one_tree():
+    """Quantum (HDR) runs one streaming-aggregation tree at a time per switch: on a fat tree, where
+    a node's eight NICs share one leaf, the eight channels share its rate and a NIC-bound 1 GiB
+    all-reduce slows by about that much; one tree per port (Quantum-2) lets each run at its own."""
+    def t(trees: str) -> float:
+        plat = _sharp("dgx_h100", ("network.topology", "fat_tree"), ("network.sharp.trees", trees))
+        return simulate_collective(plat, "all_reduce", 1 << 30, nodes=4, gpus_per_node=8, algorithm="collnet")
+
+    assert t("per_switch") / t("per_port") > 3.5
