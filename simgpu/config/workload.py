@@ -355,9 +355,12 @@ class Inference(Spec):
                             "write and SwiGLU as kernels of their own) or tensorrt_llm (also RoPE and the KV-cache "
                             "write into attention, SwiGLU and the fp8 / fp4 quantisation of activations into the "
                             "GEMMs' epilogues)")
-    prefill_overhead_us: Annotated[float, Field(ge=0)] = Field(
-        0.0, description="further CPU time of an iteration that prefills (building the prompts' attention "
-                         "metadata and masks), us")
+    request_overhead_us: Annotated[float, Field(ge=0)] = Field(
+        0.0, description="further CPU time per iteration per request in its batch (the request's inputs, "
+                         "block table, sampling and detokenisation), us")
+    prefill_block_overhead_us: Annotated[float, Field(ge=0)] = Field(
+        0.0, description="further CPU time per block of an iteration that prefills (the prompts' attention "
+                         "metadata and bias built at every layer), us; the GPUs work through queued kernels meanwhile")
     cuda_graphs: bool = Field(
         False, description="decode-only iterations replay a captured CUDA graph: one launch for all their ops")
 
