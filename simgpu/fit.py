@@ -34,6 +34,7 @@ from .errors import ConfigError, SimgpuError
 from .kernels import datasets, store
 from .kernels.learned import (
     ROUNDS,
+    ROW_FAMILIES,
     TRANSFER,
     TRANSFER_PARAMS,
     VERSION,
@@ -96,6 +97,7 @@ def write_models(models: Path, samples: dict[str, Sample], *, seed: int = 0, tra
         store.save_booster(model.booster, models / name)
         families[family] = {"file": name, "features": model.features, "dtypes": sorted(model.dtypes),
                             "kinds": sample.measured_kinds(),
+                            **({"measured_m": sample.measured_rows()} if family in ROW_FAMILIES else {}),
                             "rows": len(sample.x), "target": "log2(seconds / analytical)" if model.residual
                             else "log2(seconds)", "heldout": held}
     for path in [*models.glob("*.txt"), *models.glob("*.txt.gz")]:

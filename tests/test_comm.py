@@ -400,7 +400,7 @@ def test_sendrecv_on_a_world_communicator_is_channel_bound(dgx_h100):
 
 def test_comm_cli_takes_nccl_tests_names_and_explains(capsys):
     """``--op alltoall`` / ``sendrecv`` / ``all_reduce_perf`` are nccl-tests' names; ``--explain`` prints
-    NCCL's model's estimates, its pick and the plan simulated, per size."""
+    the communicator's channels, NCCL's model's estimates, its pick and the plan simulated, per size."""
     assert comm_main(["--platform", "h100_ndr_cluster", "--nodes", "2", "--gpus-per-node", "1", "--op", "sendrecv",
                       "--sizes", "1MB"]) == 0
     assert "# send_recv on h100_ndr_cluster" in capsys.readouterr().out
@@ -410,6 +410,7 @@ def test_comm_cli_takes_nccl_tests_names_and_explains(capsys):
                       "--sizes", "64KB,1GB", "--explain"]) == 0
     out = capsys.readouterr().out
     assert out.count("NCCL picks") == 2 and "tree/ll on" in out and out.count("#   simulated") == 2
+    assert out.count("#   channels    search 4 x 24/24 GB/s (2 before duplication), collectives 8") == 2
     assert comm_main(["--platform", "dgx_h100", "--op", "allreduce"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and "expected --op one of" in err and len(err.strip().splitlines()) == 1

@@ -8,7 +8,7 @@ from conftest import run_programs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simgpu.comm.algorithms import comm_channels, net_peer_channels
+from simgpu.comm.algorithms import net_peer_channels
 from simgpu.comm.collective import simulate_collective
 from simgpu.config.loader import load_platform
 from simgpu.graph import CollectiveCall, Op, Program
@@ -18,25 +18,30 @@ CLUSTER, _ = load_platform("h100_ndr_cluster")
 
 
 def test_net_peer_channels_follow_nccls_rule():
-    """Two channels per network peer, halved while the peers' channels exceed four times the
-    communicator's (src/graph/paths.cc): two on two nodes of one GPU, one on ten."""
-    assert net_peer_channels(2, 2) == 2
-    assert net_peer_channels(10, 2) == 1
-    assert net_peer_channels(16, 16) == 2
-    assert net_peer_channels(40, 8) == 1
-    topo = Topology(CLUSTER, 10, 4)
-    assert comm_channels(40, topo, CLUSTER.collectives) == 8
+    """NCCL 2.29 gives a network peer the channels its 400 Gb/s NIC needs at 14 GB/s each (four),
+    halved while the peers, eight to a round, need more than the p2p channels: four on two nodes of
+    one GPU, two on ten. Up to 2.28 a peer has two, halved while the peers' channels exceed four
+    times the p2p channels: two on two nodes, one on ten (src/graph/paths.cc)."""
+    assert net_peer_channels(2, Topology(CLUSTER, 2, 1)) == 4
+    assert net_peer_channels(10, Topology(CLUSTER, 10, 1)) == 2
+    assert net_peer_channels(40, Topology(CLUSTER, 10, 4)) == 2
+    old, _ = load_platform("h100_ndr_cluster", [("collectives.nccl_version", "2.28.7")])
+    assert net_peer_channels(2, Topology(old, 2, 1)) == 2
+    assert net_peer_channels(10, Topology(old, 10, 1)) == 1
+    assert net_peer_channels(16, Topology(old, 2, 8)) == 2
+    pinned, _ = load_platform("h100_ndr_cluster", [("collectives.net_peer_channels", 1)])
+    assert net_peer_channels(2, Topology(pinned, 2, 1)) == 1   # NCCL_NCHANNELS_PER_NET_PEER
 
 
 def test_cross_node_send_recv_is_held_by_its_channels_and_its_nic_share():
-    """One channel (ten nodes) moves the network channel's bound; two (two nodes) reach the share of
-    a NIC one pair's connection gets, below the NIC's own rate."""
+    """Two channels (ten nodes) move twice the network channel's bound; four (two nodes) reach the
+    share of a NIC one pair's connection gets, below the NIC's own rate."""
     size = 1 << 30
     spec, net = CLUSTER.collectives, CLUSTER.network
     nic = net.nic_gbps / 8 * net.efficiency
     ten = size / simulate_collective(CLUSTER, "send_recv", size, nodes=10, gpus_per_node=1) / 1e9
     two = size / simulate_collective(CLUSTER, "send_recv", size, nodes=2, gpus_per_node=1) / 1e9
-    assert ten == pytest.approx(spec.net_channel_gbytes_per_s, rel=0.01)
+    assert ten == pytest.approx(2 * spec.net_channel_gbytes_per_s, rel=0.01)
     assert two == pytest.approx(spec.net_peer_share * nic, rel=0.01)
     faster, _ = load_platform("h100_ndr_cluster", [("collectives.net_channel_gbytes_per_s", 100.0)])
     assert size / simulate_collective(faster, "send_recv", size, nodes=10, gpus_per_node=1) / 1e9 > 1.5 * ten
@@ -70,8 +75,10 @@ def test_time_never_falls_as_ranks_are_added(op, gpn, nodes, more, log_per_rank)
 
 def test_tuner_follows_nccls_model_by_node_count():
     """Across nodes the planner runs the algorithm NCCL's tuning model picks for the node count, so
-    its choice changes only where that model's does; the model itself moves a 1 GiB all-reduce on
-    DGX H100 from the ring (2-8 nodes) to the tree (16 and more)."""
+    its choice changes only where that model's does. On the graph NCCL's search finds for DGX H100
+    (eight channels at 48 GB/s) the model runs a 1 GiB all-reduce as the NVLS tree on two nodes
+    (where it counts the node's bandwidth), the ring on 4-16 and the NVLS tree again from 32, where
+    the ring's latency, growing with the nodes, outweighs its bandwidth."""
     from simgpu.comm.collective import request
     from simgpu.comm.planner import ALGORITHM_OF, Planner
     from simgpu.comm.tuning import choose
@@ -89,7 +96,7 @@ def test_tuner_follows_nccls_model_by_node_count():
         pick = choose(plat, full, "all_reduce", 1 << 30, full.world, nodes, plat.collectives.usable_protocols())
         assert pick is not None
         picks[nodes] = pick.algorithm
-    assert picks == {2: "ring", 4: "ring", 8: "ring", 16: "tree", 32: "tree"}
+    assert picks == {2: "nvls_tree", 4: "ring", 8: "ring", 16: "ring", 32: "nvls_tree"}
 
 
 def test_nccl_version_chooses_the_rule_set():
@@ -202,7 +209,8 @@ def test_collnet_is_weighed_where_the_switches_reduce():
     from simgpu.comm.__main__ import explain
 
     lines = explain(sharp, topo, "all_reduce", 1 << 30, "auto")
-    assert "collnet_direct/simple" in lines[1] and "simulated   collnet/simple" in lines[3]
+    assert "CollNet chain 16 / direct 8" in lines[1]
+    assert "collnet_direct/simple" in lines[2] and "simulated   collnet/simple" in lines[4]
 
 
 def test_collnet_moves_the_message_once_each_way_per_nic():
@@ -217,3 +225,53 @@ def test_collnet_moves_the_message_once_each_way_per_nic():
     assert t(sharp, "ring") / t(sharp, "collnet") == pytest.approx(1.75, rel=0.03)
     plain, _ = load_platform("dgx_h100")
     assert t(plain, "collnet") == pytest.approx(t(plain, "ring"), rel=1e-9)  # falls back to the ring
+
+
+def _sharp(name: str, *extra: tuple[str, object]):
+    return load_platform(name, [("network.in_network_reduction", True), *extra])[0]
+
+
+def test_collnet_aggregates_at_each_switch_level():
+    """Above the leaves each leaf sends its reduced stream up once and takes the result down once:
+    eight nodes of one GPU spread over four leaves (two levels) pay one more level's aggregation and
+    the spine's latency (a round trip with Simple) over the same nodes under one leaf; a 4:1
+    oversubscribed spine halves the tree's rate (two nodes a leaf: half a port up), while 2:1, which
+    would slow a ring, costs the tree nothing (one stream a leaf)."""
+    def t(size: int, *extra: tuple[str, object]) -> float:
+        return simulate_collective(_sharp("dgx_h100", *extra), "all_reduce", size, nodes=8, gpus_per_node=1,
+                                   algorithm="collnet")
+
+    plat = _sharp("dgx_h100")
+    one_level, two_levels = t(8 << 10), t(8 << 10, ("network.nodes_per_leaf", 2))
+    step = plat.network.sharp.level_us + 2 * plat.network.spine_latency_us
+    assert two_levels - one_level == pytest.approx(step * 1e-6, rel=0.02)
+    big = t(1 << 30)
+    spread = ("network.nodes_per_leaf", 2)
+    assert t(1 << 30, spread, ("network.oversubscription", 2.0)) == pytest.approx(big, rel=0.01)
+    assert t(1 << 30, spread, ("network.oversubscription", 4.0)) == pytest.approx(2 * big, rel=0.03)
+
+
+def test_collnet_time_grows_with_the_levels_of_a_dragonfly():
+    """On Perlmutter's dragonfly a small CollNet all-reduce takes longer from one switch (one level)
+    to one group (two) to two groups (three); each group aggregates before its stream crosses the
+    global links, once, so a 1 GiB all-reduce over two groups stays within 5% of one group's (a star
+    of every switch onto one root would be held by the global links)."""
+    plat = _sharp("perlmutter_gpu")
+
+    def t(nodes: int, size: int) -> float:
+        return simulate_collective(plat, "all_reduce", size, nodes=nodes, gpus_per_node=1, algorithm="collnet")
+
+    small = [t(n, 8 << 10) for n in (2, 64, 256)]
+    assert small == sorted(small) and small[0] < small[1] < small[2]
+    assert t(256, 1 << 30) == pytest.approx(t(64, 1 << 30), rel=0.05)
+
+
+def test_collnet_channels_share_a_switch_that_runs_one_tree():
+    """Quantum (HDR) runs one streaming-aggregation tree at a time per switch: on a fat tree, where
+    a node's eight NICs share one leaf, the eight channels share its rate and a NIC-bound 1 GiB
+    all-reduce slows by about that much; one tree per port (Quantum-2) lets each run at its own."""
+    def t(trees: str) -> float:
+        plat = _sharp("dgx_h100", ("network.topology", "fat_tree"), ("network.sharp.trees", trees))
+        return simulate_collective(plat, "all_reduce", 1 << 30, nodes=4, gpus_per_node=8, algorithm="collnet")
+
+    assert t("per_switch") / t("per_port") > 3.5

@@ -82,17 +82,37 @@ def test_backward_pre_hides_the_next_all_gather_under_this_block():
     assert fits >= L - 2  # the case the test is about: the all-gathers fit under the block before
 
 
-def test_backward_post_gathers_after_the_block_beside_its_reduce_scatter():
-    """backward_post issues block k-1's all-gather after block k's gradient kernels, ahead of (not
-    behind) block k's reduce-scatter; the time lies between backward_pre's and none's."""
+def test_backward_post_gathers_in_the_post_backward_hook_ahead_of_the_reduce_scatter():
+    """backward_post issues block k-1's all-gather in block k's post-backward hook, after its
+    gradient kernels and before its reduce-scatter (FSDP's ``_post_backward_reshard`` prefetches,
+    then ``_reduce_grad``): on the group's one NCCL stream the reduce-scatter waits for the
+    all-gather. The hook runs once block k's last gradient (its first norm's) is produced, so only
+    the residual's gradient may still run beside the all-gather. The time lies between
+    backward_pre's and none's."""
     r_post, rec = run("parallelism.backward_prefetch=backward_post")
     for k in range(L - 1, 0, -1):
         _, end_k = compute(rec, f"h{k}", "bwd")
+        last_grad = one(rec, f"h{k}.ln1.bwd", "bwd")["end_s"]
         ag = one(rec, f"h{k - 1}.all_gather", "bwd")
-        assert end_k - EPS <= ag["start_s"] < reduce_scatter(rec, k)["end_s"]
+        rs = reduce_scatter(rec, k)
+        assert last_grad - EPS <= ag["start_s"] and ag["end_s"] <= rs["start_s"] + EPS
+        assert ag["end_s"] > end_k   # exposed: block k-1 waits for it
     r_pre, _ = run()
     r_none, _ = run("parallelism.backward_prefetch=none")
     assert r_pre.iteration_time_s < r_post.iteration_time_s < r_none.iteration_time_s
+
+
+def test_one_process_group_serialises_its_all_gathers_and_reduce_scatters():
+    """PyTorch runs one process group's collectives on its communicator's one NCCL stream, in the
+    order the CPU issued them: under backward_pre block k-2's all-gather (issued before block k-1's
+    gradient kernels) waits for block k's reduce-scatter (issued after block k's), and no two of
+    the group's collectives run at once."""
+    _, rec = run()
+    for k in range(L - 1, 1, -1):
+        assert one(rec, f"h{k - 2}.all_gather", "bwd")["start_s"] >= reduce_scatter(rec, k)["end_s"] - EPS
+    group = rec[rec["name"].str.endswith((".all_gather", ".reduce_scatter"))].sort_values("start_s")
+    assert len(group) > 2 * L
+    assert (group["start_s"].to_numpy()[1:] >= group["end_s"].to_numpy()[:-1] - EPS).all()
 
 
 def _max_gathered(rec: pd.DataFrame, units: list[str]) -> int:

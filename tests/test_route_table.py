@@ -60,3 +60,23 @@ def test_key_members_numbers_keys_as_unique_does(lookup, monkeypatch):
     want, want_inverse = np.unique(key, return_inverse=True)
     assert values.tolist() == want.tolist() and inverse.tolist() == want_inverse.reshape(-1).tolist()
     assert key[member].tolist() == values.tolist()
+
+
+@pytest.mark.parametrize(("platform", "keys", "nodes", "gpn"), CASES)
+def test_route_parts_read_pair_by_pair_and_shape_by_shape(platform, keys, nodes, gpn):
+    spec, _ = load_platform(platform, keys)
+    topo = Topology(spec, nodes, gpn)
+    rng = np.random.default_rng(11)
+    src, dst = rng.integers(0, topo.world, 2000), rng.integers(0, topo.world, 2000)
+    src, dst = src[src != dst], dst[src != dst]
+    parts = topo.route_parts(src, dst)
+    rows = parts.rows()
+    np.testing.assert_array_equal(parts.lens(), (rows >= 0).sum(axis=1))
+    for p in rng.integers(0, len(src), 100).tolist():
+        assert parts.route(p) == topo.route(int(src[p]), int(dst[p]))
+    # one route a shape stands for all of them: the same kinds, capacities and latencies in order
+    shapes, first = np.unique(parts.shape, return_index=True)
+    for shape, row, p in zip(shapes.tolist(), parts.shape_rows(shapes), first.tolist(), strict=True):
+        def classes(route):
+            return [(topo.links[i].kind, topo.links[i].capacity, topo.links[i].latency) for i in route]
+        assert classes(row[row >= 0].tolist()) == classes(topo.route(int(src[p]), int(dst[p]))), shape

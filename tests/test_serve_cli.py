@@ -39,7 +39,7 @@ def refused(capsys, argv: list[str]) -> str:
     ({"requests__count": None}, "requests: fixed requests need count"),
     ({"deployment": None}, "missing deployment"),
     ({"prefill": {"workload": str(LLAMA)}}, "give deployment, or prefill and decode"),
-    ({"slo__ttft_ms": -1}, "slo.ttft_ms: Input should be greater than 0"),
+    ({"slo__ttft_ms": -1}, "slo.ttft_ms: expected a value greater than 0"),
 ])
 def test_bad_serving_files_before_any_timing(tmp_path, capsys, changes, where):
     line = refused(capsys, [str(serving_file(tmp_path, **changes)), "--out", str(tmp_path / "o")])

@@ -161,12 +161,12 @@ def refused(capsys, argv: list[str]) -> str:
 
 
 @pytest.mark.parametrize(("changes", "where"), [
-    ({"batcher__max_batch_samples": 0}, "batcher.max_batch_samples: Input should be greater than or equal to 1"),
+    ({"batcher__max_batch_samples": 0}, "batcher.max_batch_samples: expected a value greater than or equal to 1"),
     ({"batcher__max_delay_us": 5}, "batcher.max_delay_us: unknown key"),
     ({"queries__rate_per_s": None}, "queries: poisson queries need rate_per_s"),
     ({"queries__samples": 5000}, "a query of up to 5000 samples never fits a batch of 4096"),
     ({"batcher": None}, "batcher"),
-    ({"slo": {"latency_ms": -1}}, "slo.latency_ms: Input should be greater than 0"),
+    ({"slo": {"latency_ms": -1}}, "slo.latency_ms: expected a value greater than 0"),
     ({"queries__kind": "fixed", "outputs": {"sweep_rates_per_s": [1.0]}}, "outputs.sweep_rates_per_s: a sweep"),
     ({"outputs": {"sweep_rates_per_s": [100.0, -1.0]}}, "outputs: rate -1; expected arrival rates > 0"),
     ({"batcher__max_batch_samples": 8_000_000}, "batcher.max_batch_samples: a full batch of 8,000,000 samples "

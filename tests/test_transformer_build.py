@@ -167,7 +167,7 @@ def test_ddp_buckets_only_in_the_last_micro_batch() -> None:
 def test_fsdp_gathers_and_scatters_every_unit_every_micro_batch() -> None:
     w = build(spec(training={"grad_accumulation": 2}, fsdp=True), 4)
     units = LAYERS + 2  # blocks, embedding, head
-    assert count(w, 0, "all_gather", "comm.ag") == 2 * 2 * units        # forward and backward
+    assert count(w, 0, "all_gather", "comm") == 2 * 2 * units        # forward and backward
     assert count(w, 0, "reduce_scatter", "comm") == 2 * units
     # implicit forward prefetch: the next unit's all-gather is issued after this unit's kernels;
     # forward_prefetch issues it before them

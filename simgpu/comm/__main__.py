@@ -14,6 +14,7 @@ from ..cli import ArgParser, Progress, check_out_file, entry, int_at_least, run_
 from ..config.platform import PlatformSpec
 from ..errors import ConfigError
 from ..platform.topology import Topology
+from .channels import communicator
 from .tuning import estimates, rule_set
 
 UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 2**10, "KIB": 2**10, "M": 2**20, "MB": 2**20, "MIB": 2**20,
@@ -145,6 +146,11 @@ def explain(platform: PlatformSpec, topo: Topology, op: str, size: int, algorith
     nodes = len({topo.node_of(r) for r in req.group})
     out = [f"# {op} {size} B: {len(req.group)} ranks on {nodes} node(s), NCCL {platform.collectives.nccl_version} "
            f"rules ({rule_set(platform.collectives.nccl_version)}), tuner {platform.collectives.tuner}"]
+    ch = communicator(platform, len(req.group), nodes)
+    out.append(f"#   channels    search {ch.search.channels} x {ch.search.bw_intra:g}/{ch.search.bw_inter:g} GB/s "
+               f"({ch.rings} before duplication), collectives {ch.collective}, NVLS {ch.nvls}, CollNet chain "
+               f"{ch.collnet_chain} / direct {ch.collnet_direct}, p2p {ch.p2p}"
+               + (f", {ch.net_peer} per network peer" if nodes > 1 else ""))
     est = estimates(platform, topo, op, size, len(req.group), nodes, platform.collectives.usable_protocols())
     if est:
         out.append("#   NCCL model  " + "  ".join(

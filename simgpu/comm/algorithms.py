@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from ..config.platform import CollectiveSpec, ProtocolSpec
-from ..platform.topology import Topology, key_members
+from ..platform.topology import RouteParts, Topology, first_positions, key_members
+from .channels import Channels, communicator
 from .plan import CollectivePlan, CollectiveRequest, Transfer, TransferTable, register
 from .tuning import PAT_PER_RANK_US, pat_enabled
 
@@ -49,11 +50,23 @@ def _by_node(group: tuple[int, ...], topo: Topology) -> list[list[int]]:
     return [nodes[n] for n in sorted(nodes)]
 
 
+def nccl_channels(group: tuple[int, ...], topo: Topology) -> Channels:
+    """The channels NCCL sets up for ``group`` (:mod:`simgpu.comm.channels`), once per group shape."""
+    per_node = _by_node(group, topo)
+    key = ("nccl_channels", len(group), len(per_node))
+    cached = topo.memo.get(key)
+    if cached is None:
+        cached = topo.memo[key] = communicator(topo.platform, len(group), len(per_node))
+    return cached  # type: ignore[return-value]
+
+
 def channels(group: tuple[int, ...], topo: Topology, spec: CollectiveSpec) -> int:
+    """Distinct rings (and trees) across nodes: NCCL's search channels before duplication, each
+    entering every node on its own GPU (``collectives.channels`` where given)."""
     per_node = _by_node(group, topo)
     if len(per_node) == 1:
         return 1
-    want = spec.channels or topo.platform.network.nics_per_node
+    want = spec.channels or nccl_channels(group, topo).rings
     return max(1, min(want, min(len(m) for m in per_node)))
 
 
@@ -389,45 +402,113 @@ def tree(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: Pr
 def collnet(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: ProtocolSpec) -> CollectivePlan:
     """In-network reduction across nodes (NCCL's CollNet over SHARP), Simple only: each channel
     reduces along a chain inside every node to its head, the head sends the node's data up its NIC
-    once, the switches reduce it and send the result back down, and the chain broadcasts it. A
-    NIC carries the message once each way, where a ring carries it twice; the aggregation in the
-    switches above the leaves is taken to keep up (not modelled as links)."""
+    once, the switches reduce it level by level up the fat tree and multicast the result back down,
+    and the chain broadcasts it. A NIC carries the message once each way, where a ring carries it
+    twice; above the leaves each leaf switch sends its reduced stream up once and takes the result
+    back once (:func:`_sharp_tree`). Every channel's stream is reduced at most at the switches'
+    aggregation rate (``network.sharp``: a fraction of the port's line rate, shared by the channels
+    through one switch where it runs one tree at a time), and each level of the tree adds its
+    aggregation and multicast latency."""
     n = len(req.group)
     per_node = _by_node(req.group, topo)
     if n == 1:
         return CollectivePlan("collnet", (), 0.0)
     if not topo.platform.network.in_network_reduction or len(per_node) == 1 or proto.bandwidth < 1:
         return CollectivePlan("collnet", (), float("inf"))
+    net = topo.platform.network
     C = channels(req.group, topo, spec)
     wire = req.nbytes / C / proto.bandwidth
     chunk = min(proto.chunk_kib * 1024, req.nbytes / C)
-    transfers = []
-    intra = 0.0
-    chain_edges: list[tuple[int, int]] = []
-    up_latency = 0.0
+    heads_of: list[list[int]] = []
+    chains: list[list[tuple[int, int]]] = []
     for c in range(C):
-        chain_edges = []
-        links: list[int] = []
+        heads, chain_edges = [], []
         for members in per_node:
             k = _channel_start(members, c, topo)
             chain = members[k:] + members[:k]
+            heads.append(chain[0])
             chain_edges += [(chain[i + 1], chain[i]) for i in range(len(chain) - 1)]
-            up, down = topo.switch_route(chain[0], True), topo.switch_route(chain[0], False)
+        heads_of.append(heads)
+        chains.append(chain_edges)
+    # the channels whose heads share a leaf switch (one tree at a time per switch: they share its rate)
+    by_leaf: dict[str, set[int]] = {}
+    for c, heads in enumerate(heads_of):
+        for h in heads:
+            by_leaf.setdefault(topo.leaf_of(topo.node_of(h), topo.nic_of(h)), set()).add(c)
+    sharing = max(len(cs) for cs in by_leaf.values()) if net.sharp.trees == "per_switch" else 1
+    reduce_rate = net.sharp.reduction_efficiency * net.nic_gbps / 8 * 1e9 / sharing / proto.bandwidth
+    transfers = []
+    intra = up_latency = 0.0
+    levels = 1
+    for heads, chain_edges in zip(heads_of, chains):
+        links: list[int] = []
+        nic_latency = 0.0
+        for h in heads:
+            up, down = topo.switch_route(h, True), topo.switch_route(h, False)
             links += [*up, *down]
-            up_latency = max(up_latency, topo.route_latency(up) + topo.route_latency(down))
+            nic_latency = max(nic_latency, topo.route_latency(up) + topo.route_latency(down))
+        above, above_latency, depth = _sharp_tree(heads, topo)
+        links += above
+        levels = max(levels, depth)
+        up_latency = max(up_latency, nic_latency + above_latency)
         if chain_edges:
             chain_links, step = _edges(chain_edges + [(b, a) for a, b in chain_edges], topo, proto)
             links += chain_links
             intra = max(intra, step)
-        transfers.append(Transfer(tuple(links), wire))
+        transfers.append(Transfer(tuple(links), wire, reduce_rate))
+    chain_edges = chains[-1]
     chain_len = max(len(m) for m in per_node) - 1
-    # up the chain, to the switch and back (a round trip with Simple), down the chain; the first
-    # chunk fills each hop
-    inter = _step_cost(proto, "net") + (2.0 if proto.net_round_trip else 1.0) * up_latency
+    # up the chain, up the tree to its root and back down (a round trip with Simple), down the
+    # chain; the first chunk fills each hop, and each level of the tree aggregates and multicasts
+    inter = (_step_cost(proto, "net") + (2.0 if proto.net_round_trip else 1.0) * up_latency
+             + levels * net.sharp.level_us * US)
     net_fill = chunk / proto.bandwidth / topo.port_bw
     chain_fill = _fill(chunk, proto, _slowest_edge(chain_edges, topo), True) if chain_edges else 0.0
     latency = _base(spec, proto) + 2 * chain_len * (intra + chain_fill) + inter + 2 * net_fill
     return CollectivePlan("collnet", tuple(transfers), latency)
+
+
+def _sharp_tree(heads: list[int], topo: Topology) -> tuple[list[int], float, int]:
+    """The links above the leaves that one channel's aggregation tree over ``heads`` loads, their
+    latency up and down, and the tree's switch levels. On a fat tree each leaf under which heads sit
+    sends its reduced stream up its spine link once and takes the result down it once (two levels
+    where the heads span leaves, one where they share a leaf). On a dragonfly each group's first
+    switch aggregates the streams of its group's other switches over the local links, and the first
+    group's aggregates the groups' over the global links; results go back the same way (levels: one
+    switch, one group, several groups)."""
+    net = topo.platform.network
+    leaves: dict[str, int] = {}
+    for h in heads:
+        leaves.setdefault(topo.leaf_of(topo.node_of(h), topo.nic_of(h)), h)
+    if len(leaves) == 1:
+        return [], 0.0, 1
+    links: list[int] = []
+    latency = 0.0
+    if net.topology != "dragonfly":
+        for leaf in leaves:
+            up, down = topo.link_id(f"{leaf}->spine"), topo.link_id(f"spine->{leaf}")
+            links += [up, down]
+            latency = max(latency, topo.route_latency((up, down)))
+        return links, latency, 2
+    # each group's first switch aggregates its group; the first group's aggregates the groups
+    group_root: dict[int, int] = {}
+    for h in leaves.values():
+        group_root.setdefault(topo.switch_at(topo.node_of(h))[0], h)
+    root = heads[0]
+    above = ("local", "global")
+    local_latency = global_latency = 0.0
+    for h in leaves.values():
+        g = topo.switch_at(topo.node_of(h))[0]
+        to = group_root[g] if h != group_root[g] else root
+        if to == h:
+            continue
+        route = [x for x in topo.route(h, to) + topo.route(to, h) if topo.links[x].kind in above]
+        links += route
+        if to == root and h == group_root[g]:
+            global_latency = max(global_latency, topo.route_latency(tuple(route)))
+        else:
+            local_latency = max(local_latency, topo.route_latency(tuple(route)))
+    return links, local_latency + global_latency, 3 if len(group_root) > 1 else 2
 
 
 @register("nvls", {"all_reduce"})
@@ -507,22 +588,16 @@ def p2p_channels(nbytes: float, ranks: int, piece: float, across_nodes: bool) ->
     return max(1, min(channels, int(np.ceil(nbytes / size))))
 
 
-def net_peer_channels(ranks: int, comm_channels: int) -> int:
-    """Channels NCCL gives one peer across the network on a communicator of ``ranks`` with
-    ``comm_channels`` channels (src/graph/paths.cc, ncclTopoGetNchannels: two per network peer,
-    halved while the peers' channels would exceed four times the communicator's, at least one)."""
-    per_peer = 2
-    while per_peer * ranks > 4 * comm_channels and per_peer > 1:
-        per_peer //= 2
-    return per_peer
-
-
-def comm_channels(ranks: int, topo: Topology, spec: CollectiveSpec) -> int:
-    """Channels of a communicator of ``ranks`` spread evenly over the topology's nodes: NCCL
-    duplicates its rings (src/graph/connect.cc), so twice the rings it finds, one per NIC the
-    communicator's GPUs of a node reach (or ``collectives.channels``)."""
+def net_peer_channels(ranks: int, topo: Topology) -> int:
+    """Channels NCCL gives one peer across the network on a communicator of ``ranks`` spread evenly
+    over the topology's nodes, by the rule of the platform's NCCL release (:mod:`simgpu.comm.channels`)."""
     per_node = max(1, min(topo.gpus_per_node, ranks // max(1, topo.nodes)))
-    return 2 * max(1, min(spec.channels or topo.platform.network.nics_per_node, per_node))
+    nodes = max(2, -(-ranks // per_node))
+    key = ("net_peer_channels", ranks, nodes)
+    cached = topo.memo.get(key)
+    if cached is None:
+        cached = topo.memo[key] = communicator(topo.platform, per_node * nodes, nodes).net_peer
+    return cached  # type: ignore[return-value]
 
 
 def _p2p_rate(a: int, b: int, nbytes: float, ranks: int, topo: Topology, spec: CollectiveSpec,
@@ -542,7 +617,7 @@ def _p2p_rate(a: int, b: int, nbytes: float, ranks: int, topo: Topology, spec: C
         per_channel = spec.channel_gbytes_per_s * 1e9 / 2 / proto.bandwidth
     if not net:
         return channels * per_channel
-    channels = min(channels, net_peer_channels(ranks, comm_channels(ranks, topo, spec)))
+    channels = min(channels, net_peer_channels(ranks, topo))
     if spec.net_channel_gbytes_per_s is not None:  # a network channel's own bound replaces the block's
         per_channel = spec.net_channel_gbytes_per_s * 1e9 / proto.bandwidth
     per_channel = min(per_channel, _window([(a, b)], topo, proto, min(piece, nbytes / channels)))
@@ -552,36 +627,47 @@ def _p2p_rate(a: int, b: int, nbytes: float, ranks: int, topo: Topology, spec: C
 
 
 def _pairs(req: CollectiveRequest, topo: Topology
-           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, object]]:
+           ) -> tuple[np.ndarray, np.ndarray, RouteParts, np.ndarray, np.ndarray, np.ndarray, dict[str, object]]:
     """The pairs of an all-to-all with bytes to move, member by member (member indices from and
-    to), their routes (links ``flat[starts[p]:starts[p + 1]]``), bytes and kinds (pairs whose routes
+    to), their routes (:class:`RouteParts`), bytes and kinds (pairs whose routes
     cross the same kinds of link in the same order, so the same hardware, latency and bottleneck,
-    and whose sizes are equal; numbered in the order they first appear), and a memo the plans'
-    transfer tables share (:class:`TransferTable`); the same for every protocol, so the last
-    request's are kept."""
+    and whose sizes are equal; numbered in the order they first appear), each member's pairs of
+    each kind (a member x kind array), and a memo the plans' transfer tables share
+    (:class:`TransferTable`); the same for every protocol, so the last request's are kept."""
     cached = topo.memo.get("direct pairs")
     if cached is not None and cached[0] == req:  # type: ignore[index]
         return cached[1]  # type: ignore[index]
-    g, n = np.array(req.group, dtype=np.int64), len(req.group)
+    topo.memo.pop("direct pairs", None)
+    g, n = np.array(req.group, dtype=np.int32 if topo.world < 2**31 else np.int64), len(req.group)
+    small = np.int32 if n < 2**31 else np.int64
+    src: np.ndarray
+    dst: np.ndarray
     if req.send_matrix is not None:
         nbytes = np.array(req.send_matrix, dtype=float).reshape(n, n)
-    else:
-        nbytes = np.full((n, n), req.nbytes / n)
-    keep = (nbytes > 0) & ~np.eye(n, dtype=bool)
-    src, dst = np.nonzero(keep)  # row by row: member i's pairs in the order of j
-    sizes = nbytes[src, dst]
+        keep = (nbytes > 0) & ~np.eye(n, dtype=bool)
+        src, dst = (x.astype(small) for x in np.nonzero(keep))  # row by row: member i's pairs in the order of j
+        sizes = nbytes[src, dst]
+        del keep, nbytes
+    else:  # every pair, row by row, and their sizes one number (a view of it per pair)
+        share = np.float64(req.nbytes / n)
+        m = n * (n - 1) if share > 0 else 0
+        src = np.repeat(np.arange(n, dtype=small), n - 1 if m else 0)
+        dst = np.tile(np.arange(n - 1, dtype=small), n if m else 0)
+        dst[dst >= src] += 1  # member i's peers skip i
+        sizes = np.broadcast_to(share, (m,))
     held: Any = topo.memo.get("direct routes")
     if held is not None and held[0] == req.group and np.array_equal(held[1], src) and np.array_equal(held[2], dst):
-        flat, starts, shape_class, memo = held[3:]  # the last request's pairs (another size): its routes
+        parts, shape_class, memo = held[3:]  # the last request's pairs (another size): its routes
     else:
-        table, shape = topo.route_table(g[src], g[dst])
-        used = table >= 0
-        flat = table[used]
-        starts = np.concatenate(([0], np.cumsum(used.sum(axis=1))))
-        shape_class = _shape_classes(table, shape, topo)
+        topo.memo.pop("direct routes", None)  # the last request's routes go before these are made
+        parts = topo.route_parts(g[src], g[dst])
+        shape_class = _shape_classes(parts, topo)
         memo = {}
-        topo.memo["direct routes"] = (req.group, src, dst, flat, starts, shape_class, memo)
-    out = (src, dst, flat, starts, sizes, _route_kinds(shape_class, sizes), memo)
+        topo.memo["direct routes"] = (req.group, src, dst, parts, shape_class, memo)
+    kinds = _route_kinds(shape_class, sizes)
+    K = int(kinds.max()) + 1 if len(kinds) else 0
+    peers = np.bincount(src.astype(np.int64) * K + kinds, minlength=n * K).reshape(n, K)
+    out = (src, dst, parts, sizes, kinds, peers, memo)
     topo.memo["direct pairs"] = (req, out)
     return out
 
@@ -596,21 +682,25 @@ def _link_classes(topo: Topology) -> np.ndarray:
     return cached  # type: ignore[return-value]
 
 
-def _shape_classes(table: np.ndarray, shape: np.ndarray, topo: Topology) -> np.ndarray:
-    """A number per pair of a route table (:meth:`Topology.route_table`, with its shapes), shared by
-    the pairs whose routes cross the same classes of link in the same order. Routes of one shape
-    differ only in their end nodes, whose links at the same place of their block are alike, so one
-    route a shape is read."""
-    if len(shape) == 0:
+def _shape_classes(parts: RouteParts, topo: Topology) -> np.ndarray:
+    """A number per pair of ``parts`` (:meth:`Topology.route_parts`), shared by the pairs whose
+    routes cross the same classes of link in the same order. Routes of one shape differ only in
+    their end nodes, whose links at the same place of their block are alike, so one route a shape
+    is read."""
+    if len(parts) == 0:
         return np.zeros(0, dtype=np.int64)
-    _, member, of_shape = key_members(shape)
-    rows = table[member]
+    nF = len(parts.fab)
+    key: np.ndarray = parts.tpart.astype(np.int64 if len(parts.pre) * nF >= 2**31 else np.int32) * nF
+    key += parts.fpart
+    shapes, _, of_shape = key_members(key, members=False)
+    del key
+    rows = parts.shape_rows(shapes)
     classes = np.full(rows.shape, -1, dtype=np.int64)
     for k, row in enumerate(rows):
         route = row[row >= 0]
         classes[k, :len(route)] = _link_classes(topo)[route]
     _, shape_class = np.unique(classes, axis=0, return_inverse=True)
-    return shape_class.reshape(-1)[of_shape]
+    return shape_class.reshape(-1).astype(np.int32)[of_shape]
 
 
 def _route_kinds(shape_class: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -619,14 +709,15 @@ def _route_kinds(shape_class: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     if len(sizes) == 0:
         return np.zeros(0, dtype=np.int64)
     if sizes.min() == sizes.max():
-        size_class = np.zeros(len(sizes), dtype=np.int64)
+        key = shape_class
     else:
         _, size_class = np.unique(sizes, return_inverse=True)
-    key = shape_class * (int(size_class.max()) + 1) + size_class.reshape(-1)
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        key = shape_class * (int(size_class.max()) + 1) + size_class.reshape(-1)
+    _, _, inverse = key_members(key, members=False)
+    first = first_positions(inverse, int(inverse.max()) + 1)
     renumber = np.empty(len(first), dtype=np.int64)
     renumber[np.argsort(first, kind="stable")] = np.arange(len(first))
-    return renumber[inverse.reshape(-1)]
+    return renumber.astype(np.int32)[inverse]
 
 
 @register("direct", {"all_to_all", "send_recv", "all_gather", "reduce_scatter"})
@@ -652,10 +743,11 @@ def direct(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: 
                               _base(spec, proto) + step)
     if n == 1:
         return CollectivePlan("direct", (), 0.0)
-    src, dst, flat, starts, _, kinds, memo = _pairs(req, topo)
+    src, dst, parts, _, kinds, peers, memo = _pairs(req, topo)
     spread = len({topo.node_of(r) for r in g}) > 2
     per_kind: list[tuple[float, float, float, bool]] = []
-    for first in np.unique(kinds, return_index=True)[1].tolist():  # kinds are numbered as they first appear
+    kinds_n = int(kinds.max()) + 1 if len(kinds) else 0
+    for first in first_positions(kinds, kinds_n).tolist():  # kinds are numbered as they first appear
         i, j = int(src[first]), int(dst[first])
         a, b = g[i], g[j]
         nbytes = req.send_matrix[i][j] if req.send_matrix is not None else req.nbytes / n
@@ -666,10 +758,9 @@ def direct(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: 
         per_kind.append((step, rate, nbytes / proto.bandwidth / eff, net))
     worst = max((step for step, _, _, _ in per_kind), default=0.0)
     # per member: peers inside its node, peers across the network
-    remote = np.bincount(src, weights=np.array([net for *_, net in per_kind], dtype=float)[kinds], minlength=n)
-    local = np.bincount(src, minlength=n) - remote
-    wire = np.array([w for _, _, w, _ in per_kind])[kinds]
-    rate = np.array([r for _, r, _, _ in per_kind])[kinds]
+    remote = peers @ np.array([net for *_, net in per_kind], dtype=float)
+    local = peers.sum(axis=1) - remote
     per_peer = float(np.max(local * spec.p2p_local_peer_us + remote * spec.p2p_net_peer_us, initial=0.0)) * US
-    transfers = TransferTable(flat, starts, wire, rate, memo)
+    transfers = TransferTable(None, None, np.array([w for _, _, w, _ in per_kind]),  # bytes and caps per kind
+                              np.array([r for _, r, _, _ in per_kind]), memo, parts, kinds)
     return CollectivePlan("direct", transfers, _base(spec, proto) + worst + per_peer)

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import simpy
 
+from .parts import Incidence, PartGroups, part_anchors
 from .plan import TransferTable
 
 _EPS_S = 1e-12  # flows within this many seconds of completion are complete
@@ -90,16 +91,24 @@ class _Batch:
         keep[live] = True
         return t.flat[np.repeat(keep, t.lens)]
 
-    def ended(self, idx: np.ndarray) -> None:
-        """The transfers at ``idx`` have ended."""
+    def ended(self, idx: np.ndarray, count: int | None = None) -> None:
+        """The transfers at ``idx`` have ended (``count``: how many, where one join waits for all
+        and ``idx`` need not be made)."""
         if self.shared is not None:
-            self.shared.left -= len(idx)
+            self.shared.left -= len(idx) if count is None else count
             if self.shared.left == 0:
                 self.shared.event.succeed()
             return
         for i in idx.tolist():
             if self.targets[i] is not None:
                 self.targets[i].succeed()
+
+    def flow_ended(self, f: _Flow) -> None:
+        """The members of ``f`` have ended."""
+        if self.shared is not None:
+            self.ended(np.zeros(0, dtype=np.int64), f.count)
+        else:
+            self.ended(f.idx)
 
 
 class _TableRoutes(Sequence[tuple[int, ...]]):
@@ -121,22 +130,51 @@ class _Flow:
     """A transfer on the network, or an aggregate of several started together.
 
     ``links`` are the distinct links it crosses and ``w`` how many edges (of all its members) cross
-    each; its members are the transfers ``idx`` of ``batch``; ``common`` (aggregates only) the
-    links every member crosses."""
+    each; its ``count`` members are the transfers ``idx`` of ``batch`` (found when first asked
+    for, where ``group`` says which group of a :class:`PartGroups` it is); ``common`` (aggregates
+    only) the links every member crosses; ``block`` (aggregates only) the aggregates it started
+    with; ``active`` whether it is on the network."""
 
-    __slots__ = ("batch", "cap", "common", "finish", "idx", "last", "links", "rate", "remaining", "serial", "w")
+    __slots__ = ("_idx", "active", "batch", "block", "cap", "common", "count", "finish", "group", "last", "links",
+                 "rate", "remaining", "serial", "w")
 
-    def __init__(self, links: np.ndarray, w: np.ndarray, nbytes: float, batch: _Batch, idx: np.ndarray,
-                 cap: float = float("inf"), common: np.ndarray | None = None, serial: int = 0) -> None:
+    def __init__(self, links: np.ndarray, w: np.ndarray, nbytes: float, batch: _Batch, idx: np.ndarray | None,
+                 cap: float = float("inf"), common: np.ndarray | None = None, serial: int = 0,
+                 group: tuple[PartGroups, int] | None = None) -> None:
         self.links, self.w, self.remaining, self.rate, self.cap = links, w, nbytes, 0.0, cap
-        self.batch, self.idx, self.common = batch, idx, common
+        self.batch, self._idx, self.common, self.group = batch, idx, common, group
+        self.count = len(idx) if idx is not None else int(group[0].size[group[1]]) if group is not None else 0
         self.serial, self.last, self.finish = serial, 0.0, float("inf")
+        self.block: _Block | None = None
+        self.active = False
+
+    @property
+    def idx(self) -> np.ndarray:
+        """Its members: positions in its batch, in increasing order."""
+        if self._idx is None:
+            assert self.group is not None
+            self._idx = self.group[0].members(self.group[1])
+        return self._idx
 
     def settle(self, now: float) -> None:
         """Bring ``remaining`` up to ``now`` at the current rate."""
         if now > self.last:
             self.remaining -= self.rate * (now - self.last)
             self.last = now
+
+
+class _Block:
+    """The aggregates started together, indexed on the network as one: under each link any of them
+    crosses (``links``), so that starting, ending or reaching them costs one entry per link, not one
+    per aggregate and link. Reaching the block reaches all its active aggregates (a superset of the
+    component is exact: the rates of flows that share no link do not depend on each other)."""
+
+    __slots__ = ("links", "live", "members", "serial")
+
+    def __init__(self, members: list[_Flow], links: np.ndarray, serial: int) -> None:
+        self.members, self.links, self.serial, self.live = members, links, serial, len(members)
+        for f in members:
+            f.block = self
 
 
 def _single(batch: _Batch, i: int, nbytes: float, cap: float) -> _Flow:
@@ -158,6 +196,7 @@ def _flows_of(batch: _Batch, live: np.ndarray, nbytes: np.ndarray, caps: np.ndar
     if n < max(2, aggregate_from) or aggregate_from <= 0:
         return [_single(batch, i, b, c) for i, b, c in zip(live.tolist(), nbytes.tolist(), caps.tolist(), strict=True)]
     memo = batch.table.memo if batch.table is not None else None
+    uniform = memo is not None and nbytes.min() == nbytes.max() and caps.min() == caps.max()
     held: Any = memo.get("anchors") if memo is not None else None
     if held is not None and np.array_equal(held[0], live) and np.array_equal(held[1], capacity):
         lens, flat, owner, anchor = held[2]  # the same routes on the same links
@@ -174,7 +213,6 @@ def _flows_of(batch: _Batch, live: np.ndarray, nbytes: np.ndarray, caps: np.ndar
             memo["anchors"] = (live, capacity.copy(), (lens, flat, owner, anchor))
     # all bytes alike and all caps alike (an even all-to-all): the groups are those of the first
     # slowest links alone, the same for every protocol's plan
-    uniform = memo is not None and nbytes.min() == nbytes.max() and caps.min() == caps.max()
     held = memo.get("uniform") if memo is not None and uniform else None
     if held is not None and held[0] is anchor:
         order, gid = held[1], held[2]
@@ -200,6 +238,68 @@ def _flows_of(batch: _Batch, live: np.ndarray, nbytes: np.ndarray, caps: np.ndar
             out.append(_single(batch, int(live[i0]), float(nbytes[i0]), float(caps[i0])))
         else:
             out.append(_Flow(links, w, float(nbytes[i0]), batch, ids, float(caps[i0]), common))
+    return out
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether ``a`` and ``b`` hold the same numbers (at once where they are one array)."""
+    return a is b or np.array_equal(a, b)
+
+
+def _by_kind(table: TransferTable | None, live: np.ndarray, aggregate_from: int) -> np.ndarray | None:
+    """The kinds of the transfers ``live`` of ``table``, where its bytes and caps are given per kind
+    and its routes as parts, and there are enough to aggregate; else None."""
+    if table is None or table.kinds is None or table.parts is None:
+        return None
+    if aggregate_from <= 0 or len(live) < max(2, aggregate_from):
+        return None
+    return table.kinds if len(live) == len(table) else table.kinds[live]
+
+
+def _part_flows(batch: _Batch, live: np.ndarray, kinds: np.ndarray, kb: np.ndarray, kc: np.ndarray,
+                capacity: np.ndarray) -> list[_Flow] | None:
+    """:func:`_flows_of` for the transfers ``live`` of a table whose routes are :class:`RouteParts`,
+    of ``kinds`` (one each) that move ``kb`` bytes under the cap ``kc`` (per kind): its groups found
+    from the parts and the kinds, with per pair only a few numbers read; None where the parts do
+    not allow it (see :func:`_part_anchors`)."""
+    table = batch.table
+    assert table is not None and table.parts is not None
+    K = len(kb)
+    # kinds of the same bytes and cap are one class: groups are (first slowest link, class)
+    by = np.lexsort((kc, kb))
+    new = np.concatenate(([True], (kb[by][1:] != kb[by][:-1]) | (kc[by][1:] != kc[by][:-1])))
+    kclass = np.empty(K, dtype=np.int64)
+    kclass[by] = np.cumsum(new) - 1
+    memo = table.memo
+    held: Any = memo.get("part anchors")
+    if held is not None and _same(held[0], live) and np.array_equal(held[1], capacity):
+        anchor = held[2]  # the same routes on the same links
+    else:
+        memo.pop("part anchors", None)
+        memo.pop("part groups", None)
+        anchor = part_anchors(table.parts, live, capacity)
+        memo["part anchors"] = (live, capacity.copy(), anchor)
+    if anchor is None:
+        return None
+    held = memo.get("part groups")
+    if held is not None and held[0] is anchor and np.array_equal(held[1], kclass) and _same(held[2], kinds):
+        grouping = held[3]
+    else:
+        memo.pop("part groups", None)
+        classes = int(kclass.max()) + 1
+        grouping = PartGroups.of(table.parts, live, anchor * classes + kclass[kinds] if classes > 1 else anchor,
+                                  len(capacity))
+        memo["part groups"] = (anchor, kclass, kinds, grouping)
+    out: list[_Flow] = []
+    heads = grouping.heads
+    head_kind = kinds[heads]
+    hb, hc = kb[head_kind].tolist(), kc[head_kind].tolist()
+    for g in np.argsort(heads, kind="stable").tolist():  # in the order the transfers came (see .made)
+        if grouping.size[g] == 1:
+            out.append(_single(batch, int(live[heads[g]]), hb[g], hc[g]))
+        else:
+            links, w, common = grouping.links[g]
+            out.append(_Flow(links, w, hb[g], batch, None, hc[g], common, group=(grouping, g)))
     return out
 
 
@@ -280,7 +380,8 @@ class FlowNetwork:
         self.aggregates = 0
         self._aggregate_from = aggregate_from
         self._serial = 0
-        self._on_link: dict[int, dict[int, _Flow]] = {}   # link -> active flows crossing it, by serial
+        #: link -> the active flows crossing it (blocks of aggregates: once), by serial
+        self._on_link: dict[int, dict[int, _Flow | _Block]] = {}
         self._link_rate: dict[int, float] = {}            # link -> total rate on it (links in use only)
         self._link_last: dict[int, float] = {}            # link -> when its bytes were last settled
         self._heap: list[tuple[float, int, _Flow]] = []   # (finish time, serial, flow); stale entries skipped
@@ -295,7 +396,11 @@ class FlowNetwork:
         """The active flows, in the order they started."""
         seen: dict[int, _Flow] = {}
         for on in self._on_link.values():
-            seen.update(on)
+            for k, item in on.items():
+                if isinstance(item, _Block):
+                    seen.update((f.serial, f) for f in item.members if f.active)
+                else:
+                    seen[k] = item
         return [seen[k] for k in sorted(seen)]
 
     # -- public ---------------------------------------------------------------------------------
@@ -339,7 +444,7 @@ class FlowNetwork:
         """Like :meth:`transfer_all`, but one event that fires when the last of them has ended."""
         done = self.env.event()
         if isinstance(items, TransferTable):
-            join = _Join(done, int(np.count_nonzero((items.nbytes > 0) & (items.lens > 0))))
+            join = _Join(done, int(np.count_nonzero(_moving(items))))
         else:
             join = _Join(done, sum(1 for links, b, _ in items if b > 0 and len(links) > 0))
         if join.left == 0:
@@ -366,52 +471,101 @@ class FlowNetwork:
         m = len(items)
         self.transfers += m
         if isinstance(items, TransferTable):
+            live = _live(items)
+            if len(live) < m and batch.shared is None:  # a join counts the moving ones only
+                ended = np.ones(m, dtype=bool)
+                ended[live] = False
+                batch.ended(np.flatnonzero(ended))
+            kinds = _by_kind(items, live, self._aggregate_from)
+            if kinds is not None and len(live):
+                assert items.kind_nbytes is not None and items.kind_max_rate is not None
+                flows = _part_flows(batch, live, kinds, np.asarray(items.kind_nbytes, dtype=float),
+                                    np.asarray(items.kind_max_rate, dtype=float), self.capacity)
+                if flows is not None:
+                    self._start_flows(flows)
+                    return
+            if not len(live):
+                return
             nbytes, caps = np.asarray(items.nbytes, dtype=float), np.asarray(items.max_rate, dtype=float)
+            self._start_flows(_flows_of(batch, live, nbytes[live], caps[live], self.capacity, self._aggregate_from))
+            return
         else:
             nbytes = np.fromiter((b for _, b, _ in items), dtype=float, count=m)
             caps = np.fromiter((c for _, _, c in items), dtype=float, count=m)
         empty = (nbytes <= 0) | (batch.lens() == 0)
-        if empty.any():
+        if empty.any() and batch.shared is None:  # a join counts the moving ones only
             batch.ended(np.flatnonzero(empty))
         live = np.flatnonzero(~empty)
         if not len(live):
             return
-        flows = _flows_of(batch, live, nbytes[live], caps[live], self.capacity, self._aggregate_from)
-        self.aggregates += sum(1 for f in flows if f.common is not None)
+        self._start_flows(_flows_of(batch, live, nbytes[live], caps[live], self.capacity, self._aggregate_from))
+
+    def _start_flows(self, flows: list[_Flow]) -> None:
+        """Start ``flows`` made together: their aggregates indexed as one block."""
+        aggs = [f for f in flows if f.common is not None]
+        if aggs:
+            self.aggregates += len(aggs)
+            self._serial += 1
+            _Block(aggs, _incidence(aggs, len(self.capacity))[2], self._serial)  # the links any of them crosses
         self._start(flows)
 
     def _start(self, flows: list[_Flow]) -> None:
         now = self.env.now
         seeds: set[int] = set()
+        blocks: dict[int, _Block] = {}
         for f in flows:
             if not f.serial:
                 self._serial += 1
                 f.serial = self._serial
-            f.last = now
+            f.last, f.active = now, True
+            if f.block is not None:
+                blocks[f.block.serial] = f.block
+                continue
             uniq = f.links.tolist()
             for lid in uniq:
                 self._on_link.setdefault(lid, {})[f.serial] = f
             seeds.update(uniq)
+        for b in blocks.values():
+            uniq = b.links.tolist()
+            for lid in uniq:
+                self._on_link.setdefault(lid, {})[b.serial] = b
+            seeds.update(uniq)
         self._reschedule(seeds)
 
-    def _component(self, seeds: set[int]) -> list[_Flow]:
-        """The active flows connected to the links ``seeds`` through shared links, by serial."""
+    def _retire(self, block: _Block) -> None:
+        """One of ``block``'s aggregates has left the network; the block leaves with its last."""
+        block.live -= 1
+        if block.live == 0:
+            for lid in block.links.tolist():
+                on = self._on_link[lid]
+                del on[block.serial]
+                if not on:
+                    del self._on_link[lid]
+
+    def _component(self, seeds: set[int]) -> tuple[list[_Flow], set[int]]:
+        """The active flows connected to the links ``seeds`` through shared links, by serial, and
+        the links reached (every link they cross, and the seeds)."""
         comp: dict[int, _Flow] = {}
+        reached: set[int] = set()
         seen = set(seeds)
         stack = list(seeds)
         while stack:
             on = self._on_link.get(stack.pop())
             if not on:
                 continue
-            for k, f in on.items():
-                if k in comp:
+            for k, item in on.items():
+                if k in reached:
                     continue
-                comp[k] = f
-                for lid in f.links.tolist():
+                reached.add(k)
+                if isinstance(item, _Block):
+                    comp.update((f.serial, f) for f in item.members if f.active)
+                else:
+                    comp[k] = item
+                for lid in item.links.tolist():
                     if lid not in seen:
                         seen.add(lid)
                         stack.append(lid)
-        return [comp[k] for k in sorted(comp)]
+        return [comp[k] for k in sorted(comp)], seen
 
     def _settle_link(self, lid: int, now: float) -> None:
         last = self._link_last.get(lid, now)
@@ -430,12 +584,16 @@ class FlowNetwork:
             agg = flows[k]
             agg.settle(now)
             self.splits += 1
-            for lid in agg.links.tolist():
-                del self._on_link[lid][agg.serial]
+            agg.active = False
+            if agg.block is not None:
+                self._retire(agg.block)
+            else:
+                for lid in agg.links.tolist():
+                    del self._on_link[lid][agg.serial]
             for i in agg.idx.tolist():
                 f = _single(agg.batch, i, agg.remaining, agg.cap)
                 self._serial += 1
-                f.serial, f.last = self._serial, now
+                f.serial, f.last, f.active = self._serial, now, True
                 for lid in f.links.tolist():
                     self._on_link.setdefault(lid, {})[f.serial] = f
                 out.append(f)
@@ -446,10 +604,7 @@ class FlowNetwork:
         """New max-min rates for the component of the links ``seeds`` (whose flows changed)."""
         self.reschedules += 1
         now = self.env.now
-        flows = self._component(seeds)
-        touched = set(seeds)
-        for f in flows:
-            touched.update(f.links.tolist())
+        flows, touched = self._component(seeds)
         for lid in touched:
             self._settle_link(lid, now)
         if flows:
@@ -484,7 +639,7 @@ class FlowNetwork:
         self._arm()
 
     def _live(self, t: float, serial: int, f: _Flow) -> bool:
-        return f.finish == t and serial in self._on_link.get(int(f.links[0]), {})
+        return f.finish == t and f.active
 
     def _arm(self) -> None:
         """Keep one timeout pending, at the earliest finish time."""
@@ -524,7 +679,15 @@ class FlowNetwork:
             self._arm()
             return
         seeds: set[int] = set()
+        blocks: dict[int, _Block] = {}
         for f in finished:
+            f.active = False
+            if f.block is not None:
+                if f.block.serial not in blocks:
+                    blocks[f.block.serial] = f.block
+                    seeds.update(f.block.links.tolist())
+                self._retire(f.block)
+                continue
             uniq = f.links.tolist()
             for lid in uniq:
                 on = self._on_link[lid]
@@ -534,11 +697,61 @@ class FlowNetwork:
             seeds.update(uniq)
         self._reschedule(seeds)
         for f in sorted(finished, key=lambda f: f.serial):
-            f.batch.ended(f.idx)
+            f.batch.flow_ended(f)
 
 
 def _succeed(event: simpy.Event) -> None:
     event.succeed()
+
+
+def _live(table: TransferTable, routed: bool = False) -> np.ndarray:
+    """The transfers of ``table`` that move bytes over at least one link (``routed``: that cross
+    one), the same array each time where that is all of them."""
+    moving = table.lens > 0 if routed else _moving(table)
+    if not moving.all():
+        return np.flatnonzero(moving)
+    held = table.memo.get("all live")
+    if not isinstance(held, np.ndarray) or len(held) != len(table):
+        held = table.memo["all live"] = np.arange(len(table))
+    return held
+
+
+def _moving(table: TransferTable) -> np.ndarray:
+    """Whether each transfer of ``table`` has bytes to move over at least one link."""
+    if table.kinds is not None and table.kind_nbytes is not None:
+        return (np.asarray(table.kind_nbytes) > 0)[table.kinds] & (table.lens > 0)
+    return (np.asarray(table.nbytes) > 0) & (table.lens > 0)
+
+
+def isolated_time(table: TransferTable, capacity: np.ndarray) -> float:
+    """The longest time any transfer of ``table`` takes at its isolated rate
+    (:func:`isolated_rates`; 0 where none crosses a link): for a table of kinds, from its
+    aggregates' rates and the largest bytes of each, with no array per transfer."""
+    live = _live(table, routed=True)
+    kinds = _by_kind(table, live, AGGREGATE_FROM)
+    if kinds is None or not len(live):
+        return float(np.max(table.nbytes / isolated_rates(table, capacity), initial=0.0))
+    assert table.kind_nbytes is not None and table.kind_max_rate is not None
+    kb, kc = np.asarray(table.kind_nbytes, dtype=float), np.asarray(table.kind_max_rate, dtype=float)
+    batch = _Batch.of(table)
+    flows = _part_flows(batch, live, kinds, np.ones(len(kb)), kc, np.asarray(capacity, dtype=float))
+    if flows is None:
+        return float(np.max(table.nbytes / isolated_rates(table, capacity), initial=0.0))
+    while True:
+        rates, _, _, broken = _fair(flows, capacity)
+        if not broken:
+            break
+        gone = set(broken)
+        flows = [f for k, f in enumerate(flows) if k not in gone] + [
+            _single(batch, i, 1.0, flows[k].cap) for k in broken for i in flows[k].idx.tolist()]
+    worst = 0.0
+    for f, r in zip(flows, rates.tolist(), strict=True):
+        if f.group is not None and f._idx is None:
+            most = float(kb[f.group[0].kinds_of(f.group[1], kinds, len(kb))].max())
+        else:
+            most = float(kb[table.kinds[f.idx]].max())  # type: ignore[index]
+        worst = max(worst, most / r)
+    return worst
 
 
 def isolated_rates(items: Sequence[tuple[Sequence[int], float]] | TransferTable, capacity: np.ndarray
@@ -562,8 +775,21 @@ def isolated_rates(items: Sequence[tuple[Sequence[int], float]] | TransferTable,
         gone = set(broken)
         flows = [f for k, f in enumerate(flows) if k not in gone] + [
             _single(batch, i, 1.0, flows[k].cap) for k in broken for i in flows[k].idx.tolist()]
+    # aggregates of a table's groups by their group numbers (no members made), then the others
+    by_group: dict[int, tuple[PartGroups, np.ndarray]] = {}
     for f, r in zip(flows, rates.tolist(), strict=True):
-        out[f.idx] = r
+        if f.group is not None and f._idx is None:
+            grouping, g = f.group
+            if id(grouping) not in by_group:
+                by_group[id(grouping)] = (grouping, np.full(len(grouping.size), np.nan))
+            by_group[id(grouping)][1][g] = r
+    for grouping, rate in by_group.values():
+        at = rate[grouping.gid]
+        held = ~np.isnan(at)
+        out[grouping.live[held]] = at[held]
+    for f, r in zip(flows, rates.tolist(), strict=True):
+        if f.group is None or f._idx is not None:
+            out[f.idx] = r
     return out
 
 
@@ -576,28 +802,61 @@ def _fair(flows: Sequence[_Flow], capacity: np.ndarray) -> tuple[np.ndarray, np.
         f = flows[0]
         rate = min(float(np.min(capacity[f.links] / f.w)), f.cap)
         return np.array([rate]), f.links, f.w * rate, []
-    counts = np.fromiter((len(f.links) for f in flows), dtype=np.int64, count=n)
-    pair_flow = np.repeat(np.arange(n), counts)
-    raw_link = np.concatenate([f.links for f in flows])
-    ids, pair_link = np.unique(raw_link, return_inverse=True)
-    pair_w = np.concatenate([f.w for f in flows])
+    pair_flow, pair_link, ids, pair_w = _incidence(flows, len(capacity))
     rates, link_rate = _fill(pair_flow, pair_link, pair_w, caps, capacity[ids])
-    aggs = [k for k, f in enumerate(flows) if f.common is not None]
-    if not aggs:
+    aggs = np.array([k for k, f in enumerate(flows) if f.common is not None], dtype=np.int64)
+    if not len(aggs):
         return rates, ids, link_rate, []
     cap_l = capacity[ids]
     saturated = link_rate >= cap_l * (1 - _CHECK_TOL)
     top = np.zeros(len(ids))
     np.maximum.at(top, pair_link, rates[pair_flow])
-    broken = []
-    for k in aggs:
-        f, r = flows[k], float(rates[k])
-        if f.common is None or r >= f.cap * (1 - _CHECK_TOL):
-            continue
-        c = np.searchsorted(ids, f.common)
-        if not np.any(saturated[c] & (r >= top[c] * (1 - _CHECK_TOL))):
-            broken.append(k)
-    return rates, ids, link_rate, broken
+    # an aggregate below its cap needs a saturated common link on which no flow gets more
+    aggs = aggs[rates[aggs] < caps[aggs] * (1 - _CHECK_TOL)]
+    if not len(aggs):
+        return rates, ids, link_rate, []
+    commons = [flows[k].common for k in aggs.tolist()]
+    owner = np.repeat(np.arange(len(aggs)), [len(c) for c in commons])
+    c = np.searchsorted(ids, np.concatenate(commons))
+    ok = saturated[c] & (rates[aggs][owner] >= top[c] * (1 - _CHECK_TOL))
+    held = np.bincount(owner[ok], minlength=len(aggs))
+    return rates, ids, link_rate, aggs[held == 0].tolist()
+
+
+def _incidence(flows: Sequence[_Flow], L: int) -> Incidence:
+    """The (flow, link) pairs of ``flows``: each pair's flow (a position in ``flows``), its link
+    (a position in the links in use), the links in use (ids below ``L``) and the edges crossing.
+    Kept with the groups of a table when ``flows`` are exactly its aggregates in the order they
+    were made (every protocol's isolated rates, then the run, compute over the same pairs)."""
+    grouping = flows[0].group[0] if flows[0].group is not None else None
+    made = grouping is not None and len(flows) == len(grouping.made) and all(
+        f.group is not None and f.group[0] is grouping for f in flows) and [
+        f.group[1] for f in flows if f.group is not None] == grouping.made
+    if made and grouping is not None and grouping.incidence is not None and grouping.incidence[0] == L:
+        return grouping.incidence[1]
+    n = len(flows)
+    counts = np.fromiter((len(f.links) for f in flows), dtype=np.int64, count=n)
+    pair_flow = np.repeat(np.arange(n, dtype=np.int32 if n < 2**31 else np.int64), counts)
+    ids, pair_link = _numbered(np.concatenate([f.links for f in flows]), L)
+    out = (pair_flow, pair_link, ids, np.concatenate([f.w for f in flows]))
+    if made and grouping is not None:
+        grouping.incidence = (L, out)
+    return out
+
+
+def _numbered(raw: np.ndarray, L: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(raw, return_inverse=True)`` for link ids below ``L``, by lookup where ``raw`` is
+    long enough for a table of ``L`` to cost less than a sort."""
+    if len(raw) * 8 < L:
+        ids, inverse = np.unique(raw, return_inverse=True)
+        return ids, inverse.reshape(-1)
+    present = np.zeros(L, dtype=bool)
+    present[raw] = True
+    ids = np.flatnonzero(present)
+    pos = np.empty(L, dtype=np.int32 if L < 2**31 else np.int64)
+    pos[ids] = np.arange(len(ids))
+    return ids, pos[raw]
+
 
 
 def _fill(pair_flow: np.ndarray, pair_link: np.ndarray, pair_w: np.ndarray, caps: np.ndarray,
@@ -612,9 +871,9 @@ def _fill(pair_flow: np.ndarray, pair_link: np.ndarray, pair_w: np.ndarray, caps
     rates = np.zeros(n)
     active = np.ones(n, dtype=bool)
     nl = len(capacity)
+    pf, pl, pw = pair_flow, pair_link, pair_w  # the pairs of unfrozen flows, in order
     while True:
-        act_pairs = active[pair_flow]
-        load = np.bincount(pair_link[act_pairs], weights=pair_w[act_pairs], minlength=nl)
+        load = np.bincount(pl, weights=pw, minlength=nl)
         used = load > 0
         if not used.any():
             break
@@ -624,12 +883,14 @@ def _fill(pair_flow: np.ndarray, pair_link: np.ndarray, pair_w: np.ndarray, caps
         rates[active] += inc
         cap_left -= inc * load
         saturated = used & (cap_left <= tol)
-        frozen = np.unique(pair_flow[saturated[pair_link] & act_pairs])
-        active[frozen] = False
+        active[pf[saturated[pl]]] = False
         if capped:
             active &= rates < caps * (1 - 1e-9)
         if not active.any():
             break
+        keep = active[pf]
+        if not keep.all():
+            pf, pl, pw = pf[keep], pl[keep], pw[keep]
     link_rate = np.bincount(pair_link, weights=pair_w * rates[pair_flow], minlength=nl)
     return rates, link_rate
 

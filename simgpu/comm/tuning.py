@@ -20,9 +20,10 @@ figures below are those tables, written out per rule set; the rule set follows t
   8 us + log2(nodes) x the network's tree latency / 3.5 + 2.8 us per rank; the other tables as
   2.20 (the newest modelled, the default).
 
-The graph figures NCCL's search would find are taken from the topology: channels twice the rings
-across nodes (one per NIC), each carrying its share of the NICs (``bw_inter``) and of the GPU's
-NVLink port (``bw_intra``). Only the choice is taken from this model; the time of the chosen
+The graph figures are those NCCL's search finds (:mod:`simgpu.comm.channels`: its channels and each
+one's bandwidth inside and across nodes, from the search's speed list for the GPU generation); a
+choice's ``channels`` are the communicator's for that algorithm (rings and trees, NVLS, CollNet
+Chain or Direct) after NCCL's duplication. Only the choice is taken from this model; the time of the chosen
 algorithm is the simulation's.
 """
 
@@ -33,6 +34,7 @@ from dataclasses import dataclass, replace
 
 from ..config.platform import PlatformSpec
 from ..platform.topology import Topology
+from .channels import communicator, for_size, hardware
 
 PROTOCOLS = ("ll", "ll128", "simple")
 #: the rule sets modelled, oldest first; a version maps to the newest rule set at or below it
@@ -124,13 +126,10 @@ def estimates(platform: PlatformSpec, topo: Topology, op: str, nbytes: int, rank
         return []
     ppn = ranks / nodes
     net, nv = platform.network, platform.node.nvlink
-    rings = max(1, min(platform.collectives.channels or topo.ports, int(ppn)))
-    nch = 2 * rings if nodes > 1 else 2 * max(1, int(ppn) // 2)
+    # the graph NCCL's search found: its channels and each one's bandwidth (simgpu/comm/channels.py)
+    comm = communicator(platform, ranks, nodes)
+    nch, bw_intra, bw_inter = comm.search.channels, comm.search.bw_intra, comm.search.bw_inter
     intra_hw = "nvlink" if nv is not None else "pcie"
-    port = (nv.gbytes_per_s * nv.efficiency if nv is not None
-            else platform.node.pcie.gbytes_per_s * platform.node.pcie.efficiency)
-    bw_intra = port / max(1, nch / 2)
-    bw_inter = topo.port_bw / 1e9 * rings / nch if nodes > 1 else bw_intra
     idx = 0 if nodes == 1 else 1 if nodes == 2 else 2
     nsteps = 2 * (ranks - 1) if op == "all_reduce" else ranks - 1 if op in ("all_gather", "reduce_scatter") else ranks
     inter_steps = ((2 * nodes if nodes > 1 else 0) if op == "all_reduce"
@@ -161,20 +160,23 @@ def estimates(platform: PlatformSpec, topo: Topology, op: str, nbytes: int, rank
                 inter = rules.collnet_lat["net"][j] + 2 * net.latency_us
                 local = ppn - 1
                 if a == "collnet_direct":
-                    factor = ppn / rings  # GPUs per NIC: Direct wants a NIC per GPU for full speed
+                    # GPUs per NIC: Direct wants a NIC per GPU for full speed
+                    factor = ppn / hardware(platform, int(ppn)).nics
                     bus /= factor - (factor - 1) / 2
                     lat = 2 * (min(1.0, local) * intra + local * 0.4) + inter  # 0.4 us arity serialisation
                 else:
                     lat = 2 * local * intra + inter
                 bw_alg = bus * 0.5
-                out.append(Choice(a, p, lat, bw_alg, lat + nbytes / (1000 * bw_alg), nch))
+                used = for_size(comm, a, p, nbytes, ranks, nodes)
+                out.append(Choice(a, p, lat, bw_alg, lat + nbytes / (1000 * bw_alg), used))
                 continue
             if a == "pat":
                 bus = nch * (bw_intra if nodes <= 2 else bw_inter) * PAT_BW_FACTOR
                 # with one GPU per node the latencies are fully exposed: the network's tree latency
                 inter = rules.hw_lat["net"]["tree"][k] + 2 * net.latency_us
                 lat = PAT_BASE_US + int(math.log2(nodes)) * inter / 3.5 + ranks * PAT_PER_RANK_US
-                out.append(Choice(a, p, lat, bus, lat + nbytes / (1000 * bus), nch))
+                used = for_size(comm, a, p, nbytes, ranks, nodes)
+                out.append(Choice(a, p, lat, bus, lat + nbytes / (1000 * bus), used))
                 continue
             bw = bw_intra if nodes <= 2 else bw_inter
             if a == "nvls_tree":
@@ -214,7 +216,8 @@ def estimates(platform: PlatformSpec, topo: Topology, op: str, nbytes: int, rank
             if a == "tree":
                 i = int(nbytes // 64).bit_length() - 1
                 bw_alg *= _TREE_CORRECTION[p][i] if 0 <= i < len(_TREE_CORRECTION[p]) else 1.0
-            out.append(Choice(a, p, lat, bw_alg, lat + nbytes / (1000 * bw_alg), nch))
+            used = for_size(comm, a, p, nbytes, ranks, nodes)
+            out.append(Choice(a, p, lat, bw_alg, lat + nbytes / (1000 * bw_alg), used))
     return out
 
 

@@ -155,7 +155,18 @@ def _message(model: type[BaseModel], err: Any, loc: tuple[int | str, ...]) -> st
         return f"{str(err['msg']).removeprefix('Value error, ')}"
     got = err.get("input")
     got_s = repr(got) if not isinstance(got, dict | list) else type(got).__name__
-    return f"{err['msg']}{desc}; got {got_s}"
+    return f"{_expected(str(err['msg']))}{desc}; got {got_s}"
+
+
+def _expected(msg: str) -> str:
+    """Pydantic's "Input should be greater than 0" as "expected a value greater than 0"."""
+    head = "Input should be "
+    if not msg.startswith(head):
+        return f"expected: {msg[0].lower()}{msg[1:]}" if msg else "expected a valid value"
+    rest = msg[len(head):]
+    if rest.startswith(("greater", "less")):
+        rest = f"a value {rest}"
+    return f"expected {rest}"
 
 
 def _annotation_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> Any:

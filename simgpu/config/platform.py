@@ -127,6 +127,37 @@ class DragonflySpec(Spec):
     global_latency_us: NonNegFloat = Field(0.5, description="extra one-way latency of a global hop, us")
 
 
+class SharpSpec(Spec):
+    """How the switches aggregate where the network reduces (InfiniBand SHARP streaming aggregation).
+
+    Defaults from public figures: ``level_us`` from the 2.83 us 8-byte MPI_Allreduce over 128 hosts
+    on a two-level Switch-IB 2 tree (Graham et al., "Scalable Hierarchical Aggregation Protocol
+    (SHArP)", COMHPC 2016), less about 1.4 us of the hosts' injection and delivery, over its two
+    levels; ``reduction_efficiency`` from streaming aggregation's all-reduce at about 95% of the
+    network bandwidth on HDR Quantum (Graham et al., "SHARP Streaming-Aggregation Hardware Design and
+    Evaluation", ISC 2020); ``trees`` from the SHARP documentation (Rev 3.13, General Information):
+    Quantum (HDR) runs one streaming-aggregation tree at a time per switch, Quantum-2 (NDR) and later
+    one per port.
+    """
+
+    level_us: NonNegFloat = Field(
+        0.7, description="one switch level's aggregation on the way up and its multicast on the way down, us")
+    reduction_efficiency: Fraction = Field(
+        0.95, description="the rate a switch reduces one aggregation tree's stream at, as a fraction of its "
+                          "port's line rate (nic_gbps)")
+    trees: Literal["per_port", "per_switch"] = Field(
+        "per_port", description="per_port: every port runs its own aggregation tree (Quantum-2 and later), so each "
+                                "channel reduces at the full rate; per_switch: one tree at a time per switch "
+                                "(Quantum HDR), so the channels through one switch share its rate")
+
+    @field_validator("trees", mode="before")
+    @classmethod
+    def _trees_known(cls, given: object) -> object:
+        if given not in ("per_port", "per_switch"):
+            raise ValueError(f"expected per_port (Quantum-2 and later) or per_switch (Quantum HDR); got {given!r}")
+        return given
+
+
 class NetworkSpec(Spec):
     """NICs and the network between nodes."""
 
@@ -139,6 +170,8 @@ class NetworkSpec(Spec):
         False, description="the switches reduce data in the network (InfiniBand SHARP) and NCCL uses it (CollNet: the "
                            "SHARP plugin and NCCL_COLLNET_ENABLE=1): all-reduce across nodes may run as CollNet, each "
                            "node sending its data up once and getting the result back")
+    sharp: SharpSpec = Field(
+        default_factory=SharpSpec, description="the switches' aggregation where in_network_reduction is set")
     stripe_messages: bool = Field(
         False, description="with several NICs per GPU: the network layer stripes every message over all of them "
                            "(aws-ofi-nccl's rails on EFA), so one channel reaches the GPU's whole rate; false: "
@@ -230,6 +263,15 @@ class CollectiveSpec(Spec):
                           "over a few channels by size; null: no bound")
     channels: PositiveInt | None = Field(
         None, description="parallel rings/trees across nodes; default one per NIC")
+    min_channels: PositiveInt | None = Field(
+        None, description="NCCL_MIN_NCHANNELS: the fewest channels a communicator's collectives run on; "
+                          "default NCCL's search decides (simgpu/comm/channels.py)")
+    max_channels: PositiveInt | None = Field(
+        None, description="NCCL_MAX_NCHANNELS: the most channels a communicator's collectives run on; "
+                          "default NCCL's MAXCHANNELS (32)")
+    net_peer_channels: PositiveInt | None = Field(
+        None, description="NCCL_NCHANNELS_PER_NET_PEER: channels one peer across the network gets; default "
+                          "NCCL's rule of the platform's release (simgpu/comm/channels.py)")
     net_channel_gbytes_per_s: PositiveFloat | None = Field(
         None, description="the most one channel moves to one peer across the network, per direction, GB/s (NCCL "
                           "gives a network peer two channels on a small communicator and one on a large one, "
@@ -299,6 +341,13 @@ class CollectiveSpec(Spec):
         if unknown:
             raise ValueError(f"enabled_protocols names {', '.join(unknown)}, not among protocols "
                              f"({', '.join(self.protocols)})")
+        for key in ("min_channels", "max_channels"):
+            value = getattr(self, key)
+            if value is not None and value > 32:
+                raise ValueError(f"{key} is {value}; expected at most 32 (NCCL's MAXCHANNELS)")
+        if self.min_channels and self.max_channels and self.min_channels > self.max_channels:
+            raise ValueError(f"min_channels ({self.min_channels}) is above max_channels ({self.max_channels}); "
+                             "expected min_channels <= max_channels")
         return self
 
     def usable_protocols(self) -> list[str]:

@@ -355,9 +355,12 @@ class Inference(Spec):
                             "write and SwiGLU as kernels of their own) or tensorrt_llm (also RoPE and the KV-cache "
                             "write into attention, SwiGLU and the fp8 / fp4 quantisation of activations into the "
                             "GEMMs' epilogues)")
-    prefill_overhead_us: Annotated[float, Field(ge=0)] = Field(
-        0.0, description="further CPU time of an iteration that prefills (building the prompts' attention "
-                         "metadata and masks), us")
+    request_overhead_us: Annotated[float, Field(ge=0)] = Field(
+        0.0, description="further CPU time per iteration per request in its batch (the request's inputs, "
+                         "block table, sampling and detokenisation), us")
+    prefill_block_overhead_us: Annotated[float, Field(ge=0)] = Field(
+        0.0, description="further CPU time per block of an iteration that prefills (the prompts' attention "
+                         "metadata and bias built at every layer), us; the GPUs work through queued kernels meanwhile")
     cuda_graphs: bool = Field(
         False, description="decode-only iterations replay a captured CUDA graph: one launch for all their ops")
 
@@ -430,6 +433,26 @@ class Training(Spec):
         if self.global_batch is not None and self.grad_accumulation is not None:
             raise ValueError("give global_batch or grad_accumulation, not both")
         return self
+
+
+class UserbufferSMs(Spec):
+    """SMs the communication kernel of each Transformer Engine userbuffers overlap takes beside its GEMM
+    (the ub config's ``num_sm`` per layer). Defaults: Transformer Engine's ``initialize_ub``, 16 for
+    "bulk" and "pipeline" (transformer_engine/pytorch/module/base.py). NeMo's GPT-3 175B bf16 config
+    (nemo/collections/llm/recipes/tp_overlap_configs/userbuffers.py,
+    ``userbuffers_bf16_h100_h12288_tp4_mbs1_seqlen2048``): qkv_dgrad 4, qkv_wgrad 4, fc1_dgrad 2,
+    fc1_wgrad 4, proj_fprop 24 (fc2_fprop is a ring exchange there, not modelled: pipeline here)."""
+
+    qkv_dgrad: PositiveInt = Field(16, description="bulk: the input's all-gather beside the qkv dgrad GEMM")
+    qkv_wgrad: PositiveInt = Field(16, description="bulk: the input gradient's reduce-scatter beside the qkv wgrad "
+                                                   "GEMM")
+    fc1_dgrad: PositiveInt = Field(16, description="bulk: the input's all-gather beside the fc1 dgrad GEMM")
+    fc1_wgrad: PositiveInt = Field(16, description="bulk: the input gradient's reduce-scatter beside the fc1 wgrad "
+                                                   "GEMM")
+    proj_fprop: PositiveInt = Field(16, description="pipeline: each chunk's reduce-scatter beside the next proj "
+                                                    "GEMM chunk")
+    fc2_fprop: PositiveInt = Field(16, description="pipeline: each chunk's reduce-scatter beside the next fc2 GEMM "
+                                                   "chunk")
 
 
 class Parallelism(Spec):
@@ -513,6 +536,11 @@ class Parallelism(Spec):
                            "off; NeMo's GPT and LLaMA recipes turn it on): the forward all-gather as a ring exchange "
                            "with a GEMM chunk per step, the reduce-scatter after GEMM chunks; needs sp and tp > 1")
 
+    tp_comm_overlap_sms: UserbufferSMs = Field(
+        default_factory=lambda: UserbufferSMs(),
+        description="under tp_comm_overlap, the SMs each overlap's communication kernel takes beside its GEMM, per "
+                    "layer (the ub config's num_sm; Transformer Engine's defaults, 16)")
+
     sharding: EmbeddingSharding = Field(default_factory=lambda: EmbeddingSharding(),
                                         description="embedding sharding plan (DLRM)")
 
@@ -543,6 +571,9 @@ class Parallelism(Spec):
             raise ValueError(f"fsdp is ZeRO stage 3; it contradicts zero: {self.zero}; expected zero: 3 or no fsdp")
         if self.gradient_as_bucket_view and self.zero_stage != 0:
             raise ValueError(f"gradient_as_bucket_view is PyTorch DDP's; expected zero: 0, got zero: {self.zero_stage}")
+        if "tp_comm_overlap_sms" in self.model_fields_set and not self.tp_comm_overlap:
+            raise ValueError("tp_comm_overlap_sms are the SMs of userbuffers' overlaps; expected tp_comm_overlap: "
+                             "true")
         fsdp_keys = [k for k in ("forward_prefetch", "backward_prefetch", "limit_all_gathers", "reshard_after_forward")
                      if k in self.model_fields_set]
         if fsdp_keys and self.zero_stage != 3:
@@ -564,12 +595,17 @@ class Comm(Spec):
     protocol: Literal["auto", "ll", "ll128", "simple"] = Field(
         "auto", description="NCCL protocol; auto picks per collective")
     bucket_mib: Annotated[float, Field(gt=0)] = Field(
-        25.0, description="gradient bucket size of data-parallel all-reduce, MiB (PyTorch DDP bucket_cap_mb, "
-                          "default 25); buckets are filled in the order backward readies the gradients, the "
-                          "reverse of the parameters' order, as DDP's rebuilt buckets after the first iteration")
+        25.0, description="gradient bucket size of data-parallel reductions, MiB of fp32 gradients (PyTorch DDP "
+                          "bucket_cap_mb, default 25); buckets are filled in the order backward readies the "
+                          "gradients, the reverse of the parameters' order, as DDP's rebuilt buckets after the first "
+                          "iteration. Under training.framework: megatron, when not given, Megatron-core's "
+                          "DistributedDataParallelConfig.bucket_size default: max(40,000,000, 1,000,000 x dp) "
+                          "parameters (megatron/core/distributed/distributed_data_parallel.py); given, that many "
+                          "MiB (its --ddp-bucket-size in parameters of 4 bytes)")
     first_bucket_mib: Annotated[float, Field(gt=0)] = Field(
         1.0, description="size of the first gradient bucket, MiB, so that the first all-reduce starts early "
-                         "(PyTorch DDP's torch.distributed._DEFAULT_FIRST_BUCKET_BYTES, 1 MiB)")
+                         "(PyTorch DDP's torch.distributed._DEFAULT_FIRST_BUCKET_BYTES, 1 MiB); PyTorch DDP's "
+                         "only: Megatron's buckets are all of one size")
 
 
 class WorkloadSpec(Spec):
@@ -604,6 +640,9 @@ class WorkloadSpec(Spec):
             raise ValueError(f"training: missing required key (a {self.model.kind} model is trained); expected "
                              "training: {...}")
         framework = self.training.framework if self.training is not None else "pytorch"
+        if framework == "megatron" and "first_bucket_mib" in self.comm.model_fields_set:
+            raise ValueError("comm.first_bucket_mib is PyTorch DDP's small first bucket; Megatron's buckets are all "
+                             "comm.bucket_mib; expected no first_bucket_mib under training.framework: megatron")
         if self.parallelism.gradient_as_bucket_view and (self.model.kind != "transformer" or framework != "pytorch"):
             raise ValueError("parallelism.gradient_as_bucket_view is PyTorch DDP's for a transformer; expected "
                              "model.kind: transformer and training.framework: pytorch")

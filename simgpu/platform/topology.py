@@ -49,9 +49,10 @@ class EdgeInfo:
 _LOOKUP_KEYS = 1 << 24
 
 
-def key_members(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def key_members(key: np.ndarray, members: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The distinct values of the non-negative ints ``key`` in increasing order, one position holding
-    each (a member, not necessarily the first), and each position's index among the values."""
+    each (a member, not necessarily the first; empty unless ``members``), and each position's index
+    among the values (32-bit where the values are fewer than 2**31)."""
     if len(key) == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     bound = int(key.max()) + 1
@@ -61,10 +62,97 @@ def key_members(key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     present = np.zeros(bound, dtype=bool)
     present[key] = True
     values = np.flatnonzero(present)
-    inverse = (np.cumsum(present) - 1)[key]
-    member = np.empty(len(values), dtype=np.int64)
-    member[inverse] = np.arange(len(key))
+    number: np.ndarray = np.cumsum(present, dtype=np.int32 if len(values) < 2**31 else np.int64)
+    inverse = number[key] - 1
+    member = np.empty(len(values) if members else 0, dtype=np.int64)
+    if members:
+        member[inverse] = np.arange(len(key))
     return values, member, inverse
+
+
+def first_positions(inverse: np.ndarray, k: int) -> np.ndarray:
+    """The first position of each of the values ``0..k-1`` in ``inverse`` (each present): read in
+    chunks that double, so values that all show up early cost a few reads, not a sort."""
+    first = np.full(k, -1, dtype=np.int64)
+    lo, step, left = 0, 1024, k
+    while left and lo < len(inverse):
+        if step > len(inverse) // 8:  # the rest at once
+            rest = np.full(k, len(inverse), dtype=np.int64)
+            np.minimum.at(rest, inverse[lo:], np.arange(lo, len(inverse)))
+            first = np.where(first < 0, rest, first)
+            break
+        values, at = np.unique(inverse[lo:lo + step], return_index=True)
+        new = first[values] < 0
+        first[values[new]] = lo + at[new]
+        left -= int(np.count_nonzero(new))
+        lo, step = lo + step, step * 2
+    return first
+
+
+class RouteParts:
+    """The routes of many pairs in three parts, each part a row of a small table: the source node's
+    links (``pre``, as offsets in a node's block of ``lpn`` link ids, shifted by ``na * lpn``), the
+    fabric between the switches (``fab``, link ids) and the destination node's links (``post``,
+    offsets shifted by ``nb * lpn``); rows padded with -1. Pair p's route is
+    ``pre[tpart[p]] + na[p] * lpn``, then ``fab[fpart[p]]``, then ``post[tpart[p]] + nb[p] * lpn``
+    (each without its padding). Per pair this is four numbers, not a row of links."""
+
+    __slots__ = ("_lens", "fab", "fpart", "lpn", "na", "nb", "nodes", "post", "pre", "tpart")
+
+    def __init__(self, pre: np.ndarray, fab: np.ndarray, post: np.ndarray, tpart: np.ndarray, fpart: np.ndarray,
+                 na: np.ndarray, nb: np.ndarray, lpn: int, nodes: int) -> None:
+        self.pre, self.fab, self.post, self.tpart, self.fpart = pre, fab, post, tpart, fpart
+        self.na, self.nb, self.lpn, self.nodes = na, nb, lpn, nodes
+        self._lens: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.tpart)
+
+    @property
+    def shape(self) -> np.ndarray:
+        """A number per pair shared by the pairs whose routes are the same up to their end nodes."""
+        return self.tpart.astype(np.int64) * len(self.fab) + self.fpart
+
+    def lens(self) -> np.ndarray:
+        """The number of links of each pair's route."""
+        if self._lens is None:
+            per_t = (self.pre >= 0).sum(axis=1) + (self.post >= 0).sum(axis=1)
+            self._lens = per_t[self.tpart] + (self.fab >= 0).sum(axis=1)[self.fpart]
+        return self._lens
+
+    def rows(self, pairs: np.ndarray | None = None) -> np.ndarray:
+        """The routes of ``pairs`` (all by default) as rows of link ids padded with -1 between and
+        after the parts (``rows[rows >= 0]`` lists them route after route)."""
+        tp, fp, na, nb = self.tpart, self.fpart, self.na, self.nb
+        if pairs is not None:
+            tp, fp, na, nb = tp[pairs], fp[pairs], na[pairs], nb[pairs]
+        lpn = self.lpn
+        kind = np.int32 if self.nodes * lpn + len(self.fab) * self.fab.shape[1] < 2**31 else np.int64
+        wp, wf = self.pre.shape[1], self.fab.shape[1]
+        table = np.empty((len(tp), wp + wf + self.post.shape[1]), dtype=kind)
+        head, tail = table[:, :wp], table[:, wp + wf:]
+        head[:] = self.pre[tp]
+        np.add(head, (na.astype(np.int64) * lpn).astype(kind)[:, None], out=head, where=head >= 0)
+        table[:, wp:wp + wf] = self.fab[fp]
+        tail[:] = self.post[tp]
+        np.add(tail, (nb.astype(np.int64) * lpn).astype(kind)[:, None], out=tail, where=tail >= 0)
+        return table
+
+    def shape_rows(self, shapes: np.ndarray) -> np.ndarray:
+        """One route of each of ``shapes`` (numbers of :attr:`shape`) as :meth:`rows` gives them:
+        from node 0 to node 1 (to node 0 where there is one node); a shape's other routes are
+        these links at the same places of other nodes' blocks."""
+        t, f = np.divmod(np.asarray(shapes, dtype=np.int64), len(self.fab))
+        parts = RouteParts(self.pre, self.fab, self.post, t, f, np.zeros_like(t),
+                           np.full_like(t, min(1, self.nodes - 1)), self.lpn, self.nodes)
+        return parts.rows()
+
+    def route(self, p: int) -> tuple[int, ...]:
+        """Pair ``p``'s route."""
+        t, f = int(self.tpart[p]), int(self.fpart[p])
+        a, b = int(self.na[p]) * self.lpn, int(self.nb[p]) * self.lpn
+        pre, fab, post = self.pre[t], self.fab[f], self.post[t]
+        return tuple((pre[pre >= 0] + a).tolist() + fab[fab >= 0].tolist() + (post[post >= 0] + b).tolist())
 
 
 class Topology:
@@ -430,50 +518,69 @@ class Topology:
         pair shared by the pairs whose routes are the same up to the nodes they start and end on.
 
         Row p holds :meth:`route` ``(src[p], dst[p])``'s link ids in order, padded with -1 between
-        and after them (``table[table >= 0]`` lists every route's links, route after route). A route
-        is its source node's links, the fabric between the switches and its destination node's
-        links; every node's links sit at the same offsets of its block of ids, so the node parts are
-        the route of one representative pair of the same local GPUs shifted to the pair's nodes,
-        and the fabric is computed once per pair of switches it depends on."""
-        src = np.asarray(src, dtype=np.int64)
-        dst = np.asarray(dst, dtype=np.int64)
-        m = len(src)
-        if m == 0:
+        and after them (``table[table >= 0]`` lists every route's links, route after route); the
+        rows of :meth:`route_parts`."""
+        if len(src) == 0:
             return np.full((0, 1), -1, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        parts = self.route_parts(src, dst)
+        return parts.rows(), parts.shape
+
+    def route_parts(self, src: np.ndarray, dst: np.ndarray) -> RouteParts:
+        """The routes of the pairs ``src[p] -> dst[p]`` (distinct GPUs) as :class:`RouteParts`.
+
+        A route is its source node's links, the fabric between the switches and its destination
+        node's links; every node's links sit at the same offsets of its block of ids, so the node
+        parts are the route of one representative pair of the same local GPUs shifted to the pair's
+        nodes, and the fabric is computed once per pair of switches it depends on."""
+        idx = np.int32 if self.world < 2**31 else np.int64
+        src, dst = np.asarray(src).astype(idx, copy=False), np.asarray(dst).astype(idx, copy=False)
         w, gpn, lpn = self.world, self.gpus_per_node, self.links_per_node
-        if np.any((src < 0) | (src >= w) | (dst < 0) | (dst >= w)) or np.any(src == dst):
+        if len(src) and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= w or np.any(src == dst)):
             raise ValueError(f"route_table needs distinct GPUs of this {w}-GPU topology")
-        na, ga = np.divmod(src, gpn)
-        nb, gb = np.divmod(dst, gpn)
+        # per GPU, then read per pair: its node, local index and NIC
+        gpu = np.arange(w, dtype=np.int64)
+        node_of, local_of = (x.astype(idx) for x in np.divmod(gpu, gpn))
+        na, nb = node_of[src], node_of[dst]
         inter = na != nb
         # the node parts, by (local GPUs, whether the pair leaves the node)
-        tkey = (inter * gpn + ga) * gpn + gb
+        tkey = (local_of * gpn)[src]
+        tkey += local_of[dst]
+        tkey += inter.astype(idx) * (gpn * gpn)
         tkeys, tfirst, tpair = key_members(tkey)
+        del tkey
         pres, posts = [], []
         for k, p in zip(tkeys.tolist(), tfirst.tolist(), strict=True):
-            leaves, g_a, g_b = k >= gpn * gpn, int(ga[p]), int(gb[p])
+            leaves, g_a, g_b = k >= gpn * gpn, int(src[p]) % gpn, int(dst[p]) % gpn
             r = np.array(self._route(g_a, (gpn if leaves else 0) + g_b), dtype=np.int64)
             pres.append(r[r < lpn])
             posts.append(r[(r >= lpn) & (r < 2 * lpn)] - lpn)
         # the fabric, by what it depends on: the two switches (and on a dragonfly the end nodes)
         nv = self.platform.node.nvlink
-        nic = np.array(self._nic_of, dtype=np.int64)
-        ka, kb = nic[ga], nic[gb]
-        if nv is not None and nv.kind == "nvswitch":  # PXN: leaves through the destination rail's NIC
-            ka = np.where(ka != kb, kb, ka)
+        nic_of = np.array(self._nic_of, dtype=np.int64)[local_of.astype(np.int64)].astype(idx)
+        kb = nic_of[dst]
+        # PXN (NVSwitch nodes): a pair leaves through the destination rail's NIC
+        ka = kb if nv is not None and nv.kind == "nvswitch" else nic_of[src]
         net = self.platform.network
         if net.topology == "dragonfly":
             assert net.dragonfly is not None
-            ports = self.nodes // net.dragonfly.nodes_per_switch + 1
-            fkey = ((na // net.dragonfly.nodes_per_switch) * ports + nb // net.dragonfly.nodes_per_switch) \
-                * net.dragonfly.global_links_per_group_pair + (na + nb) % net.dragonfly.global_links_per_group_pair
+            d = net.dragonfly
+            ports = self.nodes // d.nodes_per_switch + 1
+            na64, nb64 = na.astype(np.int64), nb.astype(np.int64)
+            fkey = ((na64 // d.nodes_per_switch) * ports + nb64 // d.nodes_per_switch) \
+                * d.global_links_per_group_pair + (na64 + nb64) % d.global_links_per_group_pair
         else:
             rail = net.topology == "rail_optimized"
             pods = self.nodes // net.nodes_per_leaf + 1
-            la = (na // net.nodes_per_leaf) * self.ports + (ka if rail else 0)
-            lb = (nb // net.nodes_per_leaf) * self.ports + (kb if rail else 0)
-            fkey = la * (pods * self.ports) + lb
-        fkey = np.where(inter, fkey + 1, 0)
+            span = pods * self.ports
+            wide = np.int64 if span * span + 1 >= 2**31 else idx
+            pod = ((node_of // net.nodes_per_leaf) * self.ports).astype(wide)
+            la = pod[src] + ka.astype(wide) if rail else pod[src]
+            lb = pod[dst] + kb.astype(wide) if rail else pod[dst]
+            fkey = la * span
+            fkey += lb
+            del la, lb
+        fkey += 1
+        fkey *= inter
         fkeys, ffirst, fpair = key_members(fkey)
         fabs = []
         for k, p in zip(fkeys.tolist(), ffirst.tolist(), strict=True):
@@ -485,19 +592,11 @@ class Topology:
                                  dtype=np.int64))
 
         def pad(parts: list[np.ndarray]) -> np.ndarray:
-            out = np.full((len(parts), max(1, max(map(len, parts)))), -1, dtype=np.int64)
+            out = np.full((len(parts), max(1, max(map(len, parts), default=0))), -1, dtype=np.int64)
             for i, part in enumerate(parts):
                 out[i, :len(part)] = part
             return out
 
-        pre, fab, post = pad(pres), pad(fabs), pad(posts)
-        kind = np.int32 if len(self.links) < 2**31 else np.int64  # half the memory of a million routes
-        wp, wf = pre.shape[1], fab.shape[1]
-        table = np.empty((m, wp + wf + post.shape[1]), dtype=kind)
-        head, tail = table[:, :wp], table[:, wp + wf:]
-        head[:] = pre[tpair]
-        np.add(head, (na * lpn).astype(kind)[:, None], out=head, where=head >= 0)
-        table[:, wp:wp + wf] = fab[fpair]
-        tail[:] = post[tpair]
-        np.add(tail, (nb * lpn).astype(kind)[:, None], out=tail, where=tail >= 0)
-        return table, tpair * len(fkeys) + fpair
+        small = np.int32 if max(self.nodes, len(tkeys), len(fkeys)) < 2**31 else np.int64  # per pair
+        tpart, fpart, na, nb = (x.astype(small, copy=False) for x in (tpair, fpair, na, nb))
+        return RouteParts(pad(pres), pad(fabs), pad(posts), tpart, fpart, na, nb, lpn, self.nodes)

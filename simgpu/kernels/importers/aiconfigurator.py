@@ -5,9 +5,10 @@ CUDA-event timings collected on the real GPU (``latency`` in milliseconds per ca
 reads one GPU's folder (``<gpu>/gemm/gemm_perf.parquet``, ``<gpu>/attention/*_attention_perf.parquet``)
 into the tables of :mod:`simgpu.kernels.store`:
 
-- ``gemm``: ``C[m, n] = A[m, k] B[k, n]`` in bf16 and fp8 (per-tensor scaled). Weight-only integer,
-  SmoothQuant and block-scaled fp8 (``fp8_block``) rows are other kernels than any simgpu builder
-  emits and are left out.
+- ``gemm``: ``C[m, n] = A[m, k] B[k, n]`` in bf16, fp8 (per-tensor scaled) and, where the GPU
+  has them (B200), NVFP4 (``nvfp4``: 4-bit values with an fp8 scale per 16, Blackwell's fp4 GEMM,
+  simgpu's ``fp4``). Weight-only integer, SmoothQuant and block-scaled fp8 (``fp8_block``) rows are
+  other kernels than any simgpu builder emits and are left out.
 - ``attention_fwd``: prefill (``context``: ``batch_size`` causal sequences of ``isl`` tokens,
   ``seq_q = seq_kv = isl``) and decode (``generation``: one new token per sequence over a KV cache of
   ``isl + step`` tokens, ``seq_q = 1``), with GQA (``kv_heads``), a sliding window (``window``,
@@ -41,6 +42,9 @@ from ..analytical import DTYPE_BYTES
 
 #: AIConfigurator's dtype names -> simgpu's; others are not imported.
 DTYPES: Final = {"bfloat16": "bf16", "float16": "fp16", "fp8": "fp8"}
+#: The GEMM table's dtypes: those of :data:`DTYPES` and NVFP4, which only GEMMs are read in (the MoE
+#: table's 4-bit rows, MXFP4 weights with MXFP8 activations, are kernels no builder emits).
+GEMM_DTYPES: Final = {**DTYPES, "nvfp4": "fp4"}
 FAMILIES: Final = ("gemm", "attention_fwd", "moe")
 #: AIConfigurator's MoE kernel sources whose experts are not gated (the rest run SwiGLU experts).
 NONGATED: Final = ("moe_torch_flow_nongated",)
@@ -56,8 +60,8 @@ def _read(path: Path) -> pd.DataFrame:
 
 def read_gemm(folder: Path) -> pd.DataFrame:
     raw = _read(folder / "gemm" / "gemm_perf.parquet")
-    raw = raw[raw["gemm_dtype"].isin(DTYPES)]
-    t = pd.DataFrame({"family": "gemm", "op": "gemm", "dtype": raw["gemm_dtype"].map(DTYPES),
+    raw = raw[raw["gemm_dtype"].isin(GEMM_DTYPES)]
+    t = pd.DataFrame({"family": "gemm", "op": "gemm", "dtype": raw["gemm_dtype"].map(GEMM_DTYPES),
                       "m": raw["m"].astype(float), "n": raw["n"].astype(float), "k": raw["k"].astype(float),
                       "median_s": raw["latency"].astype(float) * 1e-3})
     return t

@@ -70,7 +70,8 @@ def deployment(spec: WorkloadSpec, world: World) -> Deployment:
     host = inf.host_overhead_us
     serving = Serving(attn_dtype=attn, kv_dtype=kv, kv_bytes=SERVE_BYTES[kv],
                       host_s=None if host is None else host * 1e-6, iteration_s=inf.iteration_overhead_us * 1e-6,
-                      prefill_s=inf.prefill_overhead_us * 1e-6, fused=inf.framework == "tensorrt_llm",
+                      request_s=inf.request_overhead_us * 1e-6, prefill_s=inf.prefill_block_overhead_us * 1e-6,
+                      fused=inf.framework == "tensorrt_llm",
                       cuda_graphs=inf.cuda_graphs)
     gib = world.gpu_memory_gib if world.gpu_memory_gib is not None else 80.0
     mem = replica_memory(setup, kv_width=SERVE_BYTES[kv], max_tokens=inf.max_batch_tokens,

@@ -5,11 +5,13 @@ input copy (token ids, positions, block tables), the vocabulary-parallel embeddi
 norm, QKV, RoPE, the write of the new K/V into the paged cache, paged attention (a causal prefill
 kernel over the prompts, one over chunked prompts' cached keys, a decode kernel over the decoding
 requests' caches: :mod:`~simgpu.workload.inference.shape`), the output projection and its
-tensor-parallel all-reduce, the MLP or MoE; residual adds are fused into the norm that follows
-them, and ``framework: tensorrt_llm`` fuses RoPE and the cache write into attention, SwiGLU and the
-quantisation of activations into the GEMMs (Megatron's all-to-all dispatcher, as in training), and
-on the last stage the final norm, the output layer over one row per request, the logits gathered
-over tp and the sampler, which the host waits for. Between stages the activations are sent on.
+tensor-parallel all-reduce, the MLP or MoE (Megatron's all-to-all dispatcher, as in training);
+residual adds are fused into the RMSNorm that follows them (a LayerNorm model adds them, and a
+model with biases its row-parallel biases, in kernels of their own after each all-reduce, as vLLM's
+BLOOM and GPT do), and ``framework: tensorrt_llm`` fuses RoPE and the cache write into attention,
+SwiGLU and the quantisation of activations into the GEMMs; on the last stage the final norm, the
+output layer over one row per request, the logits gathered over tp and the sampler, which the host
+waits for. Between stages the activations are sent on.
 
 The modules are the Transformer builder's (:class:`~simgpu.workload.transformer.blocks.Blocks`
 primitives and :func:`~simgpu.workload.transformer.moe.moe_fwd`, shapes from
@@ -47,7 +49,8 @@ class Serving:
     kv_bytes: float
     host_s: float | None            # per launched op (None: the platform's launch cost)
     iteration_s: float              # host work per iteration outside the ops
-    prefill_s: float                # further host work of an iteration that prefills
+    request_s: float                # further host work per iteration per request in the batch
+    prefill_s: float                # further host work per block of an iteration that prefills
     fused: bool                     # TensorRT-LLM's fusions (see Inference.framework)
     cuda_graphs: bool
 
@@ -81,7 +84,7 @@ class StageForward:
         s, em, bl, sh = self.s, self.em, self.bl, self.shape
         lay = s.layout
         first, last = self.stage == 0, self.stage == lay.pp - 1
-        host = self.sv.iteration_s + (self.sv.prefill_s if sh.prefill else 0.0)
+        host = self.sv.iteration_s + self.sv.request_s * (sh.prefill + sh.decode)
         if first and host > 0:
             self.host[em.program.add(Op("iteration.schedule", "host", "host", stream="compute", phase="fwd",
                                         cpu_s=host))] = host
@@ -127,6 +130,11 @@ class StageForward:
                              seq_q=sq, seq_kv=skv, causal=causal, heads=bl.heads, head_dim=bl.d, kv_heads=bl.kv,
                              kv_bytes=sv.kv_bytes)
 
+        if sh.prefill and sv.prefill_s > 0:
+            # the host prepares the prompts' attention (metadata, bias) at every block; the GPU
+            # works through what is already queued meanwhile
+            self.host[em.program.add(Op(f"{n}.attention.prefill_host", "host", "host", stream="compute",
+                                        phase="fwd", cpu_s=sv.prefill_s))] = sv.prefill_s
         if sh.prefill:
             last = paged("prefill", sh.prefill, sh.prefill_len, sh.prefill_len, 1)
         if sh.chunked:
@@ -148,7 +156,8 @@ class StageForward:
         self.attention(n)
         out = bl.lin_fwd(blk.proj, "fwd", quantize_input=not fused)
         red = bl.tp_comm("ar", blk.proj.name, "fwd", deps=(out,))
-        bl.norm(f"{n}.ln2", False, "fwd", deps=() if red is None else (red,))
+        red = self.unfused_epilogue(blk.proj.name, out if red is None else red)
+        bl.norm(f"{n}.ln2", False, "fwd", deps=(red,))
         if blk.experts is not None:
             out = moe_fwd(bl, blk.experts, "fwd", "")
             name = f"{n}.moe"
@@ -160,7 +169,21 @@ class StageForward:
             out = bl.lin_fwd(blk.fc2, "fwd", quantize_input=not fused)
             name = blk.fc2.name
         red = bl.tp_comm("ar", name, "fwd", deps=(out,))
-        return out if red is None else red
+        return self.unfused_epilogue(name, out if red is None else red)
+
+    def unfused_epilogue(self, name: str, dep: int) -> int:
+        """What vLLM runs after a row-parallel linear's all-reduce as kernels of their own: the bias
+        add (``RowParallelLinear`` adds its bias to the reduced output) and, where the norm is a
+        LayerNorm (no fused residual norm), the residual add. TensorRT-LLM fuses both."""
+        s, bl = self.s, self.bl
+        if self.sv.fused:
+            return dep
+        numel = s.tokens * s.model.hidden
+        if s.model.has_bias:
+            dep = bl.ew(f"{name}.bias", numel, 1, 1, "fwd", deps=(dep,), op="add")
+        if s.model.norm_kind != "rmsnorm":
+            dep = bl.ew(f"{name}.residual", numel, 2, 1, "fwd", deps=(dep,), op="add")
+        return dep
 
     def head(self) -> int:
         """Final norm, the output layer over the last token of each request, the logits gathered

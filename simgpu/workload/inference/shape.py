@@ -2,7 +2,8 @@
 
 A :class:`~simgpu.workload.inference.api.Step` lists every request; its kernels see only totals:
 the GEMMs the tokens of the batch (``tokens``), the output layer and the sampler one row per request
-(``rows``), both padded to a multiple of :data:`ROW_ALIGN`, and attention three kernels of paged
+(``rows``), both padded to a multiple of :data:`ROW_ALIGN` (of :data:`TILE_ROWS` above
+:data:`EXACT_BELOW`), and attention three kernels of paged
 attention over the KV cache, as the kernel models are measured (AIConfigurator's context and generation attention):
 
 - the prompts' causal attention over their own new tokens: ``prefill`` sequences of ``prefill_len``
@@ -32,10 +33,17 @@ EXACT_BELOW = 256
 GRID_PER_OCTAVE = 32
 #: The batch's rows (tokens, and requests for the output layer) are padded to a multiple of 32, 16
 #: bytes of fp4 (32 bytes of fp8), as TensorRT-LLM and vLLM pad their GEMMs' row counts: the kernel
-#: models time a misaligned row count far slower, which no engine pays (an H100 fp8 GEMM of
-#: 1,800 x 14,336 x 8,192 at 445 us against 231 us for 1,808 rows; bf16 at 197 rows 30% slower
+#: models time a misaligned row count far slower, which no engine pays (bf16 at 197 rows 30% slower
 #: than at 196 or 200). At decode sizes the padding costs nothing (the weights' bytes set the time).
 ROW_ALIGN = 32
+#: Above :data:`EXACT_BELOW` rows a GEMM runs in tiles of 128 rows (the CTA tile of Hopper's and
+#: Ampere's large GEMM kernels), so its time is that of its rows rounded up to whole tiles: the rows
+#: are padded to a multiple of this. It also keeps the kernel models on the row counts they were
+#: measured at (AIConfigurator's GEMM tables: multiples of 256 and one more): between them the
+#: H100 fp8 GEMM model times 1,568-2,016 rows of 14,336 x 8,192 at 1.72-1.89 PFLOP/s, 87-95% of the
+#: dense peak, against 1.24-1.32 at the multiples of 128 and the 1.0-1.2 the table measures at
+#: such shapes (8,192 x 7,168: 1,197 TFLOP/s at 1,792 rows).
+TILE_ROWS = 128
 
 
 def bucket(n: float) -> int:
@@ -79,8 +87,10 @@ class Shape:
 
 
 def pad(n: int) -> int:
-    """``n`` rows padded to a multiple of :data:`ROW_ALIGN`."""
-    return -(-n // ROW_ALIGN) * ROW_ALIGN
+    """``n`` rows padded to a multiple of :data:`ROW_ALIGN`, above :data:`EXACT_BELOW` of
+    :data:`TILE_ROWS`."""
+    align = TILE_ROWS if n > EXACT_BELOW else ROW_ALIGN
+    return -(-n // align) * align
 
 
 def shape_of(step: Step, *, exact: bool = False) -> Shape:

@@ -66,7 +66,8 @@ class EngineTimer:
         self.topo = Topology(p, max(g // gpn, 1), min(g, gpn))
         self.planner = Planner(self.topo, p.collectives, w.comm.algorithm, w.comm.protocol)
         self.options = EngineOptions(launch_s=p.host.launch_us * 1e-6, cpu_threads_per_node=p.host.cpu_threads,
-                                     overlap_slowdown=p.gpu.overlap_slowdown)
+                                     overlap_slowdown=p.gpu.overlap_slowdown, sms=p.gpu.sms,
+                                     overlap_slowdown_by_op=tuple(sorted(p.gpu.overlap_slowdown_by_op.items())))
         self.predictor = make_predictor(kernel_model, p)
         self.kernels = KernelTable()
         self._durations = np.zeros(0)

@@ -36,11 +36,13 @@ _TP_OPS: dict[str, CollectiveOp] = {"ar": "all_reduce", "rs": "reduce_scatter", 
 
 #: Transformer Engine's userbuffers defaults (``initialize_ub`` in transformer_engine/pytorch/module/
 #: base.py): the GEMM before a reduce-scatter (proj_fprop, fc2_fprop) runs "pipeline", in this many
-#: chunks, each chunk's reduce-scatter kernel on UB_PIPELINE_SMS SMs; the all-gathers before
-#: qkv_fprop / fc1_fprop and proj_dgrad / fc2_dgrad run "ring_exchange", a GEMM chunk per tp step,
-#: with the copy engines moving the shards (no SMs taken).
+#: chunks, each chunk's reduce-scatter kernel on the ub config's num_sm SMs (16 by default,
+#: ``parallelism.tp_comm_overlap_sms``); the all-gathers before qkv_fprop / fc1_fprop and proj_dgrad
+#: / fc2_dgrad run "ring_exchange", a GEMM chunk per tp step, with the copy engines moving the
+#: shards (no SMs taken); the backward of qkv and fc1 runs "bulk": the input's all-gather beside the
+#: dgrad GEMM (qkv_dgrad, fc1_dgrad) and the input gradient's reduce-scatter beside the wgrad GEMM
+#: (qkv_wgrad, fc1_wgrad), each communication kernel on its num_sm SMs.
 UB_SPLITS = 4
-UB_PIPELINE_SMS = 16
 
 
 def _split(n: int, parts: int) -> list[int]:
@@ -88,6 +90,14 @@ class Blocks:
             deps = (*deps, *self.waits(name))
         return self.em.kernel(f"{name}.{'bwd' if bwd else 'fwd'}{tag}", "norm", self.aux, phase=phase, deps=deps,
                               rows=self.s.rows, cols=self.h, bwd=int(bwd))
+
+    def ub_sms(self, lin: Linear, method: str) -> int:
+        """SMs userbuffers' communication beside ``lin``'s GEMM takes under tp_comm_overlap (0 without it):
+        the ub config's num_sm of the layer, e.g. ``qkv_wgrad`` for the qkv linear's ``wgrad``."""
+        if not self.s.tp_overlap:
+            return 0
+        layer = lin.name.rsplit(".", 1)[-1]
+        return dict(self.s.ub_sms)[f"{layer}_{method}"]
 
     def tp_comm(self, what: str, name: str, phase: str, deps: Iterable[int] = (), nbytes: int | None = None
                 ) -> int | None:
@@ -152,7 +162,7 @@ class Blocks:
         sequence parallelism, all-reduce otherwise); returns the reduction (None where tp is 1).
         Under tp_comm_overlap, Transformer Engine's pipelined overlap: the GEMM in :data:`UB_SPLITS`
         chunks, each chunk's reduce-scatter beside the next chunk, which runs on the SMs the
-        reduce-scatter leaves (:data:`UB_PIPELINE_SMS` taken)."""
+        reduce-scatter leaves (its num_sm taken, :meth:`ub_sms`)."""
         s = self.s
         if not s.tp_overlap:
             out = self.lin_fwd(lin, phase, tag, quantize_input=quantize_input)
@@ -161,7 +171,7 @@ class Blocks:
         full = s.tokens * self.h * self.w
         for j, rows in enumerate(_split(s.tokens, UB_SPLITS)):
             g = self.lin_fwd(lin, phase, tag, rows=rows, quantize_input=quantize_input, weight_ready=j > 0,
-                             sm_taken=UB_PIPELINE_SMS if j > 0 else 0)
+                             sm_taken=self.ub_sms(lin, "fprop") if j > 0 else 0)
             red = self.tp_comm("rs", f"{name}{tag}.chunk{j}", phase, deps=(g,), nbytes=full * rows // s.tokens)
         return red
 
@@ -198,7 +208,8 @@ class Blocks:
             recvs.append(held)
         return recvs
 
-    def lin_dgrad(self, lin: Linear, phase: str, deps: Iterable[int] = (), rows: int | None = None) -> int:
+    def lin_dgrad(self, lin: Linear, phase: str, deps: Iterable[int] = (), rows: int | None = None,
+                  sm_taken: int = 0) -> int:
         """Input gradient; under FP8 the output gradient is first cast and transposed (for the wgrad too)."""
         t = self.s.tokens if rows is None else rows
         fp8 = self.fp8(lin)
@@ -206,16 +217,19 @@ class Blocks:
             self.em.elementwise(f"{lin.name}.grad_cast_transpose", t * lin.outputs, 1, 1, self.aux, op="quantize",
                                 phase=phase, deps=deps)
             deps = ()
-        return self.em.kernel(f"{lin.name}.dgrad", "gemm", self.prec if fp8 else self.aux_gemm, phase=phase,
-                              deps=deps, m=t, n=lin.inputs, k=lin.outputs)
+        idx = self.em.kernel(f"{lin.name}.dgrad", "gemm", self.prec if fp8 else self.aux_gemm, phase=phase,
+                             deps=deps, m=t, n=lin.inputs, k=lin.outputs)
+        self.em.program.ops[idx].sm_taken = sm_taken
+        return idx
 
     def lin_wgrad(self, lin: Linear, phase: str, sink: GradSink | None, deps: Iterable[int] = (),
-                  rows: int | None = None) -> int:
+                  rows: int | None = None, sm_taken: int = 0) -> int:
         """Weight gradient, bias gradient (a reduction over the rows) and, under autocast, the cast of
         the gradients to fp32; the parameters are ready at the last of them."""
         t = self.s.tokens if rows is None else rows
         last = self.em.kernel(f"{lin.name}.wgrad", "gemm", self.prec if self.fp8(lin) else self.aux_gemm,
                               phase=phase, deps=deps, m=lin.outputs, n=lin.inputs, k=t)
+        self.em.program.ops[last].sm_taken = sm_taken
         if lin.bias:
             last = self.ew(f"{lin.name}.bias_grad", t * lin.outputs, 1, 0, phase, op="sum_rows")
         if self.s.cast:
@@ -228,11 +242,13 @@ class Blocks:
                    ) -> int | None:
         """Backward of a column-parallel linear: the input gradient is reduced over tp while the weight
         gradient runs (under sequence parallelism the wgrad needs the input all-gathered again).
-        Returns the reduction (None where tp is 1), which the next op must wait for."""
+        Returns the reduction (None where tp is 1), which the next op must wait for. Under
+        tp_comm_overlap, userbuffers' bulk overlaps: the dgrad and wgrad GEMMs run beside the
+        all-gather and the reduce-scatter on the SMs their kernels leave (:meth:`ub_sms`)."""
         ag = self.tp_comm("ag", f"{name}.input", phase, deps=(self.em.last,)) if self.s.sp else None
-        dgrad = self.lin_dgrad(lin, phase, deps=deps)
+        dgrad = self.lin_dgrad(lin, phase, deps=deps, sm_taken=self.ub_sms(lin, "dgrad"))
         red = self.tp_comm("rs" if self.s.sp else "ar", f"{name}.dgrad", phase, deps=(dgrad,))
-        self.lin_wgrad(lin, phase, sink, deps=_d(ag))
+        self.lin_wgrad(lin, phase, sink, deps=_d(ag), sm_taken=self.ub_sms(lin, "wgrad"))
         return red
 
     def residual(self, name: str, phase: str, deps: Iterable[int] = ()) -> int:

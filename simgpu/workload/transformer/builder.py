@@ -21,6 +21,7 @@ under DDP: one micro-batch forward, backward with bucketed all-reduces, a fused 
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from ...config.workload import WorkloadSpec
@@ -31,7 +32,7 @@ from ..parallel import Coord, Layout
 from ..registry import World, register
 from ..stage import Pair, StageEmitter, retarget
 from .blocks import Blocks
-from .fsdp import Gatherer, Pass
+from .fsdp import Gatherer, Pass, UnitReducer
 from .memory import stage_memory, weight_bytes
 from .pipeline import Batch, Step, plan
 from .shapes import (
@@ -73,9 +74,13 @@ class _Stage:
         self.reductions: list[int] = []
         steps = [x for x in plan(s.schedule, lay.pp, s.m, s.v, stage) if isinstance(x, Step)]
         final = [self.chunks[x.chunk] for x in steps if x.kind == "B" and x.mb == s.m - 1]
-        self.dense_order = [p for g in final for p in self._chunk_params(g)]
-        self.expert_order = [p for g in final for b in reversed(self.blocks[g]) if b.experts
-                             for p in b.experts.params]
+        dense_chunks = [(g, self._chunk_params(g)) for g in final]
+        expert_chunks = [(g, [p for b in reversed(self.blocks[g]) if b.experts for p in b.experts.params])
+                         for g in final]
+        self.dense_order = [p for _, ps in dense_chunks for p in ps]
+        self.expert_order = [p for _, ps in expert_chunks for p in ps]
+        #: the gradient (and, under the distributed optimizer, parameter) buckets per process group
+        self.buckets = {"dp_cp": self._buckets(dense_chunks), "edp_cp": self._buckets(expert_chunks)}
         self.dense: Reducer | None = None
         self.expert: Reducer | None = None
         #: module name -> the previous iteration's all-gathers of its parameters' buckets, not yet waited for
@@ -93,12 +98,29 @@ class _Stage:
         if s.zero < 3:
             op: CollectiveOp = "all_reduce" if s.zero == 0 else "reduce_scatter"
             kind = _BucketCopies if s.bucket_copies else Reducer
-            self.dense = kind(self.em, self._buckets(self.dense_order), "dp_cp", op=op)
+            self.dense = kind(self.em, self.buckets["dp_cp"], "dp_cp", op=op)
             if self.expert_order:
-                self.expert = kind(self.em, self._buckets(self.expert_order), "edp_cp", op=op, key="expert_grads")
+                self.expert = kind(self.em, self.buckets["edp_cp"], "edp_cp", op=op, key="expert_grads")
 
-    def _buckets(self, order: list[Param]) -> list[tuple[Param, ...]]:
-        return assign_buckets(order, self.s.bucket_bytes, self.s.first_bucket_bytes)
+    def _buckets(self, chunks: list[tuple[int, list[Param]]]) -> list[tuple[Param, ...]]:
+        """Buckets of the stage's gradients, ``chunks`` (global chunk, its parameters in gradient-ready
+        order) in the order their last backward runs. PyTorch DDP: one DDP over the stage, a small
+        first bucket. Megatron-core: a DDP per model chunk, its buckets all of ``bucket_bytes``, and
+        one bucket per chunk (``bucket_size`` None) where bucketing is off: without
+        overlap_grad_reduce, on pipeline stages after the first (``pp_rank > 0``) and for model
+        chunks after the first (``disable_bucketing=(model_chunk_idx > 0)``; Megatron-LM
+        ``training.get_model``, megatron/core/distributed/distributed_data_parallel.py). Of all the
+        chunks only the global chunk 0 (stage 0's first) is bucketed."""
+        s = self.s
+        if not s.megatron:
+            order = [p for _, ps in chunks for p in ps]
+            return assign_buckets(order, s.bucket_bytes, s.first_bucket_bytes) if order else []
+        out: list[tuple[Param, ...]] = []
+        for g, ps in chunks:
+            if ps:
+                cap = s.bucket_bytes if s.dp_overlap and g == 0 else math.inf
+                out += assign_buckets(ps, cap, cap)
+        return out
 
     def _chunk_params(self, g: int) -> list[Param]:
         out: list[Param] = list(head_params(self.s)) if g == self.last_g else []
@@ -204,13 +226,13 @@ class _Stage:
         esink: GradSink | None
         units: list[Unit] = (["head"] if g == self.last_g else []) + list(reversed(self.blocks[g])) \
             + (["embed"] if g == 0 else [])
+        gather = self._pass(units, "bwd")
         if s.zero == 3:
-            sink, esink = self._unit_reducers(units, g)
+            sink, esink = self._unit_reducers(units, g, gather)
         elif final and s.dp_overlap:
             sink, esink = self.dense, self.expert
         else:
             sink = esink = NoSync()
-        gather = self._pass(units, "bwd", [r for r in (sink, esink) if isinstance(r, Reducer)])
         for i, u in enumerate(units):
             if gather:
                 gather.before(i)
@@ -239,22 +261,23 @@ class _Stage:
         assert isinstance(u, Block)
         return list(u.dense_params()), list(u.experts.params) if u.experts else []
 
-    def _pass(self, units: list[Unit], phase: str, reducers: list[Reducer] | None = None) -> Pass | None:
+    def _pass(self, units: list[Unit], phase: str) -> Pass | None:
         """Under ZeRO-3, FSDP's gathering of ``units`` for one pass (:mod:`.fsdp`); None otherwise."""
         if self.fsdp is None:
             return None
-        return self.fsdp.run([(_unit_name(u), *self._unit_params(u)) for u in units], phase, f"mb{self.bl.mb}",
-                             reducers or ())
+        return self.fsdp.run([(_unit_name(u), *self._unit_params(u)) for u in units], phase, f"mb{self.bl.mb}")
 
     def _copy_out(self, name: str, numel: int, phase: str, deps: tuple[int, ...]) -> None:
         self.bl.ew(f"{name}.copy_out", numel, 1, 1, phase, deps=deps, op="copy")
 
-    def _unit_reducers(self, units: list[Unit], g: int) -> tuple[Reducer, Reducer]:
+    def _unit_reducers(self, units: list[Unit], g: int, gather: Pass | None) -> tuple[Reducer, Reducer]:
+        """FSDP's reduce-scatter per unit, on each process group's stream; the dense group's after
+        the pass's post-backward prefetch (:class:`.fsdp.UnitReducer`)."""
         key = f"grads.g{g}.mb{self.bl.mb}"
         dense = [tuple(self._unit_params(u)[0]) for u in units]
         expert = [tuple(self._unit_params(u)[1]) for u in units if self._unit_params(u)[1]]
-        return (Reducer(self.em, [b for b in dense if b], "dp_cp", op="reduce_scatter", key=key),
-                Reducer(self.em, expert, "edp_cp", op="reduce_scatter", key="expert_" + key))
+        return (UnitReducer(self.em, [b for b in dense if b], "dp_cp", key=key, hook=gather),
+                UnitReducer(self.em, expert, "edp_cp", key="expert_" + key))
 
     # ---- after the last backward
 
@@ -295,8 +318,8 @@ class _Stage:
             wb = weight_bytes(s.precision)
             step = em.last
             gathers: list[int] = []
-            for kind, order in (("dp_cp", self.dense_order), ("edp_cp", self.expert_order)):
-                buckets = self._buckets(order) if order else []
+            for kind in ("dp_cp", "edp_cp"):
+                buckets = self.buckets[kind]
                 for i in reversed(range(len(buckets))):
                     b = buckets[i]
                     ag = em.group_op(kind, f"params.bucket{i}.all_gather", f"params.{kind}.bucket{i}", "all_gather",

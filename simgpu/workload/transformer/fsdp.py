@@ -9,17 +9,27 @@ compute stream, which its kernels follow. Per pass over a model chunk:
 - forward: the all-gather of unit i is issued after unit i-1's kernels (implicit prefetch: on its
   own stream it runs under them), or before them under ``forward_prefetch``;
 - backward, ``backward_prefetch``: ``backward_pre`` issues unit i+1's all-gather before unit i's
-  gradient kernels (it runs under them); ``backward_post`` issues unit i's after unit i-1's
-  gradient computation, in the memory unit i-1 frees (exposed; unit i-1's reduce-scatter runs
-  under unit i); ``none`` when unit i's backward starts, after unit i-1's reduce-scatter, which
-  the process group's one NCCL stream runs first (no overlap);
+  gradient kernels (it runs under them); ``backward_post`` issues unit i's in unit i-1's
+  post-backward hook, after its gradients are produced and before its reduce-scatter
+  (``_post_backward_reshard`` frees and prefetches, then ``_reduce_grad`` runs, in
+  ``torch/distributed/fsdp/_runtime_utils.py``): exposed, with unit i-1's reduce-scatter behind it
+  under unit i; ``none`` when unit i's backward starts, after unit i-1's reduce-scatter (no
+  overlap);
+- one NCCL stream per process group: FSDP issues its all-gathers from ``_unshard_stream`` and its
+  reduce-scatters from ``_post_backward_stream``, but ProcessGroupNCCL enqueues every collective of
+  a communicator on that communicator's own internal stream (one per device; ``ProcessGroupNCCL.hpp``:
+  "each NCCL call is scheduled on a separate CUDA stream"), which waits for the issuing stream.
+  So one group's all-gathers and reduce-scatters run one at a time in the order the CPU issued
+  them (:data:`PG_STREAMS`): under ``backward_pre`` unit i+2's all-gather waits for unit i's
+  reduce-scatter; the expert parameters' group (``edp_cp``) is another communicator, with its own;
 - ``reshard_after_forward``: a unit is freed after its forward (and gathered again in backward) or
   kept until the end of its backward; a backward always frees;
 - ``limit_all_gathers``: FSDP's rate limiter (``_FreeEventQueue``, at most two pending frees):
   each free records an event; before issuing an all-gather, when two frees are pending the CPU
   synchronises on the older one (a host wait).
 
-It emits the all-gathers, the copies out and the rate limiter's host waits.
+It emits the all-gathers, the copies out, the rate limiter's host waits and (:class:`UnitReducer`)
+the reduce-scatters' place after the post-backward prefetch.
 """
 
 from __future__ import annotations
@@ -35,6 +45,10 @@ from ..stage import StageEmitter
 #: Frees the rate limiter lets be pending before the CPU waits for the oldest
 #: (``_FreeEventQueue._max_num_inflight_all_gathers``, torch/distributed/fsdp/_limiter_utils.py).
 MAX_PENDING_FREES: Final = 2
+
+#: The simulated stream of each process group FSDP communicates over: its NCCL communicator's one
+#: internal stream per device (ProcessGroupNCCL), which all-gathers and reduce-scatters share.
+PG_STREAMS: Final = {"dp_cp": "comm", "edp_cp": "comm.edp"}
 
 #: A unit as the gatherer sees it: its name, dense and expert parameters.
 Unit = tuple[str, Sequence[Param], Sequence[Param]]
@@ -55,10 +69,10 @@ class Gatherer:
         self.unsharded: set[str] = set()
         self.frees: deque[int] = deque()
 
-    def run(self, units: Sequence[Unit], phase: str, key: str, reducers: Sequence[Reducer] = ()) -> Pass:
+    def run(self, units: Sequence[Unit], phase: str, key: str) -> Pass:
         """A pass over ``units`` in the order they compute; ``key`` makes its collectives' keys unique
-        (the micro-batch); ``reducers`` are the backward's reduce-scatters."""
-        return Pass(self, units, phase, key, reducers)
+        (the micro-batch)."""
+        return Pass(self, units, phase, key)
 
     def _limit(self, phase: str) -> None:
         if self.limit and len(self.frees) >= MAX_PENDING_FREES:
@@ -68,12 +82,11 @@ class Gatherer:
 class Pass:
     """Call :meth:`before` ahead of unit i's kernels and :meth:`after` once they are emitted."""
 
-    def __init__(self, g: Gatherer, units: Sequence[Unit], phase: str, key: str, reducers: Sequence[Reducer]) -> None:
-        self.g, self.units, self.phase, self.key, self.reducers = g, units, phase, key, reducers
+    def __init__(self, g: Gatherer, units: Sequence[Unit], phase: str, key: str) -> None:
+        self.g, self.units, self.phase, self.key = g, units, phase, key
         self.issued: dict[int, tuple[int, ...]] = {}
-        self._seen = [len(r.issued) for r in reducers]
+        self._at = -1                         # the unit whose kernels are being emitted
         self._prev: tuple[int, ...] = ()      # the previous unit's free (its last compute kernel)
-        self._prev_rs: tuple[int, ...] = ()   # the previous unit's reduce-scatters
 
     def _issue(self, i: int, deps: tuple[int, ...] = ()) -> None:
         if i >= len(self.units) or i in self.issued:
@@ -87,23 +100,23 @@ class Pass:
         for kind, params, tag in (("dp_cp", dense, ""), ("edp_cp", expert, ".experts")):
             if params:
                 ag = em.group_op(kind, f"{name}{tag}.all_gather", f"{name}{tag}.{phase}.{self.key}", "all_gather",
-                                 sum(p.numel for p in params) * g.wb, phase=phase, deps=deps, stream="comm.ag")
+                                 sum(p.numel for p in params) * g.wb, phase=phase, deps=deps,
+                                 stream=PG_STREAMS[kind])
                 if ag is not None:
                     ops.append(ag)
         self.issued[i] = tuple(ops)
         g.unsharded.add(name)
 
     def before(self, i: int) -> None:
+        self._at = i
         fwd = self.phase == "fwd"
         mode = self.g.backward_prefetch
         if fwd or mode == "backward_pre":
             self._issue(i)
             if not fwd or self.g.forward_prefetch:
                 self._issue(i + 1)
-        elif mode == "backward_post":
+        else:  # backward_post: only the pass's first unit is still to gather here
             self._issue(i, self._prev)
-        else:
-            self._issue(i, self._prev + self._prev_rs)
         ags = self.issued.get(i, ())
         if ags:
             name, dense, expert = self.units[i]
@@ -117,8 +130,27 @@ class Pass:
             if g.limit:
                 g.frees.append(end)
         self._prev = (end,)
-        self._prev_rs = tuple(x for r, seen in zip(self.reducers, self._seen, strict=True) for x in r.issued[seen:])
-        self._seen = [len(r.issued) for r in self.reducers]
+
+    def post_backward(self, producer: int) -> None:
+        """The current unit's post-backward hook, before its reduce-scatter is issued: under
+        ``backward_post`` the next unit's all-gather, once ``producer`` (its last gradient) ends."""
+        if self.phase == "bwd" and self.g.backward_prefetch == "backward_post":
+            self._issue(self._at + 1, (producer,))
+
+
+class UnitReducer(Reducer):
+    """The reduce-scatters of a backward pass's units (a bucket per unit) on their process group's
+    stream; the dense group's runs the pass's post-backward hook before each (:meth:`Pass.post_backward`)."""
+
+    def __init__(self, em: StageEmitter, buckets: Sequence[tuple[Param, ...]], kind: str, *, key: str,
+                 hook: Pass | None = None) -> None:
+        super().__init__(em, buckets, kind, op="reduce_scatter", key=key, stream=PG_STREAMS[kind])
+        self._hook = hook
+
+    def _issue(self, i: int, nbytes: int, producer: int) -> int | None:
+        if self._hook is not None:
+            self._hook.post_backward(producer)
+        return super()._issue(i, nbytes, producer)
 
 
 def _last_kernel(em: StageEmitter) -> int:

@@ -11,12 +11,27 @@ ranks), and the whole model's parameter count and useful FLOPs. It emits no ops.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from ...config.workload import TransformerModel, WorkloadSpec
-from ..common import DDP_FIRST_BUCKET_BYTES, Linear, Param, aux_dtype, dtype_bytes, is_mixed
+from ..common import DDP_FIRST_BUCKET_BYTES, GRAD_BYTES, Linear, Param, aux_dtype, dtype_bytes, is_mixed
 from ..parallel import Layout
 from ..registry import World
 from .pipeline import Schedule
+
+#: Megatron-core's default gradient bucket: at least this many parameters, and this many per
+#: data-parallel rank ("make buckets larger [at large dp] to ensure that chunks used in NCCL
+#: ring-reduce implementations are large enough to remain bandwidth-bound"):
+#: ``DistributedDataParallelConfig.bucket_size`` is None -> ``max(40000000, 1000000 * dp)``
+#: (megatron/core/distributed/distributed_data_parallel.py).
+MEGATRON_BUCKET_MIN_PARAMS: Final = 40_000_000
+MEGATRON_BUCKET_PARAMS_PER_DP: Final = 1_000_000
+
+
+def megatron_bucket_params(dp: int) -> int:
+    """Megatron-core's default ``bucket_size`` (parameters) for ``dp`` data-parallel ranks (context
+    parallelism not counted: ``parallel_state.get_data_parallel_world_size()``)."""
+    return max(MEGATRON_BUCKET_MIN_PARAMS, MEGATRON_BUCKET_PARAMS_PER_DP * dp)
 
 
 def norm_params(name: str, h: int, kind: str) -> tuple[Param, ...]:
@@ -48,6 +63,8 @@ class Setup:
     sync_layers: bool = False
     param_overlap: bool = False  # overlap_param_gather (zero 1-2)
     tp_overlap: bool = False     # tp_comm_overlap (Transformer Engine userbuffers)
+    #: under tp_overlap, SMs each userbuffers overlap's communication kernel takes (layer -> num_sm)
+    ub_sms: tuple[tuple[str, int], ...] = ()
     p2p_overlap: bool = False    # overlap_p2p_comm
     iterations: int = 1          # training iterations built back to back (two for the steady state)
     forward_prefetch: bool = False          # FSDP (zero 3): explicit forward prefetch
@@ -151,13 +168,22 @@ def make_setup(spec: WorkloadSpec, world: World) -> Setup:
     return Setup(model=model, layout=layout, micro=t.batch_per_gpu, m=m, precision=t.precision,
                  framework=t.framework, recompute=t.recompute, sp=p.sp, zero=p.zero_stage, schedule=schedule,
                  v=p.virtual_stages, cp_comm=p.cp_comm, dp_overlap=p.dp_overlap,
-                 bucket_bytes=spec.comm.bucket_mib * 2**20, optimizer=t.optimizer,
+                 bucket_bytes=_bucket_bytes(spec, dp), optimizer=t.optimizer,
                  host_s=None if host is None else host / 1e6, sync_layers=t.sync_each_layer,
                  param_overlap=param_overlap, iterations=iterations, tp_overlap=p.tp_comm_overlap,
+                 ub_sms=tuple(p.tp_comm_overlap_sms.model_dump().items()),
                  p2p_overlap=p.overlap_p2p_comm, forward_prefetch=p.forward_prefetch,
                  backward_prefetch=p.backward_prefetch, limit_all_gathers=p.limit_all_gathers,
                  reshard_after_forward=p.reshard_after_forward, first_bucket_bytes=spec.comm.first_bucket_mib * 2**20,
                  bucket_view=p.gradient_as_bucket_view)
+
+
+def _bucket_bytes(spec: WorkloadSpec, dp: int) -> float:
+    """The gradient bucket's bytes: ``comm.bucket_mib`` (PyTorch DDP's default, 25), or under
+    Megatron, unless given, Megatron-core's default in fp32 gradients."""
+    if spec.train.framework == "megatron" and "bucket_mib" not in spec.comm.model_fields_set:
+        return float(megatron_bucket_params(dp) * GRAD_BYTES)
+    return spec.comm.bucket_mib * 2**20
 
 
 @dataclass(frozen=True)
