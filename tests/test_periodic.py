@@ -86,6 +86,44 @@ def test_periodic_equals_every_micro_batch(overrides, fold, counts):
     assert summarize(short)["periodic"] == note
 
 
+#: ZeRO-1 with Megatron's overlap_param_gather: two iterations back to back (steady_state auto), the
+#: parameter all-gathers of the first under the second's forward
+OVERLAP_PARAM_GATHER = ["parallelism.zero=1", "parallelism.overlap_param_gather=true", "training.framework=megatron"]
+
+
+@pytest.mark.parametrize("extra", [["training.steady_state=always"], OVERLAP_PARAM_GATHER],
+                         ids=["steady-always", "overlap-param-gather"])
+def test_periodic_equals_every_micro_batch_over_several_iterations(extra):
+    """Programs of two iterations: a block inserted in each, copied in each; the steady window is the
+    plain run's (iteration time, every rank's breakdown, every record and the link statistics)."""
+    plain, short = both(PP2 + extra)
+    assert len(plain.meta["iteration_ends_s"]) == 2
+    note = short.meta["periodic"]
+    assert note.startswith("periodic: 6 and 7 micro-batches simulated") and "each of its 2 iterations" in note, note
+    np.testing.assert_allclose(short.meta["iteration_ends_s"], plain.meta["iteration_ends_s"], rtol=1e-9)
+    assert short.meta["first_iteration_s"] == pytest.approx(plain.meta["first_iteration_s"], rel=1e-9)
+    assert short.meta["steady_state"] == plain.meta["steady_state"]
+    assert short.events < plain.events
+    assert_same(plain, short)
+
+
+def test_a_rank_that_slows_down_over_several_iterations_is_not_repeated():
+    """Two iterations back to back and a rank that slows down from one kernel to the next: refused,
+    every micro-batch simulated."""
+    job = load_job(GPT3, PP2 + ["training.steady_state=always"])
+
+    def perturb(w: Workload) -> None:
+        _slow_rank(2e-6)(w, growing=True)
+
+    plain = _run(job, perturb, EngineOptions(periodic=False)).result
+    out = _run(job, perturb, EngineOptions())
+    assert out.periodic.startswith("not used: ") and "all 32 micro-batches simulated" in out.periodic
+    assert out.workload.iterations == 2
+    assert out.result.iteration_time_s == plain.iteration_time_s
+    assert out.result.meta["iteration_ends_s"] == plain.meta["iteration_ends_s"]
+    assert_same(plain, out.result)
+
+
 def test_oversubscribed_core_is_simulated_every_rank_and_still_repeats():
     _, short = both(PP2 + ["platform.network.oversubscription=4", "platform.network.nodes_per_leaf=2"])
     assert short.meta["fold"] == 1 and "oversubscribed" in short.meta["fold_note"]
@@ -158,11 +196,10 @@ def test_a_pipeline_that_has_not_settled_is_not_repeated(monkeypatch):
 
 @pytest.mark.parametrize("overrides, options, why", [
     (PP2 + ["training.global_batch=64"], EngineOptions(), "8 micro-batches are too few"),
-    (PP2 + ["training.steady_state=always"], EngineOptions(), "2 iterations back to back"),
     (PP2 + ["parallelism.pp_schedule=gpipe"], EngineOptions(), "no pipeline schedule that repeats"),
     (PP2, EngineOptions(periodic=False), "turned off"),
     (PP2, EngineOptions(record_links=True), "link intervals are recorded"),
-], ids=["too-few", "steady-state", "gpipe", "off", "links"])
+], ids=["too-few", "gpipe", "off", "links"])
 def test_periodic_turns_itself_off(overrides, options, why):
     out = _run(load_job(GPT3, overrides), lambda w: None, options)
     assert why in out.periodic
@@ -211,37 +248,60 @@ def _result(rows: list[tuple]) -> SimResult:
 
 @settings(max_examples=40, deadline=None)
 @given(head=st.integers(0, 4), block=st.integers(1, 4), tail=st.integers(0, 4), ranks=st.integers(1, 3),
-       extra=st.integers(1, 5), period=st.floats(1.0, 10.0), broken=st.booleans())
-def test_extend_repeats_made_up_periods(head, block, tail, ranks, extra, period, broken):
-    """Per rank: ``head`` records, the block once (``m`` micro-batches) or twice (``m + 1``), then
-    ``tail`` records; extended by ``extra`` periods, the result is the stream with the block
-    ``extra + 1`` times. With ``broken``, the longer run's second block is one record late: refused."""
+       extra=st.integers(1, 5), period=st.floats(1.0, 10.0), iterations=st.integers(1, 3),
+       broken=st.sampled_from([None, 0, 1, 2]))
+def test_extend_repeats_made_up_periods(head, block, tail, ranks, extra, period, iterations, broken):
+    """Per rank and iteration: ``head`` records, the block once (``m`` micro-batches) or twice
+    (``m + 1``), then ``tail`` records; extended by ``extra`` periods, the result is the stream with
+    the block ``extra + 1`` times in each iteration, and the iterations end as much later. With
+    ``broken``, the longer run's second block in that iteration is one record late: refused."""
     step = period / block
 
-    def stream(rank: int, blocks: int, late: bool = False) -> list[tuple]:
-        names = [f"h{i}" for i in range(head)] + [f"b{i}" for i in range(block)] * blocks + \
-            [f"t{i}" for i in range(tail)]
-        starts = [i * 0.5 for i in range(head)]
-        t0 = head * 0.5
-        starts += [t0 + i * step for i in range(block * blocks)]
-        t1 = t0 + blocks * period
-        starts += [t1 + i * 0.25 for i in range(tail)]
-        if late:
-            starts[head + block] += 0.1 * step
-        return _stream(rank, names, starts, 0.1 * step)
+    def stream(rank: int, blocks: int, late: int | None = None) -> tuple[list[tuple], list[float]]:
+        names: list[str] = []
+        starts: list[float] = []
+        ends: list[float] = []
+        t = 0.0
+        for it in range(iterations):
+            names += [f"h{i}" for i in range(head)] + [f"b{i}" for i in range(block)] * blocks + \
+                [f"t{i}" for i in range(tail)]
+            mine = [t + i * 0.5 for i in range(head)]
+            t0 = t + head * 0.5
+            mine += [t0 + i * step for i in range(block * blocks)]
+            t1 = t0 + blocks * period
+            mine += [t1 + i * 0.25 for i in range(tail)]
+            if late == it:
+                mine[head + block] += 0.1 * step
+            starts += mine
+            t = t1 + tail * 0.25
+            ends.append(max(mine) + 0.1 * step)
+        return _stream(rank, names, starts, 0.1 * step), ends
 
-    short = _result([r for k in range(ranks) for r in stream(k, 1)])
-    long = _result([r for k in range(ranks) for r in stream(k, 2, late=broken and k == ranks - 1)])
+    def result(blocks: int, late: int | None = None) -> SimResult:
+        rows, ends = [], []
+        for k in range(ranks):
+            r, e = stream(k, blocks, late if k == ranks - 1 else None)
+            rows += r
+            ends = e if not ends else [max(x, y) for x, y in zip(ends, e, strict=True)]
+        res = _result(rows)
+        if iterations > 1:
+            res.meta["iteration_ends_s"] = ends
+        return res
+
+    late = broken if broken is not None and broken < iterations else None
+    short, long = result(1), result(2, late)
     shape = PipelineShape(micro_batches=4 + extra, period=1, least=1)
-    out = periodic.extend(short, long, 4, shape)
-    if broken:
+    out = periodic.extend(short, long, 4, shape, iterations)
+    if late is not None:
         assert isinstance(out, str)
         return
     assert isinstance(out, SimResult), out
-    want = _result([r for k in range(ranks) for r in stream(k, extra + 1)])
+    want = result(extra + 1)
     assert out.iteration_time_s == pytest.approx(want.iteration_time_s, rel=1e-12)
     pd.testing.assert_frame_equal(out.records, want.records, check_exact=False, rtol=1e-12)
     assert float(out.link_stats["nbytes"].iloc[0]) == len(want.records)
+    if iterations > 1:
+        np.testing.assert_allclose(out.meta["iteration_ends_s"], want.meta["iteration_ends_s"], rtol=1e-12)
 
 
 def test_extend_refuses_runs_that_differ_by_more_than_a_block():

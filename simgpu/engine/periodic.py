@@ -18,9 +18,16 @@ Where a stream does not repeat so (contention that changes from period to period
 whose delay the pipeline has not absorbed yet, a schedule that has not settled), the check finds
 it, and the shortcut tries once more with counts twice as far past ``least`` or gives up, so the
 caller simulates the job's own count (:mod:`simgpu.engine.shortcuts`). It is tried only where the
-runs together are at most :data:`BUDGET` of the job's micro-batches. It does not apply to programs
-that run several iterations back to back (:mod:`simgpu.engine.steady`), nor where link intervals
-are recorded.
+runs together are at most :data:`BUDGET` of the job's micro-batches. It does not apply where link
+intervals are recorded.
+
+Programs that run ``n`` iterations back to back (:mod:`simgpu.engine.steady`) repeat a period in
+each: there the longer run is the shorter one with one block inserted per iteration, ``n`` per
+stream, the records after the ``j``-th block delayed by ``j D`` and each block the one before it
+in its iteration delayed by ``D``; each iteration must end ``D`` later than the one before it did
+(``meta["iteration_ends_s"]``). The job's run has each block copied once per missing period, and
+its iteration ends delayed as much, so the steady window is cut where it is cut from a run of
+every micro-batch.
 """
 
 from __future__ import annotations
@@ -69,15 +76,12 @@ def counts(shape: PipelineShape) -> list[int]:
         margin *= 2
 
 
-def blocker(shape: PipelineShape | None, iterations: int, record_links: bool) -> str:
+def blocker(shape: PipelineShape | None, record_links: bool) -> str:
     """Why the shortcut does not apply to these programs ("" where it may be tried)."""
     if record_links:
         return "link intervals are recorded for every link"
     if shape is None:
         return "no pipeline schedule that repeats one period at a time"
-    if iterations > 1:
-        return (f"the programs run {iterations} iterations back to back (steady state), and the shortcut "
-                "repeats periods of one")
     if not counts(shape):
         m = shape.least + _margin(shape) * shape.period
         return (f"{shape.micro_batches} micro-batches are too few: the short runs would simulate "
@@ -85,64 +89,83 @@ def blocker(shape: PipelineShape | None, iterations: int, record_links: bool) ->
     return ""
 
 
-def extend(short: SimResult, long: SimResult, m: int, shape: PipelineShape) -> SimResult | str:
-    """The job's iteration from runs of ``m`` and ``m + shape.period`` micro-batches (``short``,
-    ``long``), or why the runs do not repeat one period (see the module docstring)."""
+def extend(short: SimResult, long: SimResult, m: int, shape: PipelineShape, iterations: int = 1) -> SimResult | str:
+    """The job's result from runs of ``m`` and ``m + shape.period`` micro-batches (``short``,
+    ``long``) of programs that run ``iterations`` iterations back to back, or why the runs do not
+    repeat one period in each iteration (see the module docstring)."""
     p = shape.period
     n, rest = divmod(shape.micro_batches - m, p)
     if rest or n < 1:
         raise ValueError(f"{shape.micro_batches} micro-batches are not {m} plus a positive multiple of {p}")
-    d = long.iteration_time_s - short.iteration_time_s
+    its = iterations
+    d = (long.iteration_time_s - short.iteration_time_s) / its
     if not d > 0:
         return f"{m + p} micro-batches took no longer than {m}"
     tol = TOLERANCE * long.iteration_time_s
+    ends_a = [float(x) for x in short.meta.get("iteration_ends_s", ())]
+    ends_b = [float(x) for x in long.meta.get("iteration_ends_s", ())]
+    if its > 1:
+        if len(ends_a) != its or len(ends_b) != its:
+            return f"the runs do not give the ends of their {its} iterations"
+        if any(abs(ea + (j + 1) * d - eb) > tol for j, (ea, eb) in enumerate(zip(ends_a, ends_b, strict=True))):
+            return f"an iteration of {m + p} micro-batches does not end one period later than the one before it"
     a, b = short.records, long.records
     ga, gb = _groups(a, b)
     keys_a, start_a, na = _runs(ga)
     keys_b, start_b, nb = _runs(gb)
     if not np.array_equal(keys_a, keys_b):
         return "the two runs use different streams"
-    k = nb - na
-    if (k < 0).any():
-        return "a stream has fewer records with more micro-batches"
+    k, odd = np.divmod(nb - na, its)
+    if (k < 0).any() or odd.any():
+        return ("a stream has fewer records with more micro-batches" if (k < 0).any() else
+                f"a stream's extra records with more micro-batches are not the same in each of {its} iterations")
     same = _codes(a, b)
     sa, ea = a["start_s"].to_numpy(), a["end_s"].to_numpy()
     sb, eb = b["start_s"].to_numpy(), b["end_s"].to_numpy()
     g = np.repeat(np.arange(len(na)), na)              # each record of the short run: its stream
     j = np.arange(len(a)) - start_a[g]                 # and its place on it
-    pre = start_b[g] + j                               # the long run's record at the same place
-    post = pre + k[g]                                  # and the one as far from the end
-    before = _equal(same, pre, sa, ea, sb, eb, tol, 0.0)
-    after = _equal(same, post, sa, ea, sb, eb, tol, d)
-    q = np.minimum.reduceat(np.where(before, na[g], j), start_a)           # common prefix, per stream
-    tail = na - 1 - np.maximum.reduceat(np.where(after, -1, j), start_a)   # common delayed suffix
-    gap = np.flatnonzero(q + tail < na)
+    # per stream, the short run's records up to the first block, between the blocks and after the
+    # last are the longer run's with as many blocks before them, delayed as much (the i-th block
+    # placed where the records stop being so, as late as they may)
+    q = np.zeros((its + 1, len(na)), dtype=np.int64)   # where each stretch ends (q[i - 1]: where it starts)
+    for i in range(its + 1):
+        ok = _equal(same, start_b[g] + j + i * k[g], sa, ea, sb, eb, tol, i * d)
+        since = q[i - 1][g] if i else np.zeros(len(a), dtype=np.int64)
+        q[i] = np.minimum.reduceat(np.where(ok | (j < since), na[g], j), start_a)
+    gap = np.flatnonzero(q[its] < na)
     if len(gap):
-        return _where(a, start_a[gap[0]], f"{len(gap)} of {len(na)} rank streams differ between {m} and {m + p} "
-                      "micro-batches by more than one inserted block")
-    if (q < k).any():
+        return _where(a, start_a[gap[0]] + q[its][gap[0]],
+                      f"{len(gap)} of {len(na)} rank streams differ between {m} and {m + p} micro-batches by more "
+                      f"than one inserted block{' an iteration' if its > 1 else ''}")
+    starts = np.vstack([np.zeros(len(na), dtype=np.int64), q[:its - 1]])
+    if (q[:its] - starts < k).any():
         return "a stream's inserted block is longer than what runs before it"
-    # the inserted block is the one before it, delayed by d
+    # each inserted block is the one before it, delayed by d
     gk = np.repeat(np.arange(len(k)), k)
     t = np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k)
-    block = start_b[gk] + q[gk] + t
-    earlier = block - k[gk]
-    ok = _equal((same[1], same[1]), earlier, sb[block], eb[block], sb, eb, tol, -d, rows=block)
-    if not ok.all():
-        bad = int(gk[np.argmin(ok)])
-        return _where(b, start_b[bad], f"the steady state has not settled by {m} micro-batches: a period "
-                      "differs from the one before it")
-    records = _repeat(b, na, start_b, q, k, n, d)
+    for i in range(its):
+        block = start_b[gk] + q[i][gk] + i * k[gk] + t
+        earlier = block - k[gk]
+        ok = _equal((same[1], same[1]), earlier, sb[block], eb[block], sb, eb, tol, -d, rows=block)
+        if not ok.all():
+            bad = int(gk[np.argmin(ok)])
+            return _where(b, start_b[bad], f"the steady state has not settled by {m} micro-batches: a period "
+                          "differs from the one before it")
+    records = _repeat(b, start_b, q, k, n, d)
     links = _links(short, long, n)
     meta = dict(short.meta)
     for key in ("fold_slack_s",):
         if key in meta:
             meta[key] = float(meta[key]) + n * (float(long.meta[key]) - float(meta[key]))
+    if its > 1:
+        meta["iteration_ends_s"] = [e + (i + 1) * n * d for i, e in enumerate(ends_a)]
+    each = f" in each of its {its} iterations" if its > 1 else ""
     meta["periodic"] = (f"periodic: {m} and {m + p} micro-batches simulated; the second repeats one period of "
-                        f"the steady state ({d * 1e3:.3f} ms, {int(k.sum()):,} records) on every rank and stream "
-                        f"and delays the rest by as much, so {n - 1} more periods ({(n - 1) * p} of the "
-                        f"{shape.micro_batches} micro-batches) are its copies, shifted")
-    return replace(short, records=records, link_stats=links, iteration_time_s=short.iteration_time_s + n * d,
+                        f"the steady state{each} ({d * 1e3:.3f} ms, {int(k.sum()):,} records) on every rank and "
+                        f"stream and delays the rest by as much, so {n - 1} more periods ({(n - 1) * p} of the "
+                        f"{shape.micro_batches} micro-batches{', each iteration' if its > 1 else ''}) are its "
+                        "copies, shifted")
+    return replace(short, records=records, link_stats=links, iteration_time_s=short.iteration_time_s + its * n * d,
                    events=short.events + long.events, meta=meta)
 
 
@@ -189,22 +212,36 @@ def _where(rec: pd.DataFrame, row: int, what: str) -> str:
     return f"{what} (first: rank {int(rec['rank'].iat[row])}, stream {rec['stream'].iat[row]})"
 
 
-def _repeat(b: pd.DataFrame, na: np.ndarray, start_b: np.ndarray, q: np.ndarray, k: np.ndarray, n: int,
-            d: float) -> pd.DataFrame:
-    """Per stream: the longer run's records before its block, its block ``n`` times (each ``d`` after
-    the one before) and its records after the block, ``(n - 1) d`` later (the shorter run's records
-    are the longer run's, where :func:`extend` found them equal)."""
-    length = na + n * k
-    g = np.repeat(np.arange(len(na)), length)
-    t = np.arange(int(length.sum())) - np.repeat(np.cumsum(length) - length, length)
-    qg, kg = q[g], k[g]
-    head = t < qg
-    tail = t >= qg + n * kg
-    mid = ~head & ~tail
-    u = np.where(mid, t - qg, 0)
-    per = np.where(mid, u // np.maximum(kg, 1), 0)
-    row = start_b[g] + np.where(head, t, np.where(tail, t - (n - 1) * kg, qg + u - per * kg))
-    times = np.where(head, 0.0, np.where(tail, (n - 1) * d, per * d))
+def _repeat(b: pd.DataFrame, start_b: np.ndarray, q: np.ndarray, k: np.ndarray, n: int, d: float) -> pd.DataFrame:
+    """Per stream, with one block of ``k`` records inserted per iteration in the longer run (the
+    ``i``-th where the shorter run's records reach ``q[i]``; ``q[-1]``: their count): the longer
+    run's stretches of records between the blocks and each block ``n`` times (each copy ``d`` after
+    the one before), everything after the ``i``-th block ``i (n - 1) d`` later than in the longer
+    run (the shorter run's records are the longer run's, where :func:`extend` found them equal)."""
+    its = len(q) - 1
+    s = len(k)
+    pieces = 2 * its + 1                                # stretch, block, stretch, ..., stretch
+    first = np.zeros((s, pieces), dtype=np.int64)       # each piece's first row of the longer run
+    length = np.zeros((s, pieces), dtype=np.int64)
+    shift = np.zeros((s, pieces))
+    block = np.zeros((s, pieces), dtype=bool)
+    for i in range(its + 1):
+        since = q[i - 1] if i else np.zeros(s, dtype=np.int64)
+        first[:, 2 * i] = start_b + since + i * k
+        length[:, 2 * i] = q[i] - since
+        shift[:, 2 * i] = i * (n - 1) * d
+        if i < its:
+            first[:, 2 * i + 1] = start_b + q[i] + i * k
+            length[:, 2 * i + 1] = n * k
+            shift[:, 2 * i + 1] = i * (n - 1) * d
+            block[:, 2 * i + 1] = True
+    lengths = length.ravel()
+    width = np.repeat(np.maximum(k, 1), pieces)
+    piece = np.repeat(np.arange(len(lengths)), lengths)
+    t = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    w, blk = width[piece], block.ravel()[piece]
+    row = first.ravel()[piece] + np.where(blk, t % w, t)
+    times = shift.ravel()[piece] + np.where(blk, (t // w) * d, 0.0)
     out = b.take(row).reset_index(drop=True)
     out["start_s"] = out["start_s"].to_numpy() + times
     out["end_s"] = out["end_s"].to_numpy() + times

@@ -58,10 +58,10 @@ def run(topo: Topology, build: Build, predict: Predict, planner: Planner, option
     if not options.periodic or options.record_links:
         out = runs.run(None)
         return replace(out, periodic="turned off" if not options.periodic else
-                       periodic.blocker(None, 1, True))
+                       periodic.blocker(None, True))
     first = runs.run(_first)
     shape = first.workload.pipeline
-    why = periodic.blocker(shape, first.workload.iterations, False)
+    why = periodic.blocker(shape, False)
     if why:
         if shape is not None and shape.simulated != shape.micro_batches:
             first = runs.run(None)  # built short to try, but it does not apply
@@ -73,7 +73,7 @@ def run(topo: Topology, build: Build, predict: Predict, planner: Planner, option
         long = runs.run(_count(m + shape.period))
         if runs.state != before:  # the fold broke on the longer run: the shorter one again, alike
             short = runs.run(_count(m))
-        got = periodic.extend(short.result, long.result, m, shape)
+        got = periodic.extend(short.result, long.result, m, shape, long.workload.iterations)
         if isinstance(got, SimResult):
             return Outcome(got, long.workload, long.note, str(got.meta["periodic"]))
         why = got
