@@ -107,7 +107,7 @@ def extend(short: SimResult, long: SimResult, m: int, shape: PipelineShape, iter
     if its > 1:
         if len(ends_a) != its or len(ends_b) != its:
             return f"the runs do not give the ends of their {its} iterations"
-        if any(abs(ea + (j + 1) * d - eb) > tol for j, (ea, eb) in enumerate(zip(ends_a, ends_b, strict=True))):
+        if any(abs(x + (i + 1) * d - y) > tol for i, (x, y) in enumerate(zip(ends_a, ends_b, strict=True))):
             return f"an iteration of {m + p} micro-batches does not end one period later than the one before it"
     a, b = short.records, long.records
     ga, gb = _groups(a, b)
@@ -136,7 +136,7 @@ def extend(short: SimResult, long: SimResult, m: int, shape: PipelineShape, iter
     if len(gap):
         return _where(a, start_a[gap[0]] + q[its][gap[0]],
                       f"{len(gap)} of {len(na)} rank streams differ between {m} and {m + p} micro-batches by more "
-                      f"than one inserted block{' an iteration' if its > 1 else ''}")
+                      f"than one inserted block{' per iteration' if its > 1 else ''}")
     starts = np.vstack([np.zeros(len(na), dtype=np.int64), q[:its - 1]])
     if (q[:its] - starts < k).any():
         return "a stream's inserted block is longer than what runs before it"
