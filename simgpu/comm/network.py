@@ -745,9 +745,10 @@ def isolated_time(table: TransferTable, capacity: np.ndarray) -> float:
         flows = [f for k, f in enumerate(flows) if k not in gone] + [
             _single(batch, i, 1.0, flows[k].cap) for k in broken for i in flows[k].idx.tolist()]
     worst = 0.0
+    one_size = bool(kb.min() == kb.max())  # then every aggregate's largest member bytes are that size
     for f, r in zip(flows, rates.tolist(), strict=True):
         if f.group is not None and f._idx is None:
-            most = float(kb[f.group[0].kinds_of(f.group[1], kinds, len(kb))].max())
+            most = float(kb[0]) if one_size else float(kb[f.group[0].kinds_of(f.group[1], kinds, len(kb))].max())
         else:
             most = float(kb[table.kinds[f.idx]].max())  # type: ignore[index]
         worst = max(worst, most / r)

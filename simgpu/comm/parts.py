@@ -227,10 +227,14 @@ def _entries(r: np.ndarray, rows: np.ndarray, shift: np.ndarray | None, gid: np.
     else:
         _, first = np.unique(rows, axis=0, return_index=True)
         links = rows[first][row]
-        links = np.where(links >= 0, links + (s * lpn)[:, None], -1)
     valid = links >= 0
+    if shift is not None:  # the padding's values are never read
+        links += (s * lpn)[:, None]
+    if valid.all():  # no padding: every entry's row is whole
+        width = links.shape[1]
+        return np.repeat(g, width), links.reshape(-1), np.repeat(count.astype(float), width)
     width = valid.sum(axis=1)
-    return np.repeat(g, width), links[valid], np.repeat(count, width).astype(float)
+    return np.repeat(g, width), links[valid], np.repeat(count.astype(float), width)
 
 
 def _repeats_a_link_in(rows: np.ndarray) -> bool:

@@ -63,7 +63,8 @@ def key_members(key: np.ndarray, members: bool = True) -> tuple[np.ndarray, np.n
     present[key] = True
     values = np.flatnonzero(present)
     number: np.ndarray = np.cumsum(present, dtype=np.int32 if len(values) < 2**31 else np.int64)
-    inverse = number[key] - 1
+    number -= 1
+    inverse = number[key]
     member = np.empty(len(values) if members else 0, dtype=np.int64)
     if members:
         member[inverse] = np.arange(len(key))
