@@ -98,13 +98,14 @@ class RouteParts:
     ``pre[tpart[p]] + na[p] * lpn``, then ``fab[fpart[p]]``, then ``post[tpart[p]] + nb[p] * lpn``
     (each without its padding). Per pair this is four numbers, not a row of links."""
 
-    __slots__ = ("_lens", "fab", "fpart", "lpn", "na", "nb", "nodes", "post", "pre", "tpart")
+    __slots__ = ("_lens", "_shapes", "fab", "fpart", "lpn", "na", "nb", "nodes", "post", "pre", "tpart")
 
     def __init__(self, pre: np.ndarray, fab: np.ndarray, post: np.ndarray, tpart: np.ndarray, fpart: np.ndarray,
                  na: np.ndarray, nb: np.ndarray, lpn: int, nodes: int) -> None:
         self.pre, self.fab, self.post, self.tpart, self.fpart = pre, fab, post, tpart, fpart
         self.na, self.nb, self.lpn, self.nodes = na, nb, lpn, nodes
         self._lens: np.ndarray | None = None
+        self._shapes: tuple[np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.tpart)
@@ -113,6 +114,17 @@ class RouteParts:
     def shape(self) -> np.ndarray:
         """A number per pair shared by the pairs whose routes are the same up to their end nodes."""
         return self.tpart.astype(np.int64) * len(self.fab) + self.fpart
+
+    def shapes(self) -> tuple[np.ndarray, np.ndarray]:
+        """The distinct :attr:`shape` numbers in increasing order and each pair's index among them
+        (kept: the parts do not change)."""
+        if self._shapes is None:
+            nF = len(self.fab)
+            key: np.ndarray = self.tpart.astype(np.int64 if len(self.pre) * nF >= 2**31 else np.int32) * nF
+            key += self.fpart
+            values, _, inverse = key_members(key, members=False)
+            self._shapes = (values, inverse)
+        return self._shapes
 
     def lens(self) -> np.ndarray:
         """The number of links of each pair's route."""
