@@ -75,7 +75,10 @@ def test_route_parts_read_pair_by_pair_and_shape_by_shape(platform, keys, nodes,
     for p in rng.integers(0, len(src), 100).tolist():
         assert parts.route(p) == topo.route(int(src[p]), int(dst[p]))
     # one route a shape stands for all of them: the same kinds, capacities and latencies in order
-    shapes, first = np.unique(parts.shape, return_index=True)
+    shapes, first, of_shape = np.unique(parts.shape, return_index=True, return_inverse=True)
+    kept, kept_of = parts.shapes()  # the kept numbering is unique's, and the same each time it is asked
+    assert kept.tolist() == shapes.tolist() and kept_of.tolist() == of_shape.reshape(-1).tolist()
+    assert parts.shapes()[1] is kept_of
     for shape, row, p in zip(shapes.tolist(), parts.shape_rows(shapes), first.tolist(), strict=True):
         def classes(route):
             return [(topo.links[i].kind, topo.links[i].capacity, topo.links[i].latency) for i in route]

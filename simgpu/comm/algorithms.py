@@ -689,11 +689,7 @@ def _shape_classes(parts: RouteParts, topo: Topology) -> np.ndarray:
     is read."""
     if len(parts) == 0:
         return np.zeros(0, dtype=np.int64)
-    nF = len(parts.fab)
-    key: np.ndarray = parts.tpart.astype(np.int64 if len(parts.pre) * nF >= 2**31 else np.int32) * nF
-    key += parts.fpart
-    shapes, _, of_shape = key_members(key, members=False)
-    del key
+    shapes, of_shape = parts.shapes()
     rows = parts.shape_rows(shapes)
     classes = np.full(rows.shape, -1, dtype=np.int64)
     for k, row in enumerate(rows):

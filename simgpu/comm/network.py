@@ -745,9 +745,10 @@ def isolated_time(table: TransferTable, capacity: np.ndarray) -> float:
         flows = [f for k, f in enumerate(flows) if k not in gone] + [
             _single(batch, i, 1.0, flows[k].cap) for k in broken for i in flows[k].idx.tolist()]
     worst = 0.0
+    one_size = bool(kb.min() == kb.max())  # then every aggregate's largest member bytes are that size
     for f, r in zip(flows, rates.tolist(), strict=True):
         if f.group is not None and f._idx is None:
-            most = float(kb[f.group[0].kinds_of(f.group[1], kinds, len(kb))].max())
+            most = float(kb[0]) if one_size else float(kb[f.group[0].kinds_of(f.group[1], kinds, len(kb))].max())
         else:
             most = float(kb[table.kinds[f.idx]].max())  # type: ignore[index]
         worst = max(worst, most / r)
@@ -836,7 +837,7 @@ def _incidence(flows: Sequence[_Flow], L: int) -> Incidence:
         return grouping.incidence[1]
     n = len(flows)
     counts = np.fromiter((len(f.links) for f in flows), dtype=np.int64, count=n)
-    pair_flow = np.repeat(np.arange(n, dtype=np.int32 if n < 2**31 else np.int64), counts)
+    pair_flow = np.repeat(np.arange(n, dtype=np.intp), counts)  # native-width indices: no conversion to read them
     ids, pair_link = _numbered(np.concatenate([f.links for f in flows]), L)
     out = (pair_flow, pair_link, ids, np.concatenate([f.w for f in flows]))
     if made and grouping is not None:
@@ -853,7 +854,7 @@ def _numbered(raw: np.ndarray, L: int) -> tuple[np.ndarray, np.ndarray]:
     present = np.zeros(L, dtype=bool)
     present[raw] = True
     ids = np.flatnonzero(present)
-    pos = np.empty(L, dtype=np.int32 if L < 2**31 else np.int64)
+    pos = np.empty(L, dtype=np.intp)
     pos[ids] = np.arange(len(ids))
     return ids, pos[raw]
 
@@ -871,7 +872,10 @@ def _fill(pair_flow: np.ndarray, pair_link: np.ndarray, pair_w: np.ndarray, caps
     rates = np.zeros(n)
     active = np.ones(n, dtype=bool)
     nl = len(capacity)
-    pf, pl, pw = pair_flow, pair_link, pair_w  # the pairs of unfrozen flows, in order
+    # the pairs of unfrozen flows, in order (indices of the native width: gathers and bincount take
+    # them without a conversion)
+    pair_flow, pair_link = pair_flow.astype(np.intp, copy=False), pair_link.astype(np.intp, copy=False)
+    pf, pl, pw = pair_flow, pair_link, pair_w
     while True:
         load = np.bincount(pl, weights=pw, minlength=nl)
         used = load > 0

@@ -33,11 +33,14 @@ def part_anchors(parts: RouteParts, live: np.ndarray, capacity: np.ndarray) -> n
         return None
     if any(_repeats_a_link_in(rows) for rows in (pre, fab, post)):
         return None
-    tp, fp, na, nb = (parts.tpart[live], parts.fpart[live], parts.na[live], parts.nb[live]) \
-        if len(live) < len(parts) else (parts.tpart, parts.fpart, parts.na, parts.nb)
     nF = len(fab)
-    wide = np.int64 if len(pre) * nF >= 2**31 else np.int32
-    cvals, _, cinv = key_members(tp.astype(wide) * nF + fp, members=False)
+    if len(live) < len(parts):
+        na, nb = parts.na[live], parts.nb[live]
+        wide = np.int64 if len(pre) * nF >= 2**31 else np.int32
+        cvals, _, cinv = key_members(parts.tpart[live].astype(wide) * nF + parts.fpart[live], members=False)
+    else:
+        na, nb = parts.na, parts.nb
+        cvals, cinv = parts.shapes()
     ct, cf = np.divmod(cvals, nF)
     cap0 = node_cap[0]
 
@@ -227,10 +230,14 @@ def _entries(r: np.ndarray, rows: np.ndarray, shift: np.ndarray | None, gid: np.
     else:
         _, first = np.unique(rows, axis=0, return_index=True)
         links = rows[first][row]
-        links = np.where(links >= 0, links + (s * lpn)[:, None], -1)
     valid = links >= 0
+    if shift is not None:  # the padding's values are never read
+        links += (s * lpn)[:, None]
+    if valid.all():  # no padding: every entry's row is whole
+        width = links.shape[1]
+        return np.repeat(g, width), links.reshape(-1), np.repeat(count.astype(float), width)
     width = valid.sum(axis=1)
-    return np.repeat(g, width), links[valid], np.repeat(count, width).astype(float)
+    return np.repeat(g, width), links[valid], np.repeat(count.astype(float), width)
 
 
 def _repeats_a_link_in(rows: np.ndarray) -> bool:

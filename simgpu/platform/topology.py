@@ -63,7 +63,8 @@ def key_members(key: np.ndarray, members: bool = True) -> tuple[np.ndarray, np.n
     present[key] = True
     values = np.flatnonzero(present)
     number: np.ndarray = np.cumsum(present, dtype=np.int32 if len(values) < 2**31 else np.int64)
-    inverse = number[key] - 1
+    number -= 1
+    inverse = number[key]
     member = np.empty(len(values) if members else 0, dtype=np.int64)
     if members:
         member[inverse] = np.arange(len(key))
@@ -97,13 +98,14 @@ class RouteParts:
     ``pre[tpart[p]] + na[p] * lpn``, then ``fab[fpart[p]]``, then ``post[tpart[p]] + nb[p] * lpn``
     (each without its padding). Per pair this is four numbers, not a row of links."""
 
-    __slots__ = ("_lens", "fab", "fpart", "lpn", "na", "nb", "nodes", "post", "pre", "tpart")
+    __slots__ = ("_lens", "_shapes", "fab", "fpart", "lpn", "na", "nb", "nodes", "post", "pre", "tpart")
 
     def __init__(self, pre: np.ndarray, fab: np.ndarray, post: np.ndarray, tpart: np.ndarray, fpart: np.ndarray,
                  na: np.ndarray, nb: np.ndarray, lpn: int, nodes: int) -> None:
         self.pre, self.fab, self.post, self.tpart, self.fpart = pre, fab, post, tpart, fpart
         self.na, self.nb, self.lpn, self.nodes = na, nb, lpn, nodes
         self._lens: np.ndarray | None = None
+        self._shapes: tuple[np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.tpart)
@@ -112,6 +114,17 @@ class RouteParts:
     def shape(self) -> np.ndarray:
         """A number per pair shared by the pairs whose routes are the same up to their end nodes."""
         return self.tpart.astype(np.int64) * len(self.fab) + self.fpart
+
+    def shapes(self) -> tuple[np.ndarray, np.ndarray]:
+        """The distinct :attr:`shape` numbers in increasing order and each pair's index among them
+        (kept: the parts do not change)."""
+        if self._shapes is None:
+            nF = len(self.fab)
+            key: np.ndarray = self.tpart.astype(np.int64 if len(self.pre) * nF >= 2**31 else np.int32) * nF
+            key += self.fpart
+            values, _, inverse = key_members(key, members=False)
+            self._shapes = (values, inverse)
+        return self._shapes
 
     def lens(self) -> np.ndarray:
         """The number of links of each pair's route."""
@@ -537,14 +550,16 @@ class Topology:
         w, gpn, lpn = self.world, self.gpus_per_node, self.links_per_node
         if len(src) and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= w or np.any(src == dst)):
             raise ValueError(f"route_table needs distinct GPUs of this {w}-GPU topology")
-        # per GPU, then read per pair: its node, local index and NIC
+        # per GPU, then read per pair: its node, local index and NIC (through indices of the native
+        # width, which numpy reads without converting them each time)
+        si, di = src.astype(np.intp), dst.astype(np.intp)
         gpu = np.arange(w, dtype=np.int64)
         node_of, local_of = (x.astype(idx) for x in np.divmod(gpu, gpn))
-        na, nb = node_of[src], node_of[dst]
+        na, nb = node_of[si], node_of[di]
         inter = na != nb
         # the node parts, by (local GPUs, whether the pair leaves the node)
-        tkey = (local_of * gpn)[src]
-        tkey += local_of[dst]
+        tkey: np.ndarray = (local_of * gpn)[si]
+        tkey += local_of[di]
         tkey += inter.astype(idx) * (gpn * gpn)
         tkeys, tfirst, tpair = key_members(tkey)
         del tkey
@@ -557,9 +572,9 @@ class Topology:
         # the fabric, by what it depends on: the two switches (and on a dragonfly the end nodes)
         nv = self.platform.node.nvlink
         nic_of = np.array(self._nic_of, dtype=np.int64)[local_of.astype(np.int64)].astype(idx)
-        kb = nic_of[dst]
+        kb = nic_of[di]
         # PXN (NVSwitch nodes): a pair leaves through the destination rail's NIC
-        ka = kb if nv is not None and nv.kind == "nvswitch" else nic_of[src]
+        ka = kb if nv is not None and nv.kind == "nvswitch" else nic_of[si]
         net = self.platform.network
         if net.topology == "dragonfly":
             assert net.dragonfly is not None
@@ -574,13 +589,14 @@ class Topology:
             span = pods * self.ports
             wide = np.int64 if span * span + 1 >= 2**31 else idx
             pod = ((node_of // net.nodes_per_leaf) * self.ports).astype(wide)
-            la = pod[src] + ka.astype(wide) if rail else pod[src]
-            lb = pod[dst] + kb.astype(wide) if rail else pod[dst]
+            la: np.ndarray = pod[si] + ka.astype(wide) if rail else pod[si]
+            lb: np.ndarray = pod[di] + kb.astype(wide) if rail else pod[di]
             fkey = la * span
             fkey += lb
             del la, lb
         fkey += 1
         fkey *= inter
+        del si, di
         fkeys, ffirst, fpair = key_members(fkey)
         fabs = []
         for k, p in zip(fkeys.tolist(), ffirst.tolist(), strict=True):
