@@ -737,13 +737,7 @@ def isolated_time(table: TransferTable, capacity: np.ndarray) -> float:
     flows = _part_flows(batch, live, kinds, np.ones(len(kb)), kc, np.asarray(capacity, dtype=float))
     if flows is None:
         return float(np.max(table.nbytes / isolated_rates(table, capacity), initial=0.0))
-    while True:
-        rates, _, _, broken = _fair(flows, capacity)
-        if not broken:
-            break
-        gone = set(broken)
-        flows = [f for k, f in enumerate(flows) if k not in gone] + [
-            _single(batch, i, 1.0, flows[k].cap) for k in broken for i in flows[k].idx.tolist()]
+    flows, rates = _fair_split(batch, flows, capacity)
     worst = 0.0
     one_size = bool(kb.min() == kb.max())  # then every aggregate's largest member bytes are that size
     for f, r in zip(flows, rates.tolist(), strict=True):
@@ -769,13 +763,7 @@ def isolated_rates(items: Sequence[tuple[Sequence[int], float]] | TransferTable,
     live = np.flatnonzero(batch.lens() > 0)
     out = np.full(m, float("inf"))
     flows = _flows_of(batch, live, np.ones(len(live)), caps[live], np.asarray(capacity, dtype=float))
-    while True:
-        rates, _, _, broken = _fair(flows, capacity)
-        if not broken:
-            break
-        gone = set(broken)
-        flows = [f for k, f in enumerate(flows) if k not in gone] + [
-            _single(batch, i, 1.0, flows[k].cap) for k in broken for i in flows[k].idx.tolist()]
+    flows, rates = _fair_split(batch, flows, capacity)
     # aggregates of a table's groups by their group numbers (no members made), then the others
     by_group: dict[int, tuple[PartGroups, np.ndarray]] = {}
     for f, r in zip(flows, rates.tolist(), strict=True):
@@ -792,6 +780,18 @@ def isolated_rates(items: Sequence[tuple[Sequence[int], float]] | TransferTable,
         if f.group is None or f._idx is not None:
             out[f.idx] = r
     return out
+
+
+def _fair_split(batch: _Batch, flows: list[_Flow], capacity: np.ndarray) -> tuple[list[_Flow], np.ndarray]:
+    """The max-min fair rates of ``flows`` on an idle network, the aggregates that fail the check
+    split into their members until none does: the flows and their rates."""
+    while True:
+        rates, _, _, broken = _fair(flows, capacity)
+        if not broken:
+            return flows, rates
+        gone = set(broken)
+        flows = [f for k, f in enumerate(flows) if k not in gone] + [
+            _single(batch, i, 1.0, flows[k].cap) for k in broken for i in flows[k].idx.tolist()]
 
 
 def _fair(flows: Sequence[_Flow], capacity: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
