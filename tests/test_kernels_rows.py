@@ -57,7 +57,7 @@ def test_shipped_gemm_models_record_their_row_counts():
         models = load_models(folder)
         for family in ROW_FAMILIES:
             if family in models:
-                rows = models[family].rows
+                rows = models[family].measured_m
                 assert rows is not None and set(rows) == set(models[family].dtypes), (name, family)
 
 
@@ -65,7 +65,7 @@ def test_a_densely_measured_gpu_is_not_interpolated():
     """The A100's fp16 GEMMs were measured every 8 rows: its trees time 1,004 rows themselves."""
     folder = store.platform_dir("dgx_a100")
     assert folder is not None
-    rows = load_models(folder)["gemm"].rows
+    rows = load_models(folder)["gemm"].measured_m
     assert rows is not None
     assert _between(rows, _gemms("fp16", [1004])) is None
 

@@ -95,7 +95,7 @@ class FamilyModel:
     #: every kind (a platform's own harness measures what its runs need)
     kinds: Mapping[str, frozenset[str]] | None = None
     #: per dtype, the row counts (``m``) a GEMM family was measured at, ascending; None: not recorded
-    rows: Mapping[str, np.ndarray] | None = None
+    measured_m: Mapping[str, np.ndarray] | None = None
 
     def takes(self, kernel: KernelSpec) -> bool:
         """Whether this model times ``kernel`` itself (its dtype and kind were measured)."""
@@ -114,7 +114,7 @@ class FamilyModel:
         timed by linear interpolation between its neighbours' predictions: the trees have seen no
         row count in between, and what they give there follows no measurement (the H100's fp8 GEMMs
         of 1,568-2,016 rows came out at 87-95% of the dense peak, faster than 1,536 rows)."""
-        between = _between(self.rows, kernels) if self.rows is not None else None
+        between = _between(self.measured_m, kernels) if self.measured_m is not None else None
         if between is None:
             return self._predict(kernels, gpu)
         idx, lo, hi, w = between

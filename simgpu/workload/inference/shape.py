@@ -38,11 +38,8 @@ GRID_PER_OCTAVE = 32
 ROW_ALIGN = 32
 #: Above :data:`EXACT_BELOW` rows a GEMM runs in tiles of 128 rows (the CTA tile of Hopper's and
 #: Ampere's large GEMM kernels), so its time is that of its rows rounded up to whole tiles: the rows
-#: are padded to a multiple of this. It also keeps the kernel models on the row counts they were
-#: measured at (AIConfigurator's GEMM tables: multiples of 256 and one more): between them the
-#: H100 fp8 GEMM model times 1,568-2,016 rows of 14,336 x 8,192 at 1.72-1.89 PFLOP/s, 87-95% of the
-#: dense peak, against 1.24-1.32 at the multiples of 128 and the 1.0-1.2 the table measures at
-#: such shapes (8,192 x 7,168: 1,197 TFLOP/s at 1,792 rows).
+#: are padded to a multiple of this. (Between the row counts a table measured, the kernel models
+#: interpolate themselves: :data:`simgpu.kernels.learned.ROW_GAP`.)
 TILE_ROWS = 128
 
 
