@@ -70,7 +70,7 @@ def both(overrides: list[str], fold: bool = True) -> tuple[SimResult, SimResult]
 @pytest.mark.parametrize("overrides, fold, counts", [
     (PP2, True, (6, 7)),
     (PP4, True, (8, 9)),
-    (INTERLEAVED, True, (8, 10)),
+    (INTERLEAVED, True, (4, 8)),                                            # least and 2 periods inserted
     (PP2, False, (6, 7)),                                                   # every rank
     (PP2 + ["parallelism.zero=0", "comm.algorithm=ring"], True, (6, 7)),   # DDP all-reduce in the cool-down
     (PP2 + ["platform.network.nic_gbps=25"], True, (6, 7)),                 # reductions contend with P2P
@@ -188,7 +188,7 @@ def test_a_pipeline_that_has_not_settled_is_not_repeated(monkeypatch):
     """PP4 from 6 micro-batches: stage 0's gradients still arrive a little later each period (the
     pipeline settles by 8), so the shortcut refuses 6 and 7 and simulates every micro-batch."""
     plain = simulate(load_job(GPT3, PP4), periodic=False)
-    monkeypatch.setattr(periodic, "counts", lambda shape: [6])
+    monkeypatch.setattr(periodic, "counts", lambda shape: [(6, 7)])
     short = simulate(load_job(GPT3, PP4))
     assert short.meta["periodic"].startswith("not used: the steady state has not settled by 6"), short.meta["periodic"]
     assert_same(plain, short)
@@ -219,14 +219,22 @@ def test_short_programs_keep_the_jobs_memory_and_samples():
 
 
 def test_counts_stay_within_the_budget():
-    assert periodic.counts(PipelineShape(96, 1, 16)) == [20]
-    assert periodic.counts(PipelineShape(200, 1, 16)) == [20, 24]
-    assert periodic.counts(PipelineShape(128, 8, 16)) == [24]
+    assert periodic.counts(PipelineShape(96, 1, 16)) == [(20, 21)]
+    assert periodic.counts(PipelineShape(200, 1, 16)) == [(20, 21), (24, 25)]
+    assert periodic.counts(PipelineShape(128, 8, 16)) == [(16, 32), (24, 32)]
+    assert periodic.counts(PipelineShape(40, 2, 4)) == [(4, 8), (8, 10)]
     assert periodic.counts(PipelineShape(40, 1, 16)) == []
-    for shape in (PipelineShape(96, 1, 16), PipelineShape(1000, 4, 8), PipelineShape(37, 1, 2)):
+    assert periodic.counts(PipelineShape(64, 8, 16)) == []
+    for shape in (PipelineShape(96, 1, 16), PipelineShape(1000, 4, 8), PipelineShape(37, 1, 2),
+                  PipelineShape(128, 8, 16), PipelineShape(50, 3, 6)):
         tried = periodic.counts(shape)
-        assert sum(2 * m + shape.period for m in tried) <= periodic.BUDGET * shape.micro_batches
-        assert all((m - shape.least) % shape.period == 0 and m > shape.least for m in tried)
+        assert sum(set(c for pair in tried for c in pair)) <= shape.micro_batches
+        first = tried[0] if shape.period > 1 else None
+        assert first is None or first == (shape.least, shape.least + 2 * shape.period)
+        rest = tried[1:] if first else tried
+        assert sum(2 * m + shape.period for m, _ in rest) <= periodic.BUDGET * shape.micro_batches
+        assert all((m - shape.least) % shape.period == 0 and m > shape.least and m2 == m + shape.period
+                   for m, m2 in rest)
 
 
 # ---- periodic.extend on made-up streams
@@ -249,12 +257,14 @@ def _result(rows: list[tuple]) -> SimResult:
 @settings(max_examples=40, deadline=None)
 @given(head=st.integers(0, 4), block=st.integers(1, 4), tail=st.integers(0, 4), ranks=st.integers(1, 3),
        extra=st.integers(1, 5), period=st.floats(1.0, 10.0), iterations=st.integers(1, 3),
-       broken=st.sampled_from([None, 0, 1, 2]))
-def test_extend_repeats_made_up_periods(head, block, tail, ranks, extra, period, iterations, broken):
-    """Per rank and iteration: ``head`` records, the block once (``m`` micro-batches) or twice
-    (``m + 1``), then ``tail`` records; extended by ``extra`` periods, the result is the stream with
-    the block ``extra + 1`` times in each iteration, and the iterations end as much later. With
-    ``broken``, the longer run's second block in that iteration is one record late: refused."""
+       broken=st.sampled_from([None, 0, 1, 2]), inserted=st.integers(1, 2))
+def test_extend_repeats_made_up_periods(head, block, tail, ranks, extra, period, iterations, broken, inserted):
+    """Per rank and iteration: ``head`` records, the block once (``m`` micro-batches) or ``1 +
+    inserted`` times (``m + inserted``), then ``tail`` records; extended by ``extra`` periods, the
+    result is the stream with the block ``extra + 1`` times in each iteration, and the iterations
+    end as much later. With ``broken``, the longer run's second block in that iteration is one
+    record late: refused (with two inserted, the first of them differs from the second)."""
+    inserted = min(inserted, extra)
     step = period / block
 
     def stream(rank: int, blocks: int, late: int | None = None) -> tuple[list[tuple], list[float]]:
@@ -289,9 +299,9 @@ def test_extend_repeats_made_up_periods(head, block, tail, ranks, extra, period,
         return res
 
     late = broken if broken is not None and broken < iterations else None
-    short, long = result(1), result(2, late)
+    short, long = result(1), result(1 + inserted, late)
     shape = PipelineShape(micro_batches=4 + extra, period=1, least=1)
-    out = periodic.extend(short, long, 4, shape, iterations)
+    out = periodic.extend(short, long, 4, shape, iterations, inserted)
     if late is not None:
         assert isinstance(out, str)
         return

@@ -67,13 +67,21 @@ def run(topo: Topology, build: Build, predict: Predict, planner: Planner, option
             first = runs.run(None)  # built short to try, but it does not apply
         return replace(first, periodic=why)
     assert shape is not None
-    for m in periodic.counts(shape):
-        short = first if m == shape.simulated else runs.run(_count(m))
+    tries = periodic.counts(shape)
+    kept: dict[int, Outcome] = {shape.simulated: first}  # runs a later try uses again, of the fold's state
+    for i, (m, m2) in enumerate(tries):
         before = runs.state
-        long = runs.run(_count(m + shape.period))
+        short = kept.get(m) or runs.run(_count(m))
+        if runs.state != before:  # the fold broke: the runs kept are of the fold as it was
+            kept.clear()
+        before = runs.state
+        long = kept.get(m2) or runs.run(_count(m2))
         if runs.state != before:  # the fold broke on the longer run: the shorter one again, alike
             short = runs.run(_count(m))
-        got = periodic.extend(short.result, long.result, m, shape, long.workload.iterations)
+        later = {c for pair in tries[i + 1:] for c in pair}
+        kept = {c: o for c, o in ((m, short), (m2, long)) if c in later}
+        got = periodic.extend(short.result, long.result, m, shape, long.workload.iterations,
+                              (m2 - m) // shape.period)
         if isinstance(got, SimResult):
             return Outcome(got, long.workload, long.note, str(got.meta["periodic"]))
         why = got
@@ -85,7 +93,7 @@ def run(topo: Topology, build: Build, predict: Predict, planner: Planner, option
 def _first(shape: PipelineShape) -> int:
     """The first short count to try, or the job's where none is (:func:`periodic.counts`)."""
     tries = periodic.counts(shape)
-    return tries[0] if tries else shape.micro_batches
+    return tries[0][0] if tries else shape.micro_batches
 
 
 def _count(m: int) -> Choose:
