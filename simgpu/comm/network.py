@@ -511,6 +511,9 @@ class FlowNetwork:
 
     def _start(self, flows: list[_Flow]) -> None:
         now = self.env.now
+        if len(flows) == 1 and flows[0].common is None and self._alone(flows[0]):
+            self._start_alone(flows[0], now)
+            return
         seeds: set[int] = set()
         blocks: dict[int, _Block] = {}
         for f in flows:
@@ -531,6 +534,42 @@ class FlowNetwork:
                 self._on_link.setdefault(lid, {})[b.serial] = b
             seeds.update(uniq)
         self._reschedule(seeds)
+
+    def _alone(self, f: _Flow) -> bool:
+        """Whether no active flow crosses any link of ``f`` (a flow not on the network yet)."""
+        on = self._on_link
+        return not any(on.get(lid) for lid in f.links.tolist())
+
+    def _start_alone(self, f: _Flow, now: float) -> None:
+        """Start ``f``, which shares no link with an active flow: :meth:`_reschedule` of its links,
+        whose component is ``f`` alone (its rate is its slowest link's share or its cap, as
+        :func:`_fair` computes it), without finding the component."""
+        self.reschedules += 1
+        if not f.serial:
+            self._serial += 1
+            f.serial = self._serial
+        f.last, f.active = now, True
+        links = f.links.tolist()
+        for lid in links:
+            self._on_link[lid] = {f.serial: f}
+        rate = min(float(np.min(self.capacity[f.links] / f.w)), f.cap)
+        if rate != f.rate:
+            f.rate = rate
+            f.finish = now + max(f.remaining / rate, 0.0)
+            heapq.heappush(self._heap, (f.finish, f.serial, f))
+        for lid, load in zip(links, (f.w * rate).tolist(), strict=True):
+            if load > 0:  # its links carried nothing before: no bytes to settle
+                self._link_rate[lid] = load
+                self._link_last[lid] = now
+            else:
+                self._link_rate.pop(lid, None)
+                self._link_last.pop(lid, None)
+            if self._record:
+                if load > 0:
+                    self._busy_since.setdefault(lid, now)
+                elif lid in self._busy_since:
+                    self.intervals.append((lid, self._busy_since.pop(lid), now))
+        self._arm()
 
     def _retire(self, block: _Block) -> None:
         """One of ``block``'s aggregates has left the network; the block leaves with its last."""
