@@ -33,12 +33,13 @@ def _workload(path: str, *overrides: str, fold: bool = True) -> Callable[[], tup
     return run
 
 
-def _allreduce(platform: str, nodes: int, nbytes: int) -> Callable[[], tuple[float, int]]:
+def _allreduce(platform: str, nodes: int, nbytes: int, *overrides: tuple[str, object]
+               ) -> Callable[[], tuple[float, int]]:
     def run() -> tuple[float, int]:
         from .comm.collective import collective_result
         from .config.loader import load_platform
 
-        r = collective_result(load_platform(platform)[0], "all_reduce", nbytes, nodes=nodes)
+        r = collective_result(load_platform(platform, overrides)[0], "all_reduce", nbytes, nodes=nodes)
         return r.iteration_time_s, r.events
     return run
 
@@ -117,6 +118,10 @@ CASES: dict[str, tuple[int, Callable[[], tuple[float, int]]]] = {
                                                           "training.global_batch=4096", fold=False)),
     "study: 1000 variants of a 64-GPU GPT": (64, _study("workloads/studies/gpt_64gpu_1000.yaml")),
     "all-reduce 1 GB, 16 GPU": (16, _allreduce("dgx_h100", 2, 1 << 30)),
+    # the 16 MiB all-reduce over 16 A100s (8 a server, 100 Gb/s NICs) whose simulation time a SimAI
+    # fork reports (liecn/SimAI README.md, "Quick Demo"; example/microAllReduce_16gpus.txt)
+    "all-reduce 16 MiB, 16 A100 (100 Gb/s NICs)": (16, _allreduce("dgx_a100", 2, 1 << 24,
+                                                                 ("network.nic_gbps", 100))),
     "all-reduce 1 GB, 1024 GPU": (1024, _allreduce("dgx_h100", 128, 1 << 30)),
     "all-reduce 1 GB, 4096 GPU": (4096, _allreduce("dgx_h100", 512, 1 << 30)),
 }
