@@ -133,14 +133,21 @@ def _key(kind: str | Pair, group: tuple[int, ...], suffix: str) -> str:
     return f"{kind}{group[0]}.{suffix}"
 
 
-def retarget(em: StageEmitter, rank: int) -> Program:
-    """The stage's program as ``rank`` (a rank of the same stage) runs it; ops are fresh copies."""
+def retarget(em: StageEmitter, rank: int, *, last: bool = False) -> Program:
+    """The stage's program as ``rank`` (a rank of the same stage) runs it; ops are fresh copies,
+    or, with ``last`` (the emitter's last use), the emitter's own ops, changed in place (a later call
+    still gives the stage's program: each op's group is found again from the emitter's calls)."""
     if em.layout.coord(rank).pp != em.layout.coord(em.rank).pp:
         raise ValueError(f"rank {rank} is not on the stage of rank {em.rank}")
     cpu = em.cpu_s
-    # Field by field: several times faster than dataclasses.replace on millions of ops.
-    ops = [Op(o.name, o.kind, o.category, o.stream, o.phase, o.kernel, o.coll, o.nbytes, o.deps, cpu,
-              iteration=o.iteration, sm_taken=o.sm_taken) for o in em.program.ops]
+    if last:
+        ops = em.program.ops
+        for o in ops:
+            o.cpu_s = cpu
+    else:
+        # Field by field: several times faster than dataclasses.replace on millions of ops.
+        ops = [Op(o.name, o.kind, o.category, o.stream, o.phase, o.kernel, o.coll, o.nbytes, o.deps, cpu,
+                  iteration=o.iteration, sm_taken=o.sm_taken) for o in em.program.ops]
     groups: dict[str | Pair, tuple[int, ...]] = {}
     for idx, kind, suffix in em.calls:
         op = ops[idx]
