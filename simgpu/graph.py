@@ -177,6 +177,8 @@ class Replicas:
 
     world: int
     levels: tuple[tuple[int, int], ...]
+    #: the representatives (the engine asks for every member of every collective it meets)
+    _reps: frozenset[int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.levels:
@@ -187,6 +189,11 @@ class Replicas:
                                  f"world {self.world}")
             if any(u % block for _, u in self.levels[:i]):
                 raise ValueError(f"replicas: block {block} must divide the units of the levels before it")
+        ranks = np.arange(self.world)
+        keep = np.ones(self.world, dtype=bool)
+        for block, unit in self.levels:
+            keep &= ranks % block < unit
+        object.__setattr__(self, "_reps", frozenset(np.flatnonzero(keep).tolist()))
 
     @property
     def factor(self) -> int:
@@ -196,7 +203,7 @@ class Replicas:
         return out
 
     def is_rep(self, rank: int) -> bool:
-        return all(rank % block < unit for block, unit in self.levels)
+        return rank in self._reps
 
     def rep(self, rank: int) -> int:
         """The representative that ``rank`` is an image of."""
