@@ -194,6 +194,32 @@ def test_a_pipeline_that_has_not_settled_is_not_repeated(monkeypatch):
     assert_same(plain, short)
 
 
+def test_interleaved_falls_back_to_the_next_pair_with_the_run_it_has(monkeypatch):
+    """Interleaved PP2 over 40 micro-batches tries (4, 8), then (8, 10). With the first pair refused,
+    the 8-micro-batch run is used again as the second pair's shorter run (three runs in all), and
+    the result is still every micro-batch's."""
+    job = load_job(GPT3, INTERLEAVED)
+    plain = simulate(job, periodic=False)
+    extend, made = periodic.extend, []
+
+    def refuse_least(short, long, m, shape, iterations=1, inserted=1):
+        return "refused here" if m == shape.least else extend(short, long, m, shape, iterations, inserted)
+
+    run = shortcuts._Runs.run
+
+    def counting(self, choose):
+        out = run(self, choose)
+        made.append(out.workload.pipeline.simulated)
+        return out
+
+    monkeypatch.setattr(periodic, "extend", refuse_least)
+    monkeypatch.setattr(shortcuts._Runs, "run", counting)
+    short = simulate(job)
+    assert short.meta["periodic"].startswith("periodic: 8 and 10 micro-batches simulated"), short.meta["periodic"]
+    assert made == [4, 8, 10]
+    assert_same(plain, short)
+
+
 @pytest.mark.parametrize("overrides, options, why", [
     (PP2 + ["training.global_batch=64"], EngineOptions(), "8 micro-batches are too few"),
     (PP2 + ["parallelism.pp_schedule=gpipe"], EngineOptions(), "no pipeline schedule that repeats"),
