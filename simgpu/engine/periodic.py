@@ -97,7 +97,9 @@ def blocker(shape: PipelineShape | None, record_links: bool) -> str:
     if shape is None:
         return "no pipeline schedule that repeats one period at a time"
     if not counts(shape):
-        m, m2 = shape.least, shape.least + 2 * shape.period
+        p = shape.period
+        m = shape.least if p > 1 else shape.least + _margin(shape) * p  # the cheapest pair counts() tries
+        m2 = m + (2 * p if p > 1 else p)
         return (f"{shape.micro_batches} micro-batches are too few: the short runs would simulate "
                 f"{m + m2} ({m} and {m2}), more than {BUDGET:.0%} of them")
     return ""
