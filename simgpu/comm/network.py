@@ -643,6 +643,16 @@ class FlowNetwork:
         """New max-min rates for the component of the links ``seeds`` (whose flows changed)."""
         self.reschedules += 1
         now = self.env.now
+        on = self._on_link
+        if not any(on.get(lid) for lid in seeds):  # no flow left on them (a lone flow ended): all idle
+            for lid in seeds:
+                self._settle_link(lid, now)
+                self._link_rate.pop(lid, None)
+                self._link_last.pop(lid, None)
+                if self._record and lid in self._busy_since:
+                    self.intervals.append((lid, self._busy_since.pop(lid), now))
+            self._arm()
+            return
         flows, touched = self._component(seeds)
         for lid in touched:
             self._settle_link(lid, now)
