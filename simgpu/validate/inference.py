@@ -27,9 +27,9 @@ throughput is continuous batching at its steady state, computed from the iterati
 engine keeps ``gpu_batch_size`` requests (fewer where their KV caches, paged, at the mean context,
 do not fit) of the OpenOrca
 mix's mean lengths (:data:`ORCA_INPUT`, :func:`orca_output`) in flight; each iteration decodes one
-token of each over the mean cache (input + output / 2) and prefills, chunk by chunk, the prompts of
-the requests that finish (``batch / output`` per iteration); tokens/s = batch / iteration time per
-engine. Scored: geomean |error| of tokens/s and Spearman's rank correlation of tokens/s per GPU.
+token of each over the mean cache (input + output / 2) and prefills the prompts of the requests
+that finish (``batch / output`` per iteration), each a causal sequence of its own (in pieces of
+``max_num_tokens`` where longer); tokens/s = batch / iteration time per engine. Scored: geomean |error| of tokens/s and Spearman's rank correlation of tokens/s per GPU.
 
 ``python -m simgpu.validate.inference`` prints the tables and the geomean errors (held out, and
 in sample with ``--in-sample``; ``--fit`` refits both); the exit status
@@ -349,8 +349,13 @@ def offline_tokens_per_s(timer: EngineTimer, batch: int, isl: int, osl: int, chu
     b = max(1, min(batch, mem.kv_blocks // per_request))
     new_prompts = b / osl             # requests finishing (and starting) per iteration
     prompt_tokens = new_prompts * isl
-    n_chunks = max(1, round(prompt_tokens / chunk)) if prompt_tokens > 1 else 0
-    prefill = tuple((max(1, round(prompt_tokens / n_chunks)), 0) for _ in range(n_chunks))
+    # each new request's prompt is a causal sequence of its own (TensorRT-LLM's context phase packs
+    # the prompts of an iteration, each attending to itself only), of at most ``chunk`` tokens a
+    # piece (chunked context): round(new_prompts) prompts holding the iteration's prompt tokens
+    n = max(1, round(new_prompts))
+    length = max(1, round(prompt_tokens / n))
+    pieces = -(-length // chunk)
+    prefill = tuple((max(1, round(length / pieces)), 0) for _ in range(n * pieces))
     t = timer.time([Step(prefill=prefill, decode=(ctx,) * b)])[0]
     return b / t, b
 
