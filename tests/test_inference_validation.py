@@ -117,3 +117,15 @@ def test_offline_prompts_are_sequences_of_their_own() -> None:
     seen.clear()
     v.offline_tokens_per_s(timer, 896, 294, 291, 128)  # prompts longer than the chunk: in pieces
     assert len(seen[0].prefill) == 9 and max(n for n, _ in seen[0].prefill) <= 128
+
+
+def test_kernel_times_add_up_to_a_tp1_iteration() -> None:
+    """TP1 has no collective: the kernels of one GPU's stream are the iteration, less the host's
+    head start (the breakdown of ``--breakdown``)."""
+    timer = v.EngineTimer(v.make_job(v.LLAMA2_70B, "dgx_b200", 1, "fp4", inference=v.MLPERF_INFERENCE))
+    step = v.Step(prefill=((300, 0),) * 4, decode=(440,) * 512)
+    kt = timer.kernel_times(step)
+    t = float(timer.time([step])[0])
+    assert sum(kt.values()) == pytest.approx(t, rel=0.02)
+    assert kt[("mlp.fc1.fwd", "gemm", "fp4")] > kt[("attn.qkv.fwd", "gemm", "fp4")] > 0
+    assert ("ln1.fwd", "norm", "bf16") in kt
