@@ -115,8 +115,10 @@ def test_offline_prompts_are_sequences_of_their_own() -> None:
     assert len(step.prefill) == round(b / 291) == 3
     assert all(abs(n - 294 * b / 291 / 3) <= 1 and c == 0 for n, c in step.prefill)
     seen.clear()
-    v.offline_tokens_per_s(timer, 896, 294, 291, 128)  # prompts longer than the chunk: in pieces
-    assert len(seen[0].prefill) == 9 and max(n for n, _ in seen[0].prefill) <= 128
+    # max_num_tokens bounds an iteration's tokens, a decode's one token included
+    _, b = v.offline_tokens_per_s(timer, 896, 294, 291, 1000)
+    assert b == int(1000 / (1 + 294 / 291)) == 497
+    assert len(seen[0].decode) == b and b + sum(n for n, _ in seen[0].prefill) <= 1000
 
 
 def test_kernel_times_add_up_to_a_tp1_iteration() -> None:

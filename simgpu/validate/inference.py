@@ -28,8 +28,9 @@ engine keeps ``gpu_batch_size`` requests (fewer where their KV caches, paged, at
 do not fit) of the OpenOrca
 mix's mean lengths (:data:`ORCA_INPUT`, :func:`orca_output`) in flight; each iteration decodes one
 token of each over the mean cache (input + output / 2) and prefills the prompts of the requests
-that finish (``batch / output`` per iteration), each a causal sequence of its own (in pieces of
-``max_num_tokens`` where longer); tokens/s = batch / iteration time per engine. Scored: geomean
+that finish (``batch / output`` per iteration), each a causal sequence of its own; an iteration
+holds at most ``max_num_tokens`` tokens, a decode's one included, so at most ``max_num_tokens /
+(1 + input / output)`` requests decode in it; tokens/s = decodes / iteration time per engine. Scored: geomean
 |error| of tokens/s and Spearman's rank correlation of tokens/s per GPU. ``--breakdown`` prints
 each configuration's iteration by kernel.
 
@@ -343,26 +344,28 @@ ACCELERATORS: dict[str, tuple[str, tuple[tuple[str, Any], ...]]] = {
 
 def offline_step(timer: EngineTimer, batch: int, isl: int, osl: int, chunk: int) -> tuple[Step, int]:
     """The steady-state iteration of one engine keeping ``batch`` requests in flight (fewer if their
-    KV caches do not fit), and the batch used (see the module docstring)."""
+    KV caches do not fit), and how many of them decode in it (see the module docstring)."""
     mem = timer.memory
     ctx = isl + osl // 2
     # paged: a request holds the blocks of its current length, on average the mean context
     per_request = -(-ctx // mem.block_tokens)
     b = max(1, min(batch, mem.kv_blocks // per_request))
+    # TensorRT-LLM's max_num_tokens bounds an iteration's tokens, a decoding request's one token
+    # included (its tuning guide's scheduler walk-through): d decodes bring d / osl new prompts of
+    # isl tokens each, so at most chunk / (1 + isl / osl) of the requests decode per iteration
+    b = max(1, min(b, int(chunk / (1 + isl / osl))))
     new_prompts = b / osl             # requests finishing (and starting) per iteration
     prompt_tokens = new_prompts * isl
     # each new request's prompt is a causal sequence of its own (TensorRT-LLM's context phase packs
-    # the prompts of an iteration, each attending to itself only), of at most ``chunk`` tokens a
-    # piece (chunked context): round(new_prompts) prompts holding the iteration's prompt tokens
+    # the prompts of an iteration, each attending to itself only): round(new_prompts) prompts
+    # holding the iteration's prompt tokens (within the budget above, so never chunked)
     n = max(1, round(new_prompts))
-    length = max(1, round(prompt_tokens / n))
-    pieces = -(-length // chunk)
-    prefill = tuple((max(1, round(length / pieces)), 0) for _ in range(n * pieces))
+    prefill = ((max(1, round(prompt_tokens / n)), 0),) * n
     return Step(prefill=prefill, decode=(ctx,) * b), b
 
 
 def offline_tokens_per_s(timer: EngineTimer, batch: int, isl: int, osl: int, chunk: int) -> tuple[float, int]:
-    """Steady-state output tokens/s of one engine (:func:`offline_step`), and the batch used."""
+    """Steady-state output tokens/s of one engine (:func:`offline_step`), and its decodes an iteration."""
     step, b = offline_step(timer, batch, isl, osl, chunk)
     t = timer.time([step])[0]
     return b / t, b
