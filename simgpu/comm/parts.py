@@ -244,7 +244,7 @@ def _expand(g: np.ndarray, row: np.ndarray, s: np.ndarray | None, count: np.ndar
     if shift is not None:
         _, first = np.unique(rows, axis=0, return_index=True)
         table = rows[first]
-    empty = ~(table >= 0).any(axis=1)
+    empty = np.asarray(~(table >= 0).any(axis=1))
     if empty.any() and empty[row].any():  # rows of no links give nothing: dropped, so the rest may be whole
         keep = ~empty[row]
         g, row, count = g[keep], row[keep], count[keep]
@@ -289,7 +289,7 @@ def _node_tallies(gid: np.ndarray, tp: np.ndarray, fp: np.ndarray, na: np.ndarra
     pre_num, post_num = pre_num.reshape(-1).astype(np.intp), post_num.reshape(-1).astype(np.intp)
     Rp, Rq = int(pre_num.max()) + 1, int(post_num.max()) + 1
     per_group = max(Rp, F, Rq * nodes)
-    out: list[list[tuple[np.ndarray, ...]]] = [[], [], []]
+    out: list[list[tuple[np.ndarray, np.ndarray, int, int]]] = [[], [], []]
     i, U = 0, len(used)
     while i < U:  # a run of nodes whose groups' counters fit the chunk (at least one node)
         j = i + 1
@@ -299,11 +299,20 @@ def _node_tallies(gid: np.ndarray, tp: np.ndarray, fp: np.ndarray, na: np.ndarra
         g0, span = int(gmin[i]), int(gmax[j - 1]) - int(gmin[i]) + 1
         local = gid[a:b].astype(np.intp) - g0
         t = tp[a:b]
-        for k, (key, width) in enumerate(((local * Rp + pre_num[t], Rp), (local * F + fp[a:b], F),
-                                          ((local * Rq + post_num[t]) * nodes + nb[a:b], Rq * nodes))):
+        for k, (key, width) in enumerate(((local * Rp + pre_num[t], Rp), (local * F + fp[a:b], F))):
             counts = np.bincount(key, minlength=span * width)
             at = np.flatnonzero(counts)
             out[k].append((at, counts[at], g0, width))
+        # destination parts: the (group, row) in use numbered first (in order), then counted by node
+        gr = local * Rq + post_num[t]
+        combos = np.flatnonzero(np.bincount(gr, minlength=span * Rq))
+        number = np.zeros(span * Rq, dtype=np.intp)
+        number[combos] = np.arange(len(combos))
+        key = number[gr] * nodes + nb[a:b]
+        counts = np.bincount(key, minlength=len(combos) * nodes)
+        at = np.flatnonzero(counts)
+        c, node = np.divmod(at, nodes)
+        out[2].append((combos[c] * nodes + node, counts[at], g0, Rq * nodes))
         i = j
     tallies: list[tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]] = []
     for k, width in enumerate((Rp, F, Rq * nodes)):

@@ -589,6 +589,7 @@ class Topology:
         ka = kb if nv is not None and nv.kind == "nvswitch" else nic_of[ga.astype(np.intp)]
         del ga, gb
         net = self.platform.network
+        fkey: np.ndarray
         if net.topology == "dragonfly":
             assert net.dragonfly is not None
             d = net.dragonfly
@@ -602,15 +603,16 @@ class Topology:
             pods = self.nodes // net.nodes_per_leaf + 1
             span = pods * self.ports
             wide = np.int64 if span * span + 1 >= 2**31 else idx
-            fkey = (na // net.nodes_per_leaf).astype(wide, copy=False) * self.ports
+            la: np.ndarray = (na // net.nodes_per_leaf).astype(wide, copy=False) * self.ports
             if rail:
-                fkey += ka
-            fkey *= span
+                la += ka
+            la *= span
             lb: np.ndarray = (nb // net.nodes_per_leaf).astype(wide, copy=False) * self.ports
             if rail:
                 lb += kb
-            fkey += lb
-            del lb
+            la += lb
+            fkey = la
+            del la, lb
         fkey += 1
         fkey *= inter
         del inter
