@@ -263,6 +263,15 @@ def _expand(g: np.ndarray, row: np.ndarray, s: np.ndarray | None, count: np.ndar
     return np.repeat(g, width), links[valid], np.repeat(count.astype(float), width)
 
 
+def _numbering(key: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
+    """The values of ``key`` (below ``bound``) in increasing order, and a table from a value to its
+    number among them."""
+    values = np.flatnonzero(np.bincount(key, minlength=bound))
+    number = np.zeros(bound, dtype=np.intp)
+    number[values] = np.arange(len(values))
+    return values, number
+
+
 #: the most counters a node-by-node tally counts in at once (a few MiB, held in the caches)
 _CHUNK_BINS = 1 << 18
 
@@ -278,7 +287,7 @@ def _node_tallies(gid: np.ndarray, tp: np.ndarray, fp: np.ndarray, na: np.ndarra
     n = len(gid)
     if n == 0 or not bool(np.all(na[1:] >= na[:-1])):
         return None
-    starts = np.searchsorted(na, np.arange(nodes + 1))
+    starts = np.searchsorted(na, np.arange(nodes + 1, dtype=na.dtype))  # na's own width: not converted
     used = np.flatnonzero(starts[1:] > starts[:-1])
     lo = starts[used]
     gmin, gmax = np.minimum.reduceat(gid, lo), np.maximum.reduceat(gid, lo)
@@ -299,20 +308,23 @@ def _node_tallies(gid: np.ndarray, tp: np.ndarray, fp: np.ndarray, na: np.ndarra
         g0, span = int(gmin[i]), int(gmax[j - 1]) - int(gmin[i]) + 1
         local = gid[a:b].astype(np.intp) - g0
         t = tp[a:b]
-        for k, (key, width) in enumerate(((local * Rp + pre_num[t], Rp), (local * F + fp[a:b], F))):
-            counts = np.bincount(key, minlength=span * width)
-            at = np.flatnonzero(counts)
-            out[k].append((at, counts[at], g0, width))
-        # destination parts: the (group, row) in use numbered first (in order), then counted by node
+        counts = np.bincount(local * Rp + pre_num[t], minlength=span * Rp)
+        at = np.flatnonzero(counts)
+        out[0].append((at, counts[at], g0, Rp))
+        # the fabric rows and the destination (group, row) pairs in use are numbered first (in
+        # order), so that the counters span those, not every row
+        f = fp[a:b]
+        rows, number = _numbering(f, F)
+        counts = np.bincount(local * len(rows) + number[f], minlength=span * len(rows))
+        at = np.flatnonzero(counts)
+        c, r = np.divmod(at, len(rows))
+        out[1].append((c * F + rows[r], counts[at], g0, F))
         gr = local * Rq + post_num[t]
-        combos = np.flatnonzero(np.bincount(gr, minlength=span * Rq))
-        number = np.zeros(span * Rq, dtype=np.intp)
-        number[combos] = np.arange(len(combos))
-        key = number[gr] * nodes + nb[a:b]
-        counts = np.bincount(key, minlength=len(combos) * nodes)
+        pairs, number = _numbering(gr, span * Rq)
+        counts = np.bincount(number[gr] * nodes + nb[a:b], minlength=len(pairs) * nodes)
         at = np.flatnonzero(counts)
         c, node = np.divmod(at, nodes)
-        out[2].append((combos[c] * nodes + node, counts[at], g0, Rq * nodes))
+        out[2].append((pairs[c] * nodes + node, counts[at], g0, Rq * nodes))
         i = j
     tallies: list[tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]] = []
     for k, width in enumerate((Rp, F, Rq * nodes)):

@@ -72,21 +72,18 @@ def key_members(key: np.ndarray, members: bool = True) -> tuple[np.ndarray, np.n
 
 
 def first_positions(inverse: np.ndarray, k: int) -> np.ndarray:
-    """The first position of each of the values ``0..k-1`` in ``inverse`` (each present): read in
-    chunks that double, so values that all show up early cost a few reads, not a sort."""
-    first = np.full(k, -1, dtype=np.int64)
-    lo, step, left = 0, 1024, k
-    while left and lo < len(inverse):
-        if step > len(inverse) // 8:  # the rest at once
-            rest = np.full(k, len(inverse), dtype=np.int64)
-            np.minimum.at(rest, inverse[lo:], np.arange(lo, len(inverse)))
-            first = np.where(first < 0, rest, first)
+    """The first position of each of the values ``0..k-1`` in ``inverse`` (each present): the least
+    position of each value taken over chunks that double, stopping once every value is seen, so
+    values that all show up early cost a few short reads."""
+    n = len(inverse)
+    first = np.full(k, n, dtype=np.int64)
+    lo, step = 0, 1024
+    while lo < n:
+        hi = min(n, lo + step)
+        np.minimum.at(first, inverse[lo:hi], np.arange(lo, hi))
+        if int(first.max(initial=0)) < n:  # every value seen: later positions are larger
             break
-        values, at = np.unique(inverse[lo:lo + step], return_index=True)
-        new = first[values] < 0
-        first[values[new]] = lo + at[new]
-        left -= int(np.count_nonzero(new))
-        lo, step = lo + step, step * 2
+        lo, step = hi, step * 2
     return first
 
 
@@ -584,9 +581,10 @@ class Topology:
         # the fabric, by what it depends on: the two switches (and on a dragonfly the end nodes)
         nv = self.platform.node.nvlink
         nic_of = np.array(self._nic_of[:gpn], dtype=idx)
-        kb = nic_of[gb.astype(np.intp)]
+        own = bool(np.array_equal(nic_of, np.arange(gpn)))  # GPU g on NIC g: no table to read
+        kb = gb if own else nic_of[gb.astype(np.intp)]
         # PXN (NVSwitch nodes): a pair leaves through the destination rail's NIC
-        ka = kb if nv is not None and nv.kind == "nvswitch" else nic_of[ga.astype(np.intp)]
+        ka = kb if nv is not None and nv.kind == "nvswitch" else ga if own else nic_of[ga.astype(np.intp)]
         del ga, gb
         net = self.platform.network
         fkey: np.ndarray
