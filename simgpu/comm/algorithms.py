@@ -667,7 +667,10 @@ def _pairs(req: CollectiveRequest, topo: Topology
         topo.memo["direct routes"] = (req.group, src, dst, parts, shape_class, memo)
     kinds = _route_kinds(shape_class, sizes)
     K = int(kinds.max()) + 1 if len(kinds) else 0
-    peers = np.bincount(src.astype(np.int64) * K + kinds, minlength=n * K).reshape(n, K)
+    at = (src.astype(np.int64) if n * K >= 2**31 else src) * K  # in the pairs' width where it fits
+    at += kinds
+    peers = np.bincount(at, minlength=n * K).reshape(n, K)
+    del at
     out = (src, dst, parts, sizes, kinds, peers, memo)
     topo.memo["direct pairs"] = (req, out)
     return out

@@ -65,9 +65,12 @@ def key_members(key: np.ndarray, members: bool = True) -> tuple[np.ndarray, np.n
     number: np.ndarray = np.cumsum(present, dtype=np.int32 if len(values) < 2**31 else np.int64)
     number -= 1
     inverse = number[key]
-    member = np.empty(len(values) if members else 0, dtype=np.int64)
-    if members:
-        member[inverse] = np.arange(len(key))
+    member = np.full(len(values) if members else 0, -1, dtype=np.int64)
+    if members:  # from every 16th position first; the whole array only where that misses a value
+        stride = 16 if len(key) >= 16 * len(values) else 1
+        member[inverse[::stride]] = np.arange(0, len(key), stride)
+        if stride > 1 and int(member.min()) < 0:
+            member[inverse] = np.arange(len(key))
     return values, member, inverse
 
 
@@ -126,7 +129,8 @@ class RouteParts:
         (kept: the parts do not change)."""
         if self._shapes is None:
             nF = len(self.fab)
-            key: np.ndarray = self.tpart.astype(np.int64 if len(self.pre) * nF >= 2**31 else np.int32) * nF
+            key: np.ndarray = self.tpart.astype(np.int64 if len(self.pre) * nF >= 2**31 else np.int32)
+            key *= nF
             key += self.fpart
             values, _, inverse = key_members(key, members=False)
             self._shapes = (values, inverse)
@@ -569,7 +573,7 @@ class Topology:
         # the node parts, by (local GPUs, whether the pair leaves the node): the key says both
         tkey: np.ndarray = ga * gpn
         tkey += gb
-        tkey += inter.astype(idx) * (gpn * gpn)
+        np.add(tkey, gpn * gpn, out=tkey, where=inter)  # in place: big temporaries cost their pages
         tkeys, _, tpair = key_members(tkey, members=False)
         del tkey
         pres, posts = [], []
@@ -601,11 +605,13 @@ class Topology:
             pods = self.nodes // net.nodes_per_leaf + 1
             span = pods * self.ports
             wide = np.int64 if span * span + 1 >= 2**31 else idx
-            la: np.ndarray = (na // net.nodes_per_leaf).astype(wide, copy=False) * self.ports
+            la: np.ndarray = (na // net.nodes_per_leaf).astype(wide, copy=False)
+            la *= self.ports
             if rail:
                 la += ka
             la *= span
-            lb: np.ndarray = (nb // net.nodes_per_leaf).astype(wide, copy=False) * self.ports
+            lb: np.ndarray = (nb // net.nodes_per_leaf).astype(wide, copy=False)
+            lb *= self.ports
             if rail:
                 lb += kb
             la += lb
