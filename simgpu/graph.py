@@ -112,10 +112,19 @@ class Op:
 
 @dataclass
 class Program:
-    """The ops of one rank in program order, with a helper to append them and get their index."""
+    """The ops of one rank in program order, with a helper to append them and get their index.
+
+    ``template``, when set, is the op list this program was copied from (a pipeline stage's program
+    retargeted to each of its ranks): its ops equal the template's at the same places in name,
+    kind, category, stream, phase, kernel, nbytes and deps; only a collective's ``coll`` (group and
+    key), ``cpu_s``, ``delay_s`` and ``sm_taken`` may differ. Programs of one template share the
+    engine's per-op tables (dependencies, the records' columns), and may share Op objects: an op of
+    a program is never modified once the program is built.
+    """
 
     rank: int
     ops: list[Op] = field(default_factory=list)
+    template: list[Op] | None = None
 
     def add(self, op: Op) -> int:
         if op.kind == "host" and op.deps:

@@ -27,14 +27,17 @@ The engine knows no model family and calls no kernel model: kernel durations arr
 from __future__ import annotations
 
 import math
+from array import array
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from heapq import heappop, heappush
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import simpy
+from simpy.events import NORMAL
 
 from ..comm.network import AGGREGATE_FROM, FlowNetwork
 from ..comm.plan import CollectiveRequest
@@ -83,8 +86,32 @@ class _Stream:
         self.waking = False
 
 
+class _Shape:
+    """What the ranks of one template share (:attr:`Program.template`; a program without one is its
+    own): each op's dependents and count of distinct dependencies."""
+
+    __slots__ = ("dependents", "deps_left", "ops", "ranks")
+
+    def __init__(self, ops: list[Op]) -> None:
+        n = len(ops)
+        self.ops = ops
+        self.ranks: list[_Rank] = []
+        self.deps_left = [0] * n
+        self.dependents: list[list[int]] = [[] for _ in range(n)]
+        for i, op in enumerate(ops):
+            deps = set(op.deps)
+            self.deps_left[i] = len(deps)
+            for d in deps:
+                self.dependents[d].append(i)
+
+
 class _Rank:
-    """What the engine tracks for one rank while its program runs."""
+    """What the engine tracks for one rank while its program runs, and the times its records take.
+
+    Each op has two records at most: on the CPU thread, its launch (a ``host`` op: its host work),
+    from ``launch`` to ``issue``; a kernel, copy or collective on its stream from ``start`` to
+    ``end``, a ``host_wait`` on the CPU thread from when the thread began to wait to when it went on.
+    """
 
     __slots__ = (
         "cpu_time",
@@ -92,7 +119,9 @@ class _Rank:
         "dependents",
         "deps_left",
         "done",
+        "end",
         "issue",
+        "launch",
         "launch_scale",
         "ops",
         "rank",
@@ -102,25 +131,33 @@ class _Rank:
         "waiting",
     )
 
-    def __init__(self, rank: int, ops: list[Op], launch_scale: float) -> None:
+    def __init__(self, rank: int, ops: list[Op], shape: _Shape, launch_scale: float) -> None:
         self.rank, self.ops, self.launch_scale = rank, ops, launch_scale
         n = len(ops)
-        # Python lists, not arrays: read and written one element at a time, at every op
-        self.issue = [math.nan] * n
-        self.start = [math.nan] * n
-        self.done = [False] * n
-        self.deps_left = [0] * n
-        self.dependents: list[list[int]] = [[] for _ in range(n)]
-        for i, op in enumerate(ops):
-            deps = set(op.deps)
-            self.deps_left[i] = len(deps)
-            for d in deps:
-                self.dependents[d].append(i)
+        nan = array("d", [math.nan])
+        self.launch = nan * n
+        self.issue = nan * n
+        self.start = nan * n
+        self.end = nan * n
+        self.done = bytearray(n)
+        self.deps_left = list(shape.deps_left)
+        self.dependents = shape.dependents
         self.streams: dict[str, _Stream] = {}
         self.cursor = 0
         self.cpu_time = 0.0
         self.waiting = -1  # index of the host_wait the CPU thread is blocked on
         self.wait_since = 0.0
+
+
+class _Call:
+    """A SimPy event that calls ``engine._finish(rank, op)`` when processed: scheduled directly on
+    the environment's queue as a ``Timeout`` would be, without a closure or an event of SimPy's."""
+
+    __slots__ = ("callbacks", "i", "r")
+    _ok = True
+
+    def __init__(self, callbacks: list[Any], r: _Rank, i: int) -> None:
+        self.callbacks, self.r, self.i = callbacks, r, i
 
 
 class Engine:
@@ -143,7 +180,11 @@ class Engine:
         self.env = simpy.Environment()
         self.net = FlowNetwork(self.env, topo.capacity, record=options.record_links,
                                aggregate_from=AGGREGATE_FROM if options.aggregate else 0)
-        self.records: list[tuple[Any, ...]] = []
+        self._shapes: list[_Shape] = []
+        self._shape_of: dict[int, _Shape] = {}
+        self._queue: list[Any] = self.env._queue  # SimPy's event heap: (time, priority, id, event)
+        self._eid = self.env._eid
+        self._calls: list[Any] = [self._call]
         self._rv: dict[str, _Rendezvous] = {}
         self._comm_active = [0] * topo.world
         self._by_op = dict(options.overlap_slowdown_by_op)
@@ -165,16 +206,30 @@ class Engine:
         """Simulate the programs and return only the iteration's end, s (what an iteration timer
         needs; the same figure as ``run().iteration_time_s`` without building the records' tables)."""
         self._simulate()
-        end = RECORD_COLUMNS.index("end_s")
-        return max((float(r[end]) for r in self.records), default=0.0)
+        ends = [np.frombuffer(a) for r in self._ranks.values() for a in (r.issue, r.end) if len(a)]
+        if not ends:
+            return 0.0
+        end = float(np.fmax.reduce(np.concatenate(ends)))  # ignores NaN: ops without a second record
+        return 0.0 if math.isnan(end) else end
 
     def _simulate(self) -> None:
         topo = self.topo
         share = max(1.0, topo.gpus_per_node / max(1, self.opt.cpu_threads_per_node))
-        self._ranks = {p.rank: _Rank(p.rank, p.ops, share) for p in self.workload.programs}
+        shapes: dict[int, _Shape] = {}
+        for p in self.workload.programs:
+            t = p.template
+            if t is None or len(t) != len(p.ops):
+                t = p.ops
+            shape = shapes.get(id(t))
+            if shape is None:
+                shape = shapes[id(t)] = _Shape(t)
+            r = self._ranks[p.rank] = _Rank(p.rank, p.ops, shape, share)
+            self._shape_of[p.rank] = shape
+            shape.ranks.append(r)
+        self._shapes = list(shapes.values())
         for r in self._ranks.values():
             self._walk(r)
-        self.env.run()
+        self._run_queue()
         self._check_finished()
         if self.fold is not None and self.fold_slack_s > SLACK_FRACTION * self.env.now:
             raise FoldBroken(f"replicas sit differently on the leaf switches: their latencies differ by up to "
@@ -182,40 +237,56 @@ class Engine:
                              "iteration")
         self.net.finish()
 
+    def _run_queue(self) -> None:
+        """SimPy's ``env.run()`` until no event is left, each event processed as ``env.step()`` does
+        (the clock set to its time, its callbacks called in order), the engine's own :class:`_Call`
+        events called directly."""
+        env, queue, finish = self.env, self._queue, self._finish
+        while queue:
+            env._now, _, _, event = heappop(queue)
+            if event.__class__ is _Call:
+                finish(event.r, event.i)
+                continue
+            callbacks, event.callbacks = event.callbacks, None
+            for callback in callbacks:
+                callback(event)
+            if not event._ok and not hasattr(event, "_defused"):
+                raise event._value
+
     # -- the CPU thread ---------------------------------------------------------------------------
 
     def _walk(self, r: _Rank) -> None:
         """Issue ops from the cursor on, until the program ends or a host_wait must block."""
-        rec = self.records.append
         default = self.opt.launch_s
-        while r.cursor < len(r.ops):
+        ops, n = r.ops, len(r.ops)
+        streams = r.streams
+        while r.cursor < n:
             i = r.cursor
-            op = r.ops[i]
+            op = ops[i]
+            kind = op.kind
             if r.waiting != i:  # not resuming after a wait: spend the launch
-                launch = (default if op.cpu_s is None else op.cpu_s) * r.launch_scale
                 t0 = r.cpu_time
-                r.cpu_time = t0 + launch
-                if op.kind == "host":
-                    rec((r.rank, "cpu", op.name, op.category, op.phase, "host", t0, r.cpu_time, 0, "host"))
+                r.launch[i] = t0
+                r.cpu_time = t0 + (default if op.cpu_s is None else op.cpu_s) * r.launch_scale
+                r.issue[i] = r.cpu_time
+                if kind == "host":
                     r.cursor += 1
-                    self._at(r.cpu_time, lambda _e, r=r, i=i: self._finish(r, i))
+                    self._finish_at(r.cpu_time, r, i)
                     continue
-                rec((r.rank, "cpu", op.name, "launch", op.phase, "launch", t0, r.cpu_time, 0, "host"))
-            if op.kind == "host_wait":
+            if kind == "host_wait":
                 if r.deps_left[i] > 0:
                     if r.waiting != i:
                         r.waiting, r.wait_since = i, r.cpu_time
                     return  # the last dependency's end resumes the walk
-                t0 = r.wait_since if r.waiting == i else r.cpu_time
-                rec((r.rank, "cpu", op.name, op.category, op.phase, "host_wait", t0, r.cpu_time, 0, "host"))
+                r.start[i] = r.wait_since if r.waiting == i else r.cpu_time
+                r.end[i] = r.cpu_time
                 r.waiting = -1
                 r.cursor += 1
-                self._at(r.cpu_time, lambda _e, r=r, i=i: self._finish(r, i))
+                self._finish_at(r.cpu_time, r, i)
                 continue
-            r.issue[i] = r.cpu_time
-            stream = r.streams.get(op.stream)
+            stream = streams.get(op.stream)
             if stream is None:
-                stream = r.streams[op.stream] = _Stream()
+                stream = streams[op.stream] = _Stream()
             stream.queue.append(i)
             r.cursor += 1
             if len(stream.queue) == 1:
@@ -227,6 +298,17 @@ class Engine:
         self.env.timeout(delay if delay > 0 else 0.0).callbacks.append(fn)
         self.events += 1
 
+    def _finish_at(self, t: float, r: _Rank, i: int) -> None:
+        """``_finish(r, i)`` at simulated time ``t`` (now if ``t`` has passed): the event ``_at`` would
+        schedule (the same time and place in SimPy's queue), as a :class:`_Call`."""
+        now = self.env._now
+        delay = t - now
+        heappush(self._queue, (now + (delay if delay > 0 else 0.0), NORMAL, next(self._eid), _Call(self._calls, r, i)))
+        self.events += 1
+
+    def _call(self, ev: _Call) -> None:
+        self._finish(ev.r, ev.i)
+
     # -- streams ----------------------------------------------------------------------------------
 
     def _try_start(self, r: _Rank, stream: _Stream) -> None:
@@ -236,7 +318,8 @@ class Engine:
         if r.deps_left[i] > 0:
             return  # a dependency's end will call again
         issue = r.issue[i]
-        if issue > self.env.now:
+        now = self.env._now
+        if issue > now:
             stream.waking = True
 
             def wake(_e: object) -> None:
@@ -246,9 +329,22 @@ class Engine:
             return
         stream.queue.popleft()
         stream.busy = True
-        delay = r.ops[i].delay_s
+        op = r.ops[i]
+        delay = op.delay_s
         if delay > 0:  # the op's own wait on its stream (a replayed trace's measured GPU-side delay)
-            self._at(self.env.now + delay, lambda _e: self._start(r, i))
+            self._at(now + delay, lambda _e: self._start(r, i))
+        elif op.kind == "kernel":  # _start's kernel case, inlined: the most frequent path of all
+            r.start[i] = now
+            dur = self._durations[op.kernel]
+            if op.sm_taken:
+                sms = self.opt.sms
+                dur *= sms / max(1, sms - op.sm_taken)
+            elif self._comm_active[r.rank]:
+                dur *= 1.0 + self._slowdown(r.rank)
+            wait = now + dur - now  # as _finish_at(now + dur) computes it
+            heappush(self._queue, (now + (wait if wait > 0 else 0.0), NORMAL, next(self._eid),
+                                   _Call(self._calls, r, i)))
+            self.events += 1
         else:
             self._start(r, i)
 
@@ -262,7 +358,7 @@ class Engine:
                 dur *= sms / max(1, sms - op.sm_taken)
             elif self._comm_active[r.rank]:
                 dur *= 1.0 + self._slowdown(r.rank)
-            self._at(self.env.now + dur, lambda _e: self._finish(r, i))
+            self._finish_at(self.env.now + dur, r, i)
         elif op.kind == "memcpy":
             route = self.topo.host_route(r.rank, to_device=True)
             latency = self.topo.route_latency(route)
@@ -283,30 +379,33 @@ class Engine:
 
     def _finish(self, r: _Rank, i: int) -> None:
         op = r.ops[i]
-        r.done[i] = True
-        now = self.env.now
-        if op.kind in ("kernel", "memcpy", "collective"):
+        r.done[i] = 1
+        now = self.env._now
+        kind = op.kind
+        if kind == "kernel" or kind == "memcpy" or kind == "collective":
             self.ops_run += 1
-            model = self.models[op.kernel] if op.kind == "kernel" else "network"
-            if op.kind == "kernel" and now > self.iteration_ends[op.iteration]:
+            if kind == "kernel" and now > self.iteration_ends[op.iteration]:
                 self.iteration_ends[op.iteration] = now
-            self.records.append((r.rank, op.stream, op.name, op.category, op.phase, op.kind, r.start[i], now,
-                                 op.nbytes, model))
+            r.end[i] = now
             stream = r.streams[op.stream]
             stream.busy = False
         else:
-            r.start[i] = now  # host and host_wait ops: when the CPU thread got past them
             stream = None
+        deps_left = r.deps_left
         for d in r.dependents[i]:
-            r.deps_left[d] -= 1
-            if r.deps_left[d] == 0:
+            left = deps_left[d] - 1
+            deps_left[d] = left
+            if not left:
                 dep_op = r.ops[d]
-                if dep_op.kind == "host_wait":
+                dep_kind = dep_op.kind
+                if dep_kind == "host_wait":
                     if r.waiting == d:
                         r.cpu_time = max(r.cpu_time, now)
                         self._walk(r)
-                elif dep_op.kind != "host" and dep_op.stream in r.streams:
-                    self._try_start(r, r.streams[dep_op.stream])
+                elif dep_kind != "host":
+                    dep_stream = r.streams.get(dep_op.stream)
+                    if dep_stream is not None:
+                        self._try_start(r, dep_stream)
         if stream is not None:
             self._try_start(r, stream)
 
@@ -385,6 +484,8 @@ class Engine:
 
     def _check_finished(self) -> None:
         for r in self._ranks.values():
+            if all(r.done):
+                continue
             for op, done in zip(r.ops, r.done, strict=True):
                 if not done:
                     detail = ""
@@ -394,9 +495,58 @@ class Engine:
                         detail = f"; members never reached it: {missing[:8]}"
                     raise SimulationError(f"deadlock: rank {r.rank} never finished op {op.name!r}{detail}")
 
+    def _records(self) -> pd.DataFrame:
+        """The records table (:data:`RECORD_COLUMNS`) from every rank's times, in the order of
+        ``sort_values(["rank", "stream", "start_s", "end_s"], kind="stable")`` over the records as
+        they happened: within a rank's stream, records happen in program order (a stream runs its
+        ops in issue order; the CPU thread walks the program, an op's launch before its host_wait).
+        Each template's columns are worked out once, as codes into one table of strings; each rank's
+        records are sorted on their own, and the table is filled a column at a time."""
+        strings: dict[str, int] = {}
+
+        def code(x: str) -> int:
+            c = strings.get(x)
+            if c is None:
+                c = strings[x] = len(strings)
+            return c
+
+        host, cpu, launch, network = code("host"), code("cpu"), code("launch"), code("network")
+        models = [code(m) for m in self.models]
+        tables: dict[int, _Columns] = {}
+        for shape in self._shapes:
+            if shape.ranks:
+                tables[id(shape)] = _Columns(shape.ops, code, host, cpu, launch, network, models)
+        ranks = sorted(self._ranks.values(), key=lambda r: r.rank)
+        total = sum(len(tables[id(self._shape_of[r.rank])].seq) for r in ranks)
+        if not total:
+            return pd.DataFrame.from_records([], columns=list(RECORD_COLUMNS))
+        table = list(strings)
+        place = np.argsort(np.argsort(np.asarray(table, dtype=object))).astype(np.int32)  # sorted position
+        rank = np.empty(total, dtype=np.int64)
+        start, end = np.empty(total), np.empty(total)
+        perms: list[tuple[_Columns, int, np.ndarray]] = []
+        at = 0
+        for r in ranks:
+            t = tables[id(self._shape_of[r.rank])]
+            n = len(t.seq)
+            first = np.concatenate([np.frombuffer(r.launch), np.frombuffer(r.start)[t.second]])
+            last = np.concatenate([np.frombuffer(r.issue), np.frombuffer(r.end)[t.second]])
+            perm = np.lexsort((t.seq, last, first, place[t.codes[0]]))
+            rank[at:at + n] = r.rank
+            start[at:at + n] = first[perm]
+            end[at:at + n] = last[perm]
+            perms.append((t, at, perm))
+            at += n
+        columns: dict[str, Any] = {"rank": rank}
+        for c, col in enumerate(("stream", "name", "category", "phase", "kind")):
+            columns[col] = _strings(table, _gather(perms, total, c, np.int32))
+        columns["start_s"], columns["end_s"] = start, end
+        columns["nbytes"] = _gather(perms, total, 6, np.int64)
+        columns["model"] = _strings(table, _gather(perms, total, 5, np.int32))
+        return pd.DataFrame(columns, columns=list(RECORD_COLUMNS), copy=False)
+
     def _result(self) -> SimResult:
-        records = pd.DataFrame.from_records(self.records, columns=list(RECORD_COLUMNS))
-        records = records.sort_values(["rank", "stream", "start_s", "end_s"], kind="stable").reset_index(drop=True)
+        records = self._records()
         used = np.flatnonzero(self.net.link_bytes > 0)
         links = self.topo.links
         stats = pd.DataFrame({
@@ -417,3 +567,61 @@ class Engine:
         if len(self.iteration_ends) > 1:
             meta["iteration_ends_s"] = list(self.iteration_ends)
         return SimResult(records, stats, iteration, events, meta, link_records)
+
+
+class _Columns:
+    """A template's records as codes (see :meth:`Engine._records`): per record, its columns
+    (``codes``: stream, name, category, phase, kind, model as string codes; nbytes), and ``seq``, its
+    place among its rank's records as they happen. A rank's records are its ops' CPU thread records
+    (launch, or a host op's work) in program order, then the second records of the ops ``second``
+    (the stream's, or a host_wait's)."""
+
+    __slots__ = ("codes", "second", "seq")
+
+    def __init__(self, ops: list[Op], code: Any, host: int, cpu: int, launch: int, network: int,
+                 models: list[int]) -> None:
+        two = [i for i, op in enumerate(ops) if op.kind != "host"]
+        cols: list[list[int]] = [[] for _ in range(7)]
+        stream, name, category, phase, kind, model, nbytes = cols
+        for op in ops:  # the CPU thread's record: the launch, or a host op's work
+            h = op.kind == "host"
+            stream.append(cpu)
+            name.append(code(op.name))
+            category.append(code(op.category) if h else launch)
+            phase.append(code(op.phase))
+            kind.append(host if h else launch)
+            model.append(host)
+            nbytes.append(0)
+        for i in two:  # the stream's record, or a host_wait's on the CPU thread
+            op = ops[i]
+            w = op.kind == "host_wait"
+            stream.append(cpu if w else code(op.stream))
+            name.append(code(op.name))
+            category.append(code(op.category))
+            phase.append(code(op.phase))
+            kind.append(code(op.kind))
+            model.append(host if w else models[op.kernel] if op.kind == "kernel" else network)
+            nbytes.append(0 if w else op.nbytes)
+        self.second = np.asarray(two, dtype=np.int64)
+        self.codes = [np.asarray(c, dtype=np.int32) for c in cols[:6]] + [np.asarray(nbytes, dtype=np.int64)]
+        self.seq = np.concatenate([2 * np.arange(len(ops), dtype=np.int64), 2 * self.second + 1])
+
+
+def _gather(perms: list[tuple[_Columns, int, np.ndarray]], total: int, c: int, dtype: Any) -> np.ndarray:
+    """Column ``c`` of every rank's records in their sorted order."""
+    out = np.empty(total, dtype=dtype)
+    for t, at, perm in perms:
+        out[at:at + len(perm)] = t.codes[c][perm]
+    return out
+
+
+def _strings(table: list[str], codes: np.ndarray) -> Any:
+    """The column of ``table[c]`` for each code, in the dtype pandas gives a column of Python strings
+    (``str``, backed by Arrow, where pandas infers strings so; else ``object``)."""
+    dtype = pd.Series(["x"]).dtype
+    if getattr(dtype, "storage", None) == "pyarrow":
+        import pyarrow as pa
+
+        values = pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32)), pa.array(table, pa.large_string()))
+        return pd.array(values.cast(pa.large_string()), dtype=dtype)
+    return np.asarray(table, dtype=object)[codes]
