@@ -11,6 +11,7 @@ from functools import cache, partial
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from .comm.planner import Planner
 from .config.checks import check_memory, gpus_per_node
@@ -85,8 +86,11 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
     workload = outcome.workload
     result = steady_window(outcome.result)
     note = shortcuts.slack_note(result, outcome.note)
-    kernels = result.records[result.records["kind"] == "kernel"]
-    share = (kernels.assign(d=kernels["end_s"] - kernels["start_s"]).groupby("model")["d"].sum())
+    rec = result.records
+    kernel = (rec["kind"] == "kernel").to_numpy()  # the kernels' columns only, not a copy of their rows
+    model = rec["model"][kernel]
+    share = pd.Series(rec["end_s"].to_numpy()[kernel] - rec["start_s"].to_numpy()[kernel],
+                      index=model.index).groupby(model).sum()
     reps = workload.replicas
     result.replicas = reps
     result.meta.update(

@@ -26,6 +26,7 @@ The engine knows no model family and calls no kernel model: kernel durations arr
 
 from __future__ import annotations
 
+import gc
 import math
 from array import array
 from collections import deque
@@ -149,6 +150,9 @@ class _Rank:
         self.wait_since = 0.0
 
 
+_NO_TIMES = array("d")
+
+
 class _Call:
     """A SimPy event that calls ``engine._finish(rank, op)`` when processed: scheduled directly on
     the environment's queue as a ``Timeout`` would be, without a closure or an event of SimPy's."""
@@ -227,10 +231,20 @@ class Engine:
             self._shape_of[p.rank] = shape
             shape.ranks.append(r)
         self._shapes = list(shapes.values())
-        for r in self._ranks.values():
-            self._walk(r)
-        self._run_queue()
+        # The loop makes no reference cycles (the collector finds none after it), so the cyclic
+        # collector is off while it runs: it would walk the programs and every rank's state again
+        # and again for nothing.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            for r in self._ranks.values():
+                self._walk(r)
+            self._run_queue()
+        finally:
+            if collecting:
+                gc.enable()
         self._check_finished()
+        self._rv.clear()  # every collective has completed
         if self.fold is not None and self.fold_slack_s > SLACK_FRACTION * self.env.now:
             raise FoldBroken(f"replicas sit differently on the leaf switches: their latencies differ by up to "
                              f"{self.fold_slack_s * 1e6:.1f} us in all, more than {SLACK_FRACTION:.2%} of the "
@@ -501,7 +515,8 @@ class Engine:
         they happened: within a rank's stream, records happen in program order (a stream runs its
         ops in issue order; the CPU thread walks the program, an op's launch before its host_wait).
         Each template's columns are worked out once, as codes into one table of strings; each rank's
-        records are sorted on their own, and the table is filled a column at a time."""
+        records are sorted on their own (its times are then let go), and the table is filled a
+        column at a time. Called once, after the run."""
         strings: dict[str, int] = {}
 
         def code(x: str) -> int:
@@ -532,6 +547,7 @@ class Engine:
             first = np.concatenate([np.frombuffer(r.launch), np.frombuffer(r.start)[t.second]])
             last = np.concatenate([np.frombuffer(r.issue), np.frombuffer(r.end)[t.second]])
             perm = np.lexsort((t.seq, last, first, place[t.codes[0]]))
+            r.launch = r.issue = r.start = r.end = _NO_TIMES  # the records hold them now
             rank[at:at + n] = r.rank
             start[at:at + n] = first[perm]
             end[at:at + n] = last[perm]
