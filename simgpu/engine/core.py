@@ -245,6 +245,7 @@ class Engine:
                 gc.enable()
         self._check_finished()
         self._rv.clear()  # every collective has completed
+        self._tally()
         if self.fold is not None and self.fold_slack_s > SLACK_FRACTION * self.env.now:
             raise FoldBroken(f"replicas sit differently on the leaf switches: their latencies differ by up to "
                              f"{self.fold_slack_s * 1e6:.1f} us in all, more than {SLACK_FRACTION:.2%} of the "
@@ -397,9 +398,6 @@ class Engine:
         now = self.env._now
         kind = op.kind
         if kind == "kernel" or kind == "memcpy" or kind == "collective":
-            self.ops_run += 1
-            if kind == "kernel" and now > self.iteration_ends[op.iteration]:
-                self.iteration_ends[op.iteration] = now
             r.end[i] = now
             stream = r.streams[op.stream]
             stream.busy = False
@@ -508,6 +506,24 @@ class Engine:
                         missing = sorted(set(op.coll.group) - set(rv.arrived))
                         detail = f"; members never reached it: {missing[:8]}"
                     raise SimulationError(f"deadlock: rank {r.rank} never finished op {op.name!r}{detail}")
+
+    def _tally(self) -> None:
+        """Once every op has finished: ``ops_run`` (kernels, copies and collectives run) and each
+        iteration's last kernel end, from the ranks' times."""
+        ends = self.iteration_ends
+        for shape in self._shapes:
+            if not shape.ranks:
+                continue
+            kinds = [op.kind for op in shape.ops]
+            self.ops_run += len(shape.ranks) * sum(k in ("kernel", "memcpy", "collective") for k in kinds)
+            kernels = np.asarray([i for i, k in enumerate(kinds) if k == "kernel"], dtype=np.int64)
+            if not len(kernels):
+                continue
+            it = np.asarray([shape.ops[i].iteration for i in kernels], dtype=np.int64)
+            last = np.concatenate([np.frombuffer(r.end)[kernels] for r in shape.ranks]).reshape(len(shape.ranks), -1)
+            last = last.max(axis=0)  # per kernel op, over the ranks
+            for j in np.unique(it):
+                ends[j] = max(ends[j], float(last[it == j].max()))
 
     def _records(self) -> pd.DataFrame:
         """The records table (:data:`RECORD_COLUMNS`) from every rank's times, in the order of
