@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from functools import cache, partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -86,11 +87,7 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
     workload = outcome.workload
     result = steady_window(outcome.result)
     note = shortcuts.slack_note(result, outcome.note)
-    rec = result.records
-    kernel = (rec["kind"] == "kernel").to_numpy()  # the kernels' columns only, not a copy of their rows
-    model = rec["model"][kernel]
-    share = pd.Series(rec["end_s"].to_numpy()[kernel] - rec["start_s"].to_numpy()[kernel],
-                      index=model.index).groupby(model).sum()
+    share = kernel_seconds(result.records)
     reps = workload.replicas
     result.replicas = reps
     result.meta.update(
@@ -98,12 +95,33 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
         samples=workload.samples, tokens=workload.tokens, model_flops=workload.model_flops,
         peak_flops_per_gpu=float(p.gpu.peak_tflops.get(workload.compute_dtype, np.nan)) * 1e12,  # type: ignore[call-overload]
         gpu_memory_gib=p.gpu.memory_gib, memory_gib=[m.as_gib() for m in workload.memory],
-        kernel_model_share={str(k): float(v) for k, v in share.items()}, seed=job.workload.seed,
+        kernel_model_share=share, seed=job.workload.seed,
         workload_file=job.workload_file, platform_file=job.platform_file,
         fold=1 if reps is None else reps.factor, fold_note=note, run=run_info(job, topo),
         steady_state=steady_note(job, workload.iterations, result), periodic=outcome.periodic,
     )
     return result
+
+
+def kernel_seconds(records: pd.DataFrame) -> dict[str, float]:
+    """Simulated kernel seconds per model name (sorted by name): ``records``' kernel rows grouped by
+    ``model``, their durations summed. The kernel rows' columns are read, not copied as rows, and
+    an Arrow-backed ``model`` column is grouped by its dictionary codes rather than its strings."""
+    kernel = (records["kind"] == "kernel").to_numpy()
+    d = pd.Series(records["end_s"].to_numpy()[kernel] - records["start_s"].to_numpy()[kernel])
+    model = records["model"]
+    arrow = getattr(model.array, "__arrow_array__", None)
+    if arrow is None:
+        key: Any = model.to_numpy()[kernel]
+    else:
+        import pyarrow.compute as pc
+
+        enc = pc.dictionary_encode(arrow()).combine_chunks()
+        names = enc.dictionary.to_pylist()
+        key = pd.Categorical.from_codes(enc.indices.to_numpy()[kernel], categories=names)
+        key = key.reorder_categories(sorted(names))  # groups in the order of their names, as for strings
+    share = d.groupby(key, observed=True).sum()
+    return {str(k): float(v) for k, v in share.items()}
 
 
 def steady_note(job: Job, iterations: int, result: SimResult) -> str:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import gc
 import math
-from array import array
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -91,12 +90,17 @@ class _Shape:
     """What the ranks of one template share (:attr:`Program.template`; a program without one is its
     own): each op's dependents and count of distinct dependencies."""
 
-    __slots__ = ("dependents", "deps_left", "ops", "ranks")
+    __slots__ = ("counts", "dependents", "deps_left", "left", "ops", "ranks", "times")
 
     def __init__(self, ops: list[Op]) -> None:
         n = len(ops)
         self.ops = ops
         self.ranks: list[_Rank] = []
+        self.left = 0  # ranks whose records are still to be made
+        #: every rank's four times per op and its dependency counts, one block for all the ranks
+        #: (given back at once when the last rank's records are made), set by :meth:`allocate`
+        self.times = np.zeros((4, 0, n))
+        self.counts = np.zeros((0, n), dtype=np.int32)
         self.deps_left = [0] * n
         self.dependents: list[list[int]] = [[] for _ in range(n)]
         for i, op in enumerate(ops):
@@ -104,6 +108,11 @@ class _Shape:
             self.deps_left[i] = len(deps)
             for d in deps:
                 self.dependents[d].append(i)
+
+    def allocate(self, ranks: int) -> None:
+        self.times = np.full((4, ranks, len(self.ops)), math.nan)
+        self.counts = np.tile(np.asarray(self.deps_left, dtype=np.int32), (ranks, 1))
+        self.left = ranks
 
 
 class _Rank:
@@ -132,16 +141,14 @@ class _Rank:
         "waiting",
     )
 
-    def __init__(self, rank: int, ops: list[Op], shape: _Shape, launch_scale: float) -> None:
+    def __init__(self, rank: int, ops: list[Op], shape: _Shape, k: int, launch_scale: float) -> None:
+        """Rank ``rank``, the ``k``-th of its shape's (see :meth:`_Shape.allocate`)."""
         self.rank, self.ops, self.launch_scale = rank, ops, launch_scale
-        n = len(ops)
-        nan = array("d", [math.nan])
-        self.launch = nan * n
-        self.issue = nan * n
-        self.start = nan * n
-        self.end = nan * n
-        self.done = bytearray(n)
-        self.deps_left = list(shape.deps_left)
+        # memoryviews into the shape's blocks: read and written one element at a time, as fast as
+        # lists or arrays
+        self.launch, self.issue, self.start, self.end = (_view(shape.times[j, k]) for j in range(4))
+        self.deps_left = _view(shape.counts[k])
+        self.done = bytearray(len(ops))
         self.dependents = shape.dependents
         self.streams: dict[str, _Stream] = {}
         self.cursor = 0
@@ -150,7 +157,16 @@ class _Rank:
         self.wait_since = 0.0
 
 
-_NO_TIMES = array("d")
+def _view(a: np.ndarray) -> Any:
+    """A memoryview of ``a``'s elements (Python floats or ints one at a time)."""
+    return memoryview(a)  # type: ignore[arg-type]
+
+
+#: what a rank and its shape hold once their times and counts are given back
+_NO_TIMES = _view(np.zeros(0))
+_NO_COUNTS = _view(np.zeros(0, dtype=np.int32))
+_EMPTY_TIMES = np.zeros((4, 0, 0))
+_EMPTY_COUNTS = np.zeros((0, 0), dtype=np.int32)
 
 
 class _Call:
@@ -220,6 +236,7 @@ class Engine:
         topo = self.topo
         share = max(1.0, topo.gpus_per_node / max(1, self.opt.cpu_threads_per_node))
         shapes: dict[int, _Shape] = {}
+        of: list[_Shape] = []
         for p in self.workload.programs:
             t = p.template
             if t is None or len(t) != len(p.ops):
@@ -227,7 +244,12 @@ class Engine:
             shape = shapes.get(id(t))
             if shape is None:
                 shape = shapes[id(t)] = _Shape(t)
-            r = self._ranks[p.rank] = _Rank(p.rank, p.ops, shape, share)
+            of.append(shape)
+            shape.left += 1
+        for shape in shapes.values():
+            shape.allocate(shape.left)
+        for p, shape in zip(self.workload.programs, of, strict=True):
+            r = self._ranks[p.rank] = _Rank(p.rank, p.ops, shape, len(shape.ranks), share)
             self._shape_of[p.rank] = shape
             shape.ranks.append(r)
         self._shapes = list(shapes.values())
@@ -244,7 +266,10 @@ class Engine:
             if collecting:
                 gc.enable()
         self._check_finished()
-        self._rv.clear()  # every collective has completed
+        for r in self._ranks.values():
+            r.deps_left = _NO_COUNTS  # every op has run: the counts are given back
+        for shape in self._shapes:
+            shape.counts = _EMPTY_COUNTS
         self._tally()
         if self.fold is not None and self.fold_slack_s > SLACK_FRACTION * self.env.now:
             raise FoldBroken(f"replicas sit differently on the leaf switches: their latencies differ by up to "
@@ -469,6 +494,7 @@ class Engine:
         self._at(self.env.now + plan.latency_s, move)
 
     def _complete(self, rv: _Rendezvous) -> None:
+        del self._rv[rv.call.key]  # done: only the rendezvous not yet complete are kept
         for rank in rv.call.group:
             if rank not in rv.arrived:
                 continue  # another replica's member (folded)
@@ -562,8 +588,12 @@ class Engine:
             n = len(t.seq)
             first = np.concatenate([np.frombuffer(r.launch), np.frombuffer(r.start)[t.second]])
             last = np.concatenate([np.frombuffer(r.issue), np.frombuffer(r.end)[t.second]])
-            perm = np.lexsort((t.seq, last, first, place[t.codes[0]]))
+            perm = np.lexsort((t.seq, last, first, place[t.codes[0]])).astype(np.int32)
             r.launch = r.issue = r.start = r.end = _NO_TIMES  # the records hold them now
+            shape = self._shape_of[r.rank]
+            shape.left -= 1
+            if not shape.left:
+                shape.times = _EMPTY_TIMES
             rank[at:at + n] = r.rank
             start[at:at + n] = first[perm]
             end[at:at + n] = last[perm]
@@ -654,6 +684,7 @@ def _strings(table: list[str], codes: np.ndarray) -> Any:
     if getattr(dtype, "storage", None) == "pyarrow":
         import pyarrow as pa
 
-        values = pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32)), pa.array(table, pa.large_string()))
+        values = pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32, copy=False)),
+                                                pa.array(table, pa.large_string()))
         return pd.array(values.cast(pa.large_string()), dtype=dtype)
     return np.asarray(table, dtype=object)[codes]
