@@ -235,15 +235,20 @@ class Engine:
     def _simulate(self) -> None:
         topo = self.topo
         share = max(1.0, topo.gpus_per_node / max(1, self.opt.cpu_threads_per_node))
-        shapes: dict[int, _Shape] = {}
+        shapes: dict[object, _Shape] = {}
         of: list[_Shape] = []
         for p in self.workload.programs:
             t = p.template
-            if t is None or len(t) != len(p.ops):
+            key: object
+            if t is not None and len(t) == len(p.ops):
+                key = id(t)
+            else:  # programs without a template that agree in what the tables read share them too
                 t = p.ops
-            shape = shapes.get(id(t))
+                key = tuple((o.name, o.kind, o.category, o.stream, o.phase, o.kernel, o.nbytes, o.deps, o.iteration)
+                            for o in t)
+            shape = shapes.get(key)
             if shape is None:
-                shape = shapes[id(t)] = _Shape(t)
+                shape = shapes[key] = _Shape(t)
             of.append(shape)
             shape.left += 1
         for shape in shapes.values():
@@ -556,9 +561,9 @@ class Engine:
         ``sort_values(["rank", "stream", "start_s", "end_s"], kind="stable")`` over the records as
         they happened: within a rank's stream, records happen in program order (a stream runs its
         ops in issue order; the CPU thread walks the program, an op's launch before its host_wait).
-        Each template's columns are worked out once, as codes into one table of strings; each rank's
-        records are sorted on their own (its times are then let go), and the table is filled a
-        column at a time. Called once, after the run."""
+        Each template's columns are worked out once, as codes into one table of strings; its ranks'
+        records are sorted in one go, each rank's on their own (the times are then let go), and the
+        table is filled a column at a time. Called once, after the run."""
         strings: dict[str, int] = {}
 
         def code(x: str) -> int:
@@ -569,42 +574,45 @@ class Engine:
 
         host, cpu, launch, network = code("host"), code("cpu"), code("launch"), code("network")
         models = [code(m) for m in self.models]
-        tables: dict[int, _Columns] = {}
-        for shape in self._shapes:
-            if shape.ranks:
-                tables[id(shape)] = _Columns(shape.ops, code, host, cpu, launch, network, models)
-        ranks = sorted(self._ranks.values(), key=lambda r: r.rank)
-        total = sum(len(tables[id(self._shape_of[r.rank])].seq) for r in ranks)
+        shapes = [shape for shape in self._shapes if shape.ranks]
+        tables = [_Columns(shape.ops, code, host, cpu, launch, network, models) for shape in shapes]
+        rows = {id(shape): len(t.seq) for shape, t in zip(shapes, tables, strict=True)}
+        offset: dict[int, int] = {}  # rank -> its first row: ranks in order, each with its records
+        total = 0
+        for r in sorted(self._ranks.values(), key=lambda r: r.rank):
+            offset[r.rank] = total
+            total += rows[id(self._shape_of[r.rank])]
         if not total:
             return pd.DataFrame.from_records([], columns=list(RECORD_COLUMNS))
         table = list(strings)
         place = np.argsort(np.argsort(np.asarray(table, dtype=object))).astype(np.int32)  # sorted position
         rank = np.empty(total, dtype=np.int64)
         start, end = np.empty(total), np.empty(total)
-        perms: list[tuple[_Columns, int, np.ndarray]] = []
-        at = 0
-        for r in ranks:
-            t = tables[id(self._shape_of[r.rank])]
-            n = len(t.seq)
-            first = np.concatenate([np.frombuffer(r.launch), np.frombuffer(r.start)[t.second]])
-            last = np.concatenate([np.frombuffer(r.issue), np.frombuffer(r.end)[t.second]])
-            perm = np.lexsort((t.seq, last, first, place[t.codes[0]])).astype(np.int32)
-            r.launch = r.issue = r.start = r.end = _NO_TIMES  # the records hold them now
-            shape = self._shape_of[r.rank]
-            shape.left -= 1
-            if not shape.left:
-                shape.times = _EMPTY_TIMES
-            rank[at:at + n] = r.rank
-            start[at:at + n] = first[perm]
-            end[at:at + n] = last[perm]
-            perms.append((t, at, perm))
-            at += n
+        sorts: list[tuple[_Columns, np.ndarray, np.ndarray]] = []
+        for shape, t in zip(shapes, tables, strict=True):
+            k, n = len(shape.ranks), len(t.seq)
+            times = shape.times
+            first = np.concatenate([times[0], times[2][:, t.second]], axis=1).ravel()
+            last = np.concatenate([times[1], times[3][:, t.second]], axis=1).ravel()
+            for r in shape.ranks:
+                r.launch = r.issue = r.start = r.end = _NO_TIMES  # the records hold them now
+            shape.times = times = _EMPTY_TIMES
+            # every rank's records sorted on their own: the rank (its row of the block) first
+            perm = np.lexsort((np.tile(t.seq, k), last, first, np.tile(place[t.codes[0]], k),
+                               np.repeat(np.arange(k), n)))
+            firsts = np.asarray([offset[r.rank] for r in shape.ranks], dtype=np.int64)
+            where = _rows(firsts, n)
+            rank[where] = np.repeat(np.asarray([r.rank for r in shape.ranks], dtype=np.int64), n)
+            start[where] = first[perm]
+            end[where] = last[perm]
+            sorts.append((t, firsts, (perm % n).astype(np.int32)))
+            del first, last, perm, where
         columns: dict[str, Any] = {"rank": rank}
         for c, col in enumerate(("stream", "name", "category", "phase", "kind")):
-            columns[col] = _strings(table, _gather(perms, total, c, np.int32))
+            columns[col] = _strings(table, _gather(sorts, total, c, np.int32))
         columns["start_s"], columns["end_s"] = start, end
-        columns["nbytes"] = _gather(perms, total, 6, np.int64)
-        columns["model"] = _strings(table, _gather(perms, total, 5, np.int32))
+        columns["nbytes"] = _gather(sorts, total, 6, np.int64)
+        columns["model"] = _strings(table, _gather(sorts, total, 5, np.int32))
         return pd.DataFrame(columns, columns=list(RECORD_COLUMNS), copy=False)
 
     def _result(self) -> SimResult:
@@ -669,11 +677,17 @@ class _Columns:
         self.seq = np.concatenate([2 * np.arange(len(ops), dtype=np.int64), 2 * self.second + 1])
 
 
-def _gather(perms: list[tuple[_Columns, int, np.ndarray]], total: int, c: int, dtype: Any) -> np.ndarray:
-    """Column ``c`` of every rank's records in their sorted order."""
+def _rows(firsts: np.ndarray, n: int) -> np.ndarray:
+    """The table rows of ranks with ``n`` records each whose first rows are ``firsts``, in turn."""
+    return np.repeat(firsts, n) + np.tile(np.arange(n, dtype=np.int64), len(firsts))
+
+
+def _gather(sorts: list[tuple[_Columns, np.ndarray, np.ndarray]], total: int, c: int, dtype: Any) -> np.ndarray:
+    """Column ``c`` of every rank's records in their sorted order: per template, its ranks' first
+    rows and which of its records goes to each row."""
     out = np.empty(total, dtype=dtype)
-    for t, at, perm in perms:
-        out[at:at + len(perm)] = t.codes[c][perm]
+    for t, firsts, local in sorts:
+        out[_rows(firsts, len(t.seq))] = t.codes[c][local]
     return out
 
 
