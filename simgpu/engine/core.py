@@ -30,7 +30,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import pandas as pd
@@ -40,7 +40,7 @@ from ..comm.network import AGGREGATE_FROM, FlowNetwork
 from ..comm.plan import CollectiveRequest
 from ..comm.planner import Planner
 from ..errors import SimulationError
-from ..graph import CollectiveCall, Op, Workload
+from ..graph import CollectiveCall, CollectiveOp, Op, Workload
 from ..platform.topology import Topology
 from .fold import SLACK_FRACTION, FoldBroken, FoldMap
 from .result import LINK_RECORD_COLUMNS, LINK_STAT_COLUMNS, RECORD_COLUMNS, SimResult
@@ -59,6 +59,9 @@ class EngineOptions:
     #: per collective op (``all_reduce``, ``send_recv``, ...): the slowdown of a kernel that starts while
     #: one runs on its GPU, instead of ``overlap_slowdown`` (the largest of those running applies)
     overlap_slowdown_by_op: tuple[tuple[str, float], ...] = ()
+    #: ``within_node`` / ``across_nodes``: the slowdown of a memory-bound kernel (``Workload.memory_bound``)
+    #: beside a collective within a node / across nodes, instead of the op's figure; empty: the op's figure
+    overlap_slowdown_memory: tuple[tuple[str, float], ...] = ()
     #: carry a collective's transfers alike as aggregate flows (exact, see simgpu.comm.network); off:
     #: one flow per transfer, the plain simulation the aggregates are checked against
     aggregate: bool = True
@@ -146,8 +149,23 @@ class Engine:
         self.records: list[tuple[Any, ...]] = []
         self._rv: dict[str, _Rendezvous] = {}
         self._comm_active = [0] * topo.world
-        self._by_op = dict(options.overlap_slowdown_by_op)
-        self._ops_active: dict[int, dict[str, int]] = {}  # rank -> collective op -> running (by_op only)
+        self._by_op, mem = dict(options.overlap_slowdown_by_op), dict(options.overlap_slowdown_memory)
+        bound = workload.memory_bound
+        if mem and bound is not None and len(bound) != len(workload.kernels):
+            raise ValueError("one memory_bound flag per kernel spec is needed")
+        self._mem_bound = list(bound) if mem and bound else None
+        self._track = bool(self._by_op) or self._mem_bound is not None  # the running collectives' kinds matter
+        default = options.overlap_slowdown
+        # (collective op, across nodes) -> the slowdown of a compute-bound / a memory-bound kernel beside it
+        self._compute: dict[tuple[str, bool], float] = {}
+        self._memory: dict[tuple[str, bool], float] = {}
+        for op in get_args(CollectiveOp):
+            for across in (False, True):
+                fig = self._by_op.get(op, default)
+                self._compute[op, across] = fig
+                self._memory[op, across] = mem.get("across_nodes" if across else "within_node", fig)
+        # rank -> (collective op, across nodes) -> running (tracked where the kinds matter)
+        self._ops_active: dict[int, dict[tuple[str, bool], int]] = {}
         self._ranks: dict[int, _Rank] = {}
         self.ops_run = 0
         self.events = 0
@@ -261,7 +279,7 @@ class Engine:
                 sms = self.opt.sms
                 dur *= sms / max(1, sms - op.sm_taken)
             elif self._comm_active[r.rank]:
-                dur *= 1.0 + self._slowdown(r.rank)
+                dur *= 1.0 + self._slowdown(r.rank, op.kernel)
             self._at(self.env.now + dur, lambda _e: self._finish(r, i))
         elif op.kind == "memcpy":
             route = self.topo.host_route(r.rank, to_device=True)
@@ -275,11 +293,22 @@ class Engine:
         else:
             raise SimulationError(f"rank {r.rank} op {op.name!r}: unknown kind {op.kind!r}")
 
-    def _slowdown(self, rank: int) -> float:
-        if not self._by_op:
+    def _slowdown(self, rank: int, kernel: int) -> float:
+        """The slowdown of kernel spec ``kernel`` starting beside the collectives running on ``rank``:
+        the largest of their figures for its bound."""
+        if not self._track:
             return self.opt.overlap_slowdown
-        default = self.opt.overlap_slowdown
-        return max(self._by_op.get(op, default) for op, n in self._ops_active[rank].items() if n)
+        table = self._memory if self._mem_bound is not None and self._mem_bound[kernel] else self._compute
+        return max(table[key] for key, n in self._ops_active[rank].items() if n)
+
+    def _active_key(self, call: CollectiveCall) -> tuple[str, bool]:
+        """``call``'s key among the running collectives: its op, and whether it spans nodes (only
+        where memory-bound kernels have their own figures)."""
+        if self._mem_bound is None:
+            return call.op, False
+        gpn, group = self.topo.gpus_per_node, call.group
+        node = group[0] // gpn
+        return call.op, any(m // gpn != node for m in group)
 
     def _finish(self, r: _Rank, i: int) -> None:
         op = r.ops[i]
@@ -331,9 +360,10 @@ class Engine:
                                   f"{rv.call.op} of {rv.call.nbytes} B over {len(rv.call.group)}")
         rv.arrived[rank] = (call, i)
         self._comm_active[rank] += 1
-        if self._by_op:
+        if self._track:
             active = self._ops_active.setdefault(rank, {})
-            active[call.op] = active.get(call.op, 0) + 1
+            key = self._active_key(call)
+            active[key] = active.get(key, 0) + 1
         if len(rv.arrived) < rv.needed:
             return
         if rv.call.duration_s is not None:
@@ -363,8 +393,8 @@ class Engine:
                 continue  # another replica's member (folded)
             call, i = rv.arrived[rank]
             self._comm_active[rank] -= 1
-            if self._by_op:
-                self._ops_active[rank][call.op] -= 1
+            if self._track:
+                self._ops_active[rank][self._active_key(call)] -= 1
             self._finish(self._ranks[rank], i)
 
     def _request(self, rv: _Rendezvous) -> CollectiveRequest:
