@@ -34,7 +34,8 @@ def _beside_all_reduce(p: PlatformSpec, nodes: int, gpn: int, *, bound: bool = T
     wl = Workload("beside", progs, kernels, [MemoryEstimate()] * 2, samples=1,
                   memory_bound=memory_bound(kernels, p.gpu) if bound else None)
     topo = Topology(p, nodes, gpn)
-    opts = EngineOptions(launch_s=0.0, cpu_threads_per_node=128, overlap_slowdown=p.gpu.overlap_slowdown,
+    # launches of 1 us: both members have arrived (the all-reduce moves bytes) when the kernels start
+    opts = EngineOptions(launch_s=1e-6, cpu_threads_per_node=128, overlap_slowdown=p.gpu.overlap_slowdown,
                          sms=p.gpu.sms, overlap_slowdown_by_op=tuple(sorted(p.gpu.overlap_slowdown_by_op.items())),
                          overlap_slowdown_memory=tuple(sorted(p.gpu.overlap_slowdown_memory.items())))
     res = Engine(topo, wl, np.array([1e-4, 1e-4]), ["fixed"] * 2, Planner(topo, p.collectives), opts).run()
@@ -86,6 +87,34 @@ def test_memory_bound_kernel_pays_the_hbm_share_a_gemm_the_sm_share(dgx_h100):
     # without the flags (a caller that does not set them) every kernel is compute-bound, as before
     plain = _beside_all_reduce(dgx_h100, 1, 2, bound=False)
     assert plain["add"] == pytest.approx(plain["gemm"], rel=1e-12) == inside["gemm"]
+
+
+def test_a_memory_bound_kernel_beside_a_waiting_collective_pays_nothing(dgx_h100):
+    """Rank 0's all-reduce waits for rank 1, busy with a 1 ms kernel: NCCL's kernel holds its SMs
+    while it waits (the GEMM beside it loses 13.8%) but moves no bytes (the add loses nothing)."""
+    progs = []
+    for r in range(2):
+        call = CollectiveCall("ar", "all_reduce", (0, 1), 1 << 20)
+        ar = Op("ar", "collective", "comm", stream="comm", coll=call, nbytes=1 << 20)
+        ops = ([ar, Op("add", "kernel", "elementwise", kernel=0), Op("gemm", "kernel", "gemm", kernel=1)] if r == 0
+               else [Op("long", "kernel", "gemm", kernel=2), Op("ar", "collective", "comm", stream="comm",
+                                                                coll=call, nbytes=1 << 20, deps=(0,))])
+        progs.append(Program(r, ops))
+    kernels = [ADD, GEMM, KernelSpec.make("gemm", "bf16", m=8192, n=8192, k=8192)]
+    wl = Workload("waiting", progs, kernels, [MemoryEstimate()] * 2, samples=1,
+                  memory_bound=memory_bound(kernels, dgx_h100.gpu))
+    topo = Topology(dgx_h100, 1, 2)
+    g = dgx_h100.gpu
+    opts = EngineOptions(launch_s=0.0, cpu_threads_per_node=128, overlap_slowdown=g.overlap_slowdown, sms=g.sms,
+                         overlap_slowdown_by_op=tuple(sorted(g.overlap_slowdown_by_op.items())),
+                         overlap_slowdown_memory=tuple(sorted(g.overlap_slowdown_memory.items())))
+    res = Engine(topo, wl, np.array([1e-4, 1e-4, 1e-3]), ["fixed"] * 3, Planner(topo, dgx_h100.collectives),
+                 opts).run()
+    rec = res.records[(res.records["rank"] == 0) & (res.records["kind"] == "kernel")].set_index("name")
+    assert rec.loc["gemm", "end_s"] < 1e-3  # both ran while the all-reduce waited for rank 1
+    assert rec.loc["add", "end_s"] - rec.loc["add", "start_s"] == pytest.approx(1e-4, rel=1e-12)
+    assert rec.loc["gemm", "end_s"] - rec.loc["gemm", "start_s"] == pytest.approx(1e-4 * (1 + g.overlap_slowdown_by_op[
+        "all_reduce"]), rel=1e-12)
 
 
 def test_a_platform_without_memory_figures_keeps_its_one_figure(dgx_a100):

@@ -30,7 +30,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, get_args
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -40,7 +40,7 @@ from ..comm.network import AGGREGATE_FROM, FlowNetwork
 from ..comm.plan import CollectiveRequest
 from ..comm.planner import Planner
 from ..errors import SimulationError
-from ..graph import CollectiveCall, CollectiveOp, Op, Workload
+from ..graph import CollectiveCall, Op, Workload
 from ..platform.topology import Topology
 from .fold import SLACK_FRACTION, FoldBroken, FoldMap
 from .result import LINK_RECORD_COLUMNS, LINK_STAT_COLUMNS, RECORD_COLUMNS, SimResult
@@ -60,7 +60,8 @@ class EngineOptions:
     #: one runs on its GPU, instead of ``overlap_slowdown`` (the largest of those running applies)
     overlap_slowdown_by_op: tuple[tuple[str, float], ...] = ()
     #: ``within_node`` / ``across_nodes``: the slowdown of a memory-bound kernel (``Workload.memory_bound``)
-    #: beside a collective within a node / across nodes, instead of the op's figure; empty: the op's figure
+    #: beside a collective moving bytes within a node / across nodes, instead of the op's figure; empty:
+    #: the op's figure for every kernel
     overlap_slowdown_memory: tuple[tuple[str, float], ...] = ()
     #: carry a collective's transfers alike as aggregate flows (exact, see simgpu.comm.network); off:
     #: one flow per transfer, the plain simulation the aggregates are checked against
@@ -75,6 +76,7 @@ class _Rendezvous:
     call: CollectiveCall
     needed: int  # members that arrive (the representatives among them, when folded)
     arrived: dict[int, tuple[CollectiveCall, int]] = field(default_factory=dict)  # rank -> (call, op index)
+    across: bool | None = None  # the group spans nodes (found where memory-bound kernels need it)
 
 
 class _Stream:
@@ -149,23 +151,16 @@ class Engine:
         self.records: list[tuple[Any, ...]] = []
         self._rv: dict[str, _Rendezvous] = {}
         self._comm_active = [0] * topo.world
-        self._by_op, mem = dict(options.overlap_slowdown_by_op), dict(options.overlap_slowdown_memory)
-        bound = workload.memory_bound
+        self._by_op = dict(options.overlap_slowdown_by_op)
+        self._ops_active: dict[int, dict[str, int]] = {}  # rank -> collective op -> running (by_op only)
+        mem, bound = dict(options.overlap_slowdown_memory), workload.memory_bound
         if mem and bound is not None and len(bound) != len(workload.kernels):
             raise ValueError("one memory_bound flag per kernel spec is needed")
+        #: per kernel spec: memory-bound (where memory-bound kernels have their own figures), else None
         self._mem_bound = list(bound) if mem and bound else None
-        self._track = bool(self._by_op) or self._mem_bound is not None  # the running collectives' kinds matter
-        default = options.overlap_slowdown
-        # (collective op, across nodes) -> the slowdown of a compute-bound / a memory-bound kernel beside it
-        self._compute: dict[tuple[str, bool], float] = {}
-        self._memory: dict[tuple[str, bool], float] = {}
-        for op in get_args(CollectiveOp):
-            for across in (False, True):
-                fig = self._by_op.get(op, default)
-                self._compute[op, across] = fig
-                self._memory[op, across] = mem.get("across_nodes" if across else "within_node", fig)
-        # rank -> (collective op, across nodes) -> running (tracked where the kinds matter)
-        self._ops_active: dict[int, dict[tuple[str, bool], int]] = {}
+        #: spanning nodes -> a memory-bound kernel's slowdown beside a collective that moves bytes
+        self._mem = {False: mem.get("within_node", 0.0), True: mem.get("across_nodes", 0.0)}
+        self._moving: dict[int, dict[bool, int]] = {}  # rank -> spanning nodes -> collectives moving bytes
         self._ranks: dict[int, _Rank] = {}
         self.ops_run = 0
         self.events = 0
@@ -295,20 +290,25 @@ class Engine:
 
     def _slowdown(self, rank: int, kernel: int) -> float:
         """The slowdown of kernel spec ``kernel`` starting beside the collectives running on ``rank``:
-        the largest of their figures for its bound."""
-        if not self._track:
+        a compute-bound kernel's, the largest op figure of those running (an NCCL kernel waiting for
+        its peers holds its SMs too); a memory-bound kernel's, the largest HBM share of those moving
+        bytes (all members arrived), within a node or across nodes, and none beside waiting ones."""
+        if self._mem_bound is not None and self._mem_bound[kernel]:
+            moving = self._moving.get(rank)
+            return max((self._mem[a] for a, n in moving.items() if n), default=0.0) if moving else 0.0
+        if not self._by_op:
             return self.opt.overlap_slowdown
-        table = self._memory if self._mem_bound is not None and self._mem_bound[kernel] else self._compute
-        return max(table[key] for key, n in self._ops_active[rank].items() if n)
+        default = self.opt.overlap_slowdown
+        return max(self._by_op.get(op, default) for op, n in self._ops_active[rank].items() if n)
 
-    def _active_key(self, call: CollectiveCall) -> tuple[str, bool]:
-        """``call``'s key among the running collectives: its op, and whether it spans nodes (only
-        where memory-bound kernels have their own figures)."""
-        if self._mem_bound is None:
-            return call.op, False
-        gpn, group = self.topo.gpus_per_node, call.group
-        node = group[0] // gpn
-        return call.op, any(m // gpn != node for m in group)
+    def _moves(self, rv: _Rendezvous, step: int) -> None:
+        """Count ``rv``'s collective as moving bytes on its members (``step`` 1) or done (-1)."""
+        if rv.across is None:
+            gpn, group = self.topo.gpus_per_node, rv.call.group
+            rv.across = any(m // gpn != group[0] // gpn for m in group)
+        for rank in rv.arrived:
+            moving = self._moving.setdefault(rank, {})
+            moving[rv.across] = moving.get(rv.across, 0) + step
 
     def _finish(self, r: _Rank, i: int) -> None:
         op = r.ops[i]
@@ -360,12 +360,13 @@ class Engine:
                                   f"{rv.call.op} of {rv.call.nbytes} B over {len(rv.call.group)}")
         rv.arrived[rank] = (call, i)
         self._comm_active[rank] += 1
-        if self._track:
+        if self._by_op:
             active = self._ops_active.setdefault(rank, {})
-            key = self._active_key(call)
-            active[key] = active.get(key, 0) + 1
+            active[call.op] = active.get(call.op, 0) + 1
         if len(rv.arrived) < rv.needed:
             return
+        if self._mem_bound is not None:
+            self._moves(rv, 1)
         if rv.call.duration_s is not None:
             self._at(self.env.now + rv.call.duration_s, lambda _e: self._complete(rv))
             return
@@ -388,13 +389,15 @@ class Engine:
         self._at(self.env.now + plan.latency_s, move)
 
     def _complete(self, rv: _Rendezvous) -> None:
+        if self._mem_bound is not None:
+            self._moves(rv, -1)
         for rank in rv.call.group:
             if rank not in rv.arrived:
                 continue  # another replica's member (folded)
             call, i = rv.arrived[rank]
             self._comm_active[rank] -= 1
-            if self._track:
-                self._ops_active[rank][self._active_key(call)] -= 1
+            if self._by_op:
+                self._ops_active[rank][call.op] -= 1
             self._finish(self._ranks[rank], i)
 
     def _request(self, rv: _Rendezvous) -> CollectiveRequest:

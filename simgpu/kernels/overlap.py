@@ -26,9 +26,11 @@ arithmetic intensity against the ridge point, with the GEMM's tile padding): a c
 (GEMMs, attention at training sizes) pays the op's figure (``gpu.overlap_slowdown_by_op``, the SM
 share on the platforms without a measurement); a memory-bound kernel (elementwise, norms,
 embeddings, the optimizer, decode-size GEMMs) pays the HBM share of where the collective runs
-(``gpu.overlap_slowdown_memory``), not the SM share: its time is its bytes over the bandwidth it
-gets, and the bandwidth a kernel reaches is bound by the loads it keeps in flight, which the SMs
-left still issue (a streaming kernel reaches the HBM bandwidth without every SM). A platform
+(``gpu.overlap_slowdown_memory``) while the collective moves bytes (every member has arrived), and
+not the SM share: its time is its bytes over the bandwidth it gets, and the bandwidth a kernel
+reaches is bound by the loads it keeps in flight, which the SMs left still issue (a streaming
+kernel reaches the HBM bandwidth without every SM); an NCCL kernel waiting for its peers holds its
+SMs but moves nothing. A platform
 without ``overlap_slowdown_memory`` (A100's measured 5%) applies the op's figure to every kernel,
 as the figure was measured: over every kernel beside the collective. ``python -m
 simgpu.kernels.overlap [PLATFORM ...]`` prints both shares per kind, the measured figure where the
