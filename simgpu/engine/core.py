@@ -274,6 +274,12 @@ class Engine:
                 sms = self.opt.sms
                 dur *= sms / max(1, sms - op.sm_taken)
             elif self._comm_active[r.rank]:
+                if self._mem_bound is not None and self._mem_bound[op.kernel] and self._waiting(r.rank):
+                    # a collective of the rank waits for members that may arrive at this same instant, later
+                    # in the event queue: the kernel's slowdown is found once they have
+                    self._at(self.env.now, lambda _e, d=dur: self._at(
+                        self.env.now + d * (1.0 + self._slowdown(r.rank, op.kernel)), lambda _e: self._finish(r, i)))
+                    return
                 dur *= 1.0 + self._slowdown(r.rank, op.kernel)
             self._at(self.env.now + dur, lambda _e: self._finish(r, i))
         elif op.kind == "memcpy":
@@ -300,6 +306,11 @@ class Engine:
             return self.opt.overlap_slowdown
         default = self.opt.overlap_slowdown
         return max(self._by_op.get(op, default) for op, n in self._ops_active[rank].items() if n)
+
+    def _waiting(self, rank: int) -> bool:
+        """Whether a collective ``rank`` has reached still waits for members (moves no bytes yet)."""
+        moving = self._moving.get(rank)
+        return self._comm_active[rank] > (sum(moving.values()) if moving else 0)
 
     def _moves(self, rv: _Rendezvous, step: int) -> None:
         """Count ``rv``'s collective as moving bytes on its members (``step`` 1) or done (-1)."""
