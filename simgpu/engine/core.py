@@ -161,6 +161,11 @@ class Engine:
         #: spanning nodes -> a memory-bound kernel's slowdown beside a collective that moves bytes
         self._mem = {False: mem.get("within_node", 0.0), True: mem.get("across_nodes", 0.0)}
         self._moving: dict[int, dict[bool, int]] = {}  # rank -> spanning nodes -> collectives moving bytes
+        # memory-bound kernels started beside a waiting collective: rank -> (the instant, [(op, duration,
+        # slowdown, token)]), and (rank, op) -> the token of its end event that stands
+        self._started: dict[int, tuple[float, list[tuple[int, float, float, int]]]] = {}
+        self._live: dict[tuple[int, int], int] = {}
+        self._token = 0
         self._ranks: dict[int, _Rank] = {}
         self.ops_run = 0
         self.events = 0
@@ -275,10 +280,7 @@ class Engine:
                 dur *= sms / max(1, sms - op.sm_taken)
             elif self._comm_active[r.rank]:
                 if self._mem_bound is not None and self._mem_bound[op.kernel] and self._waiting(r.rank):
-                    # a collective of the rank waits for members that may arrive at this same instant, later
-                    # in the event queue: the kernel's slowdown is found once they have
-                    self._at(self.env.now, lambda _e, d=dur: self._at(
-                        self.env.now + d * (1.0 + self._slowdown(r.rank, op.kernel)), lambda _e: self._finish(r, i)))
+                    self._provisional(r, i, dur)
                     return
                 dur *= 1.0 + self._slowdown(r.rank, op.kernel)
             self._at(self.env.now + dur, lambda _e: self._finish(r, i))
@@ -306,6 +308,43 @@ class Engine:
             return self.opt.overlap_slowdown
         default = self.opt.overlap_slowdown
         return max(self._by_op.get(op, default) for op, n in self._ops_active[rank].items() if n)
+
+    def _provisional(self, r: _Rank, i: int, dur: float) -> None:
+        """Start memory-bound kernel ``i`` beside a collective that waits for members, who may arrive at
+        this same instant later in the event queue: its end stands until one of them does
+        (:meth:`_recheck`), so the result does not hang on the order of one instant's events."""
+        now = self.env.now
+        slow = self._slowdown(r.rank, r.ops[i].kernel)
+        token = self._token = self._token + 1
+        started = self._started.get(r.rank)
+        if started is None or started[0] != now:
+            started = self._started[r.rank] = (now, [])
+        started[1].append((i, dur, slow, token))
+        self._live[r.rank, i] = token
+        self._at(now + dur * (1.0 + slow), lambda _e: self._end(r, i, token))
+
+    def _end(self, r: _Rank, i: int, token: int) -> None:
+        """The end of a provisional kernel, unless a later end replaced it."""
+        if self._live.get((r.rank, i)) == token:
+            del self._live[r.rank, i]
+            self._finish(r, i)
+
+    def _recheck(self, rv: _Rendezvous) -> None:
+        """``rv`` moves bytes from now: the memory-bound kernels its members started at this instant
+        beside it take its HBM share too."""
+        now = self.env.now
+        for rank in rv.arrived:
+            started = self._started.get(rank)
+            if started is None or started[0] != now:
+                continue
+            r = self._ranks[rank]
+            for j, (i, dur, slow, token) in enumerate(started[1]):
+                new = self._slowdown(rank, r.ops[i].kernel)
+                if new > slow and self._live.get((rank, i)) == token:
+                    token = self._token = self._token + 1
+                    self._live[rank, i] = token
+                    started[1][j] = (i, dur, new, token)
+                    self._at(now + dur * (1.0 + new), lambda _e, r=r, i=i, t=token: self._end(r, i, t))
 
     def _waiting(self, rank: int) -> bool:
         """Whether a collective ``rank`` has reached still waits for members (moves no bytes yet)."""
@@ -378,6 +417,7 @@ class Engine:
             return
         if self._mem_bound is not None:
             self._moves(rv, 1)
+            self._recheck(rv)
         if rv.call.duration_s is not None:
             self._at(self.env.now + rv.call.duration_s, lambda _e: self._complete(rv))
             return
