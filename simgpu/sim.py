@@ -23,7 +23,6 @@ from .engine.steady import steady_window
 from .errors import ConfigError
 from .graph import KernelSpec, Workload
 from .kernels.base import make_predictor
-from .kernels.overlap import memory_bound
 from .platform.topology import Topology
 from .workload import World, get_builder
 
@@ -81,6 +80,8 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
                             sms=p.gpu.sms, overlap_slowdown_by_op=tuple(sorted(p.gpu.overlap_slowdown_by_op.items())),
                             overlap_slowdown_memory=tuple(sorted(p.gpu.overlap_slowdown_memory.items())),
                             periodic=periodic)
+    from .kernels.overlap import memory_bound  # here: `python -m simgpu.kernels.overlap` imports simgpu first
+
     bound: dict[KernelSpec, bool] = {}  # each kernel shape's bound on this GPU, across the builds below
 
     def built(folded: bool, inside: bool, micro: Choose | None) -> Workload:

@@ -28,7 +28,6 @@ from ...engine.fold import FoldBroken, fold_blocker, local_shift_unit
 from ...errors import ConfigError
 from ...graph import KernelSpec, KernelTable, MemoryEstimate, Program, Replicas, Workload
 from ...kernels.base import make_predictor
-from ...kernels.overlap import memory_bound
 from ...platform.topology import Topology
 from ..registry import World
 from .api import ReplicaMemory, Step
@@ -131,6 +130,8 @@ class EngineTimer:
             self._durations = np.concatenate([self._durations, np.asarray(secs, dtype=float)])
             self._models += list(who)
             if self.job.platform.gpu.overlap_slowdown_memory:
+                from ...kernels.overlap import memory_bound  # here: `python -m simgpu.kernels.overlap` imports it
+
                 self._bound += memory_bound(new, self.job.platform.gpu)
 
     def _run(self, programs: dict[int, Program]) -> float:
