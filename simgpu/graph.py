@@ -264,9 +264,9 @@ class Workload:
     ``pipeline`` says how a pipeline schedule repeats (None: it does not, or no pipeline); where the
     programs run fewer micro-batches than the job (``pipeline.simulated``), ``samples``, ``tokens``,
     ``model_flops`` and ``memory`` are still the job's. ``memory_bound``, per kernel spec, says
-    whether the kernel is bound by HBM bandwidth on the job's GPU (set where the programs are built
-    for a GPU, :func:`simgpu.kernels.overlap.memory_bound`); None: every kernel counts as
-    compute-bound beside a collective.
+    whether the kernel is bound by HBM bandwidth on the job's GPU (set by :func:`simgpu.simulate`
+    where the platform has ``overlap_slowdown_memory``, :func:`simgpu.kernels.overlap.memory_bound`);
+    None: every kernel counts as compute-bound beside a collective.
     """
 
     name: str

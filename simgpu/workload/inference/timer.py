@@ -67,13 +67,11 @@ class EngineTimer:
         self.planner = Planner(self.topo, p.collectives, w.comm.algorithm, w.comm.protocol)
         self.options = EngineOptions(launch_s=p.host.launch_us * 1e-6, cpu_threads_per_node=p.host.cpu_threads,
                                      overlap_slowdown=p.gpu.overlap_slowdown, sms=p.gpu.sms,
-                                     overlap_slowdown_by_op=tuple(sorted(p.gpu.overlap_slowdown_by_op.items())),
-                                     overlap_slowdown_memory=tuple(sorted(p.gpu.overlap_slowdown_memory.items())))
+                                     overlap_slowdown_by_op=tuple(sorted(p.gpu.overlap_slowdown_by_op.items())))
         self.predictor = make_predictor(kernel_model, p)
         self.kernels = KernelTable()
         self._durations = np.zeros(0)
         self._models: list[str] = []
-        self._bound: list[bool] = []  # per kernel spec timed: memory-bound on the GPU (simgpu.kernels.overlap)
         self._cache: dict[Shape, float] = {}
         self.fold = self._fold()
         self.simulated = 0  # shapes simulated so far
@@ -129,16 +127,12 @@ class EngineTimer:
             secs, who = self.predictor.predict(new)
             self._durations = np.concatenate([self._durations, np.asarray(secs, dtype=float)])
             self._models += list(who)
-            if self.job.platform.gpu.overlap_slowdown_memory:
-                from ...kernels.overlap import memory_bound  # here: `python -m simgpu.kernels.overlap` imports it
-
-                self._bound += memory_bound(new, self.job.platform.gpu)
 
     def _run(self, programs: dict[int, Program]) -> float:
         g = self.replica_gpus
         wl = Workload(name=self.job.workload.name, programs=[programs[r] for r in sorted(programs)],
                       kernels=self.kernels.specs[:len(self._durations)], memory=[MemoryEstimate()] * g,
-                      samples=1, replicas=self.fold, memory_bound=self._bound or None)
+                      samples=1, replicas=self.fold)
         return Engine(self.topo, wl, self._durations, self._models, self.planner, self.options).run_time()
 
 
