@@ -272,7 +272,10 @@ class Workload:
     :attr:`Op.iteration`); ``samples``, ``tokens`` and ``model_flops`` are of one of them.
     ``pipeline`` says how a pipeline schedule repeats (None: it does not, or no pipeline); where the
     programs run fewer micro-batches than the job (``pipeline.simulated``), ``samples``, ``tokens``,
-    ``model_flops`` and ``memory`` are still the job's.
+    ``model_flops`` and ``memory`` are still the job's. ``memory_bound``, per kernel spec, says
+    whether the kernel is bound by HBM bandwidth on the job's GPU (set by :func:`simgpu.simulate`
+    where the platform has ``overlap_slowdown_memory``, :func:`simgpu.kernels.overlap.memory_bound`);
+    None: every kernel counts as compute-bound beside a collective.
     """
 
     name: str
@@ -286,6 +289,7 @@ class Workload:
     replicas: Replicas | None = None
     iterations: int = 1
     pipeline: PipelineShape | None = None
+    memory_bound: list[bool] | None = None
 
 
 class KernelTable:

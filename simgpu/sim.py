@@ -23,7 +23,7 @@ from .engine.fold import local_shift_unit
 from .engine.shortcuts import Choose
 from .engine.steady import steady_window
 from .errors import ConfigError
-from .graph import Workload
+from .graph import KernelSpec, Workload
 from .kernels.base import make_predictor
 from .platform.topology import Topology
 from .workload import World, get_builder
@@ -80,10 +80,20 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
     options = EngineOptions(launch_s=p.host.launch_us * 1e-6, cpu_threads_per_node=p.host.cpu_threads,
                             overlap_slowdown=p.gpu.overlap_slowdown, record_links=record_links,
                             sms=p.gpu.sms, overlap_slowdown_by_op=tuple(sorted(p.gpu.overlap_slowdown_by_op.items())),
+                            overlap_slowdown_memory=tuple(sorted(p.gpu.overlap_slowdown_memory.items())),
                             periodic=periodic)
-    outcome = shortcuts.run(topo, lambda folded, inside, micro: build(job, fold=folded, topo=topo if inside else None,
-                                                                        micro_batches=micro),
-                            lambda w: predictor().predict(w.kernels), planner, options, fold=fold, say=say)
+    from .kernels.overlap import memory_bound  # here: `python -m simgpu.kernels.overlap` imports simgpu first
+
+    bound: dict[KernelSpec, bool] = {}  # each kernel shape's bound on this GPU, across the builds below
+
+    def built(folded: bool, inside: bool, micro: Choose | None) -> Workload:
+        w = build(job, fold=folded, topo=topo if inside else None, micro_batches=micro)
+        if p.gpu.overlap_slowdown_memory:  # where memory-bound kernels have their own figures
+            w.memory_bound = memory_bound(w.kernels, p.gpu, bound)
+        return w
+
+    outcome = shortcuts.run(topo, built, lambda w: predictor().predict(w.kernels), planner, options, fold=fold,
+                            say=say)
     workload = outcome.workload
     result = steady_window(outcome.result)
     note = shortcuts.slack_note(result, outcome.note)

@@ -62,6 +62,10 @@ class EngineOptions:
     #: per collective op (``all_reduce``, ``send_recv``, ...): the slowdown of a kernel that starts while
     #: one runs on its GPU, instead of ``overlap_slowdown`` (the largest of those running applies)
     overlap_slowdown_by_op: tuple[tuple[str, float], ...] = ()
+    #: ``within_node`` / ``across_nodes``: the slowdown of a memory-bound kernel (``Workload.memory_bound``)
+    #: beside a collective moving bytes within a node / across nodes, instead of the op's figure; empty:
+    #: the op's figure for every kernel
+    overlap_slowdown_memory: tuple[tuple[str, float], ...] = ()
     #: carry a collective's transfers alike as aggregate flows (exact, see simgpu.comm.network); off:
     #: one flow per transfer, the plain simulation the aggregates are checked against
     aggregate: bool = True
@@ -75,6 +79,7 @@ class _Rendezvous:
     call: CollectiveCall
     needed: int  # members that arrive (the representatives among them, when folded)
     arrived: dict[int, tuple[CollectiveCall, int]] = field(default_factory=dict)  # rank -> (call, op index)
+    across: bool | None = None  # the group spans nodes (found where memory-bound kernels need it)
 
 
 class _Stream:
@@ -209,6 +214,19 @@ class Engine:
         self._comm_active = [0] * topo.world
         self._by_op = dict(options.overlap_slowdown_by_op)
         self._ops_active: dict[int, dict[str, int]] = {}  # rank -> collective op -> running (by_op only)
+        mem, bound = dict(options.overlap_slowdown_memory), workload.memory_bound
+        if mem and bound is not None and len(bound) != len(workload.kernels):
+            raise ValueError("one memory_bound flag per kernel spec is needed")
+        #: per kernel spec: memory-bound (where memory-bound kernels have their own figures), else None
+        self._mem_bound = list(bound) if mem and bound else None
+        #: spanning nodes -> a memory-bound kernel's slowdown beside a collective that moves bytes
+        self._mem = {False: mem.get("within_node", 0.0), True: mem.get("across_nodes", 0.0)}
+        self._moving: dict[int, dict[bool, int]] = {}  # rank -> spanning nodes -> collectives moving bytes
+        # memory-bound kernels started beside a waiting collective: rank -> (the instant, [(op, duration,
+        # slowdown, token)]), and (rank, op) -> the token of its end event that stands
+        self._started: dict[int, tuple[float, list[tuple[int, float, float, int]]]] = {}
+        self._live: dict[tuple[int, int], int] = {}
+        self._token = 0
         self._ranks: dict[int, _Rank] = {}
         self.ops_run = 0
         self.events = 0
@@ -385,7 +403,10 @@ class Engine:
                 sms = self.opt.sms
                 dur *= sms / max(1, sms - op.sm_taken)
             elif self._comm_active[r.rank]:
-                dur *= 1.0 + self._slowdown(r.rank)
+                if self._mem_bound is not None and self._mem_bound[op.kernel] and self._waiting(r.rank):
+                    self._provisional(r, i, dur)
+                    return
+                dur *= 1.0 + self._slowdown(r.rank, op.kernel)
             wait = now + dur - now  # as _finish_at(now + dur) computes it
             heappush(self._queue, (now + (wait if wait > 0 else 0.0), NORMAL, next(self._eid),
                                    _Call(self._calls, r, i)))
@@ -402,7 +423,10 @@ class Engine:
                 sms = self.opt.sms
                 dur *= sms / max(1, sms - op.sm_taken)
             elif self._comm_active[r.rank]:
-                dur *= 1.0 + self._slowdown(r.rank)
+                if self._mem_bound is not None and self._mem_bound[op.kernel] and self._waiting(r.rank):
+                    self._provisional(r, i, dur)
+                    return
+                dur *= 1.0 + self._slowdown(r.rank, op.kernel)
             self._finish_at(self.env.now + dur, r, i)
         elif op.kind == "memcpy":
             route = self.topo.host_route(r.rank, to_device=True)
@@ -416,11 +440,69 @@ class Engine:
         else:
             raise SimulationError(f"rank {r.rank} op {op.name!r}: unknown kind {op.kind!r}")
 
-    def _slowdown(self, rank: int) -> float:
+    def _slowdown(self, rank: int, kernel: int) -> float:
+        """The slowdown of kernel spec ``kernel`` starting beside the collectives running on ``rank``:
+        a compute-bound kernel's, the largest op figure of those running (an NCCL kernel waiting for
+        its peers holds its SMs too); a memory-bound kernel's, the largest HBM share of those moving
+        bytes (all members arrived), within a node or across nodes, and none beside waiting ones."""
+        if self._mem_bound is not None and self._mem_bound[kernel]:
+            moving = self._moving.get(rank)
+            return max((self._mem[a] for a, n in moving.items() if n), default=0.0) if moving else 0.0
         if not self._by_op:
             return self.opt.overlap_slowdown
         default = self.opt.overlap_slowdown
         return max(self._by_op.get(op, default) for op, n in self._ops_active[rank].items() if n)
+
+    def _provisional(self, r: _Rank, i: int, dur: float) -> None:
+        """Start memory-bound kernel ``i`` beside a collective that waits for members, who may arrive at
+        this same instant later in the event queue: its end stands until one of them does
+        (:meth:`_recheck`), so the result does not hang on the order of one instant's events."""
+        now = self.env.now
+        slow = self._slowdown(r.rank, r.ops[i].kernel)
+        token = self._token = self._token + 1
+        started = self._started.get(r.rank)
+        if started is None or started[0] != now:
+            started = self._started[r.rank] = (now, [])
+        started[1].append((i, dur, slow, token))
+        self._live[r.rank, i] = token
+        self._at(now + dur * (1.0 + slow), lambda _e: self._end(r, i, token))
+
+    def _end(self, r: _Rank, i: int, token: int) -> None:
+        """The end of a provisional kernel, unless a later end replaced it."""
+        if self._live.get((r.rank, i)) == token:
+            del self._live[r.rank, i]
+            self._finish(r, i)
+
+    def _recheck(self, rv: _Rendezvous) -> None:
+        """``rv`` moves bytes from now: the memory-bound kernels its members started at this instant
+        beside it take its HBM share too."""
+        now = self.env.now
+        for rank in rv.arrived:
+            started = self._started.get(rank)
+            if started is None or started[0] != now:
+                continue
+            r = self._ranks[rank]
+            for j, (i, dur, slow, token) in enumerate(started[1]):
+                new = self._slowdown(rank, r.ops[i].kernel)
+                if new > slow and self._live.get((rank, i)) == token:
+                    token = self._token = self._token + 1
+                    self._live[rank, i] = token
+                    started[1][j] = (i, dur, new, token)
+                    self._at(now + dur * (1.0 + new), lambda _e, r=r, i=i, t=token: self._end(r, i, t))
+
+    def _waiting(self, rank: int) -> bool:
+        """Whether a collective ``rank`` has reached still waits for members (moves no bytes yet)."""
+        moving = self._moving.get(rank)
+        return self._comm_active[rank] > (sum(moving.values()) if moving else 0)
+
+    def _moves(self, rv: _Rendezvous, step: int) -> None:
+        """Count ``rv``'s collective as moving bytes on its members (``step`` 1) or done (-1)."""
+        if rv.across is None:
+            gpn, group = self.topo.gpus_per_node, rv.call.group
+            rv.across = any(m // gpn != group[0] // gpn for m in group)
+        for rank in rv.arrived:
+            moving = self._moving.setdefault(rank, {})
+            moving[rv.across] = moving.get(rv.across, 0) + step
 
     def _finish(self, r: _Rank, i: int) -> None:
         op = r.ops[i]
@@ -477,6 +559,9 @@ class Engine:
             active[call.op] = active.get(call.op, 0) + 1
         if len(rv.arrived) < rv.needed:
             return
+        if self._mem_bound is not None:
+            self._moves(rv, 1)
+            self._recheck(rv)
         if rv.call.duration_s is not None:
             self._at(self.env.now + rv.call.duration_s, lambda _e: self._complete(rv))
             return
@@ -500,6 +585,8 @@ class Engine:
 
     def _complete(self, rv: _Rendezvous) -> None:
         del self._rv[rv.call.key]  # done: only the rendezvous not yet complete are kept
+        if self._mem_bound is not None:
+            self._moves(rv, -1)
         for rank in rv.call.group:
             if rank not in rv.arrived:
                 continue  # another replica's member (folded)
