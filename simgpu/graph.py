@@ -112,10 +112,19 @@ class Op:
 
 @dataclass
 class Program:
-    """The ops of one rank in program order, with a helper to append them and get their index."""
+    """The ops of one rank in program order, with a helper to append them and get their index.
+
+    ``template``, when set, is the op list this program was copied from (a pipeline stage's program
+    retargeted to each of its ranks): its ops equal the template's at the same places in name,
+    kind, category, stream, phase, kernel, nbytes and deps; only a collective's ``coll`` (group and
+    key), ``cpu_s``, ``delay_s`` and ``sm_taken`` may differ. Programs of one template share the
+    engine's per-op tables (dependencies, the records' columns), and may share Op objects: an op of
+    a program is never modified once the program is built.
+    """
 
     rank: int
     ops: list[Op] = field(default_factory=list)
+    template: list[Op] | None = None
 
     def add(self, op: Op) -> int:
         if op.kind == "host" and op.deps:
@@ -270,7 +279,10 @@ class Workload:
     :attr:`Op.iteration`); ``samples``, ``tokens`` and ``model_flops`` are of one of them.
     ``pipeline`` says how a pipeline schedule repeats (None: it does not, or no pipeline); where the
     programs run fewer micro-batches than the job (``pipeline.simulated``), ``samples``, ``tokens``,
-    ``model_flops`` and ``memory`` are still the job's.
+    ``model_flops`` and ``memory`` are still the job's. ``memory_bound``, per kernel spec, says
+    whether the kernel is bound by HBM bandwidth on the job's GPU (set by :func:`simgpu.simulate`
+    where the platform has ``overlap_slowdown_memory``, :func:`simgpu.kernels.overlap.memory_bound`);
+    None: every kernel counts as compute-bound beside a collective.
     """
 
     name: str
@@ -284,6 +296,7 @@ class Workload:
     replicas: Replicas | None = None
     iterations: int = 1
     pipeline: PipelineShape | None = None
+    memory_bound: list[bool] | None = None
 
 
 class KernelTable:

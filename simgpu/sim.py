@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from functools import cache, partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from .comm.planner import Planner
 from .config.checks import check_memory, gpus_per_node
@@ -21,7 +23,7 @@ from .engine.fold import local_shift_unit
 from .engine.shortcuts import Choose
 from .engine.steady import steady_window
 from .errors import ConfigError
-from .graph import Workload
+from .graph import KernelSpec, Workload
 from .kernels.base import make_predictor
 from .platform.topology import Topology
 from .workload import World, get_builder
@@ -78,15 +80,24 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
     options = EngineOptions(launch_s=p.host.launch_us * 1e-6, cpu_threads_per_node=p.host.cpu_threads,
                             overlap_slowdown=p.gpu.overlap_slowdown, record_links=record_links,
                             sms=p.gpu.sms, overlap_slowdown_by_op=tuple(sorted(p.gpu.overlap_slowdown_by_op.items())),
+                            overlap_slowdown_memory=tuple(sorted(p.gpu.overlap_slowdown_memory.items())),
                             periodic=periodic)
-    outcome = shortcuts.run(topo, lambda folded, inside, micro: build(job, fold=folded, topo=topo if inside else None,
-                                                                        micro_batches=micro),
-                            lambda w: predictor().predict(w.kernels), planner, options, fold=fold, say=say)
+    from .kernels.overlap import memory_bound  # here: `python -m simgpu.kernels.overlap` imports simgpu first
+
+    bound: dict[KernelSpec, bool] = {}  # each kernel shape's bound on this GPU, across the builds below
+
+    def built(folded: bool, inside: bool, micro: Choose | None) -> Workload:
+        w = build(job, fold=folded, topo=topo if inside else None, micro_batches=micro)
+        if p.gpu.overlap_slowdown_memory:  # where memory-bound kernels have their own figures
+            w.memory_bound = memory_bound(w.kernels, p.gpu, bound)
+        return w
+
+    outcome = shortcuts.run(topo, built, lambda w: predictor().predict(w.kernels), planner, options, fold=fold,
+                            say=say)
     workload = outcome.workload
     result = steady_window(outcome.result)
     note = shortcuts.slack_note(result, outcome.note)
-    kernels = result.records[result.records["kind"] == "kernel"]
-    share = (kernels.assign(d=kernels["end_s"] - kernels["start_s"]).groupby("model")["d"].sum())
+    share = kernel_seconds(result.records)
     reps = workload.replicas
     result.replicas = reps
     result.meta.update(
@@ -94,12 +105,33 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
         samples=workload.samples, tokens=workload.tokens, model_flops=workload.model_flops,
         peak_flops_per_gpu=float(p.gpu.peak_tflops.get(workload.compute_dtype, np.nan)) * 1e12,  # type: ignore[call-overload]
         gpu_memory_gib=p.gpu.memory_gib, memory_gib=[m.as_gib() for m in workload.memory],
-        kernel_model_share={str(k): float(v) for k, v in share.items()}, seed=job.workload.seed,
+        kernel_model_share=share, seed=job.workload.seed,
         workload_file=job.workload_file, platform_file=job.platform_file,
         fold=1 if reps is None else reps.factor, fold_note=note, run=run_info(job, topo),
         steady_state=steady_note(job, workload.iterations, result), periodic=outcome.periodic,
     )
     return result
+
+
+def kernel_seconds(records: pd.DataFrame) -> dict[str, float]:
+    """Simulated kernel seconds per model name (sorted by name): ``records``' kernel rows grouped by
+    ``model``, their durations summed. The kernel rows' columns are read, not copied as rows, and
+    an Arrow-backed ``model`` column is grouped by its dictionary codes rather than its strings."""
+    kernel = (records["kind"] == "kernel").to_numpy()
+    d = pd.Series(records["end_s"].to_numpy()[kernel] - records["start_s"].to_numpy()[kernel])
+    model = records["model"]
+    arrow = getattr(model.array, "__arrow_array__", None)
+    if arrow is None:
+        key: Any = model.to_numpy()[kernel]
+    else:
+        import pyarrow.compute as pc
+
+        enc = pc.dictionary_encode(arrow()).combine_chunks()
+        names = enc.dictionary.to_pylist()
+        key = pd.Categorical.from_codes(enc.indices.to_numpy()[kernel], categories=names)
+        key = key.reorder_categories(sorted(names))  # groups in the order of their names, as for strings
+    share = d.groupby(key, observed=True).sum()
+    return {str(k): float(v) for k, v in share.items()}
 
 
 def steady_note(job: Job, iterations: int, result: SimResult) -> str:

@@ -97,6 +97,8 @@ CASES: dict[str, tuple[int, Callable[[], tuple[float, int]]]] = {
     "gpt 1.3B 64 GPU (TP8 DP8)": (64, _workload("workloads/gpt_2x_dgx_h100.yaml", "nodes=8", "parallelism.tp=8",
                                                 "parallelism.dp=8")),
     "gpt-3 175B 128 GPU (TP8 PP16 DP1)": (128, _gpt3(1)),
+    "gpt-3 175B 128 GPU, every rank": (128, _workload(GPT3, "nodes=16", "parallelism.dp=1",
+                                                      "training.global_batch=32", fold=False)),
     "gpt-3 175B 1024 GPU (TP8 PP16 DP8)": (1024, _workload(GPT3)),
     "gpt-3 175B 1024 GPU, every rank": (1024, _workload(GPT3, fold=False)),
     "gpt-3 175B 1024 GPU, global batch 1536": (1024, _workload(GPT3, "training.global_batch=1536")),

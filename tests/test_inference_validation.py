@@ -84,3 +84,50 @@ def test_dlrm_batch_is_within_a_few_times_its_envelope() -> None:
 def test_decode_floor_is_the_weights_over_hbm() -> None:
     f = v.decode_floor()
     assert 1.0 < f["ratio"] < 1.7
+
+
+def test_fp4_keeps_the_activations_in_bf16() -> None:
+    """NVFP4 quantises the weights and each GEMM's input; the norms and the residual stream stay in
+    bf16 (as under fp8), so a norm moves 2 bytes an element, not fp32's 4."""
+    job = v.make_job(v.LLAMA2_70B, "dgx_b200", 1, "fp4", inference={"framework": "tensorrt_llm"})
+    timer = v.EngineTimer(job)
+    timer.time([v.Step(prefill=((512, 0),), decode=(400,) * 64)])
+    norms = {s.dtype for s in timer.kernels.specs if s.family == "norm"}
+    gemms = {s.dtype for s in timer.kernels.specs if s.family == "gemm"}
+    assert norms == {"bf16"} and gemms == {"fp4"}
+
+
+def test_offline_prompts_are_sequences_of_their_own() -> None:
+    """The requests finishing per iteration (batch / output length) start prompts of ~isl tokens
+    each, not one sequence of all their tokens (whose causal attention would have n x the pairs)."""
+    job = v.make_job(v.LLAMA2_70B, "dgx_h100", 2, "fp8", inference={"framework": "tensorrt_llm",
+                                                                    "gpu_memory_utilization": 0.95})
+    timer = v.EngineTimer(job)
+    seen: list[v.Step] = []
+    time = timer.time
+
+    def spy(steps: list[v.Step]) -> object:
+        seen.extend(steps)
+        return time(steps)
+    timer.time = spy  # type: ignore[method-assign,assignment]
+    _, b = v.offline_tokens_per_s(timer, 896, 294, 291, 8192)
+    (step,) = seen
+    assert len(step.prefill) == round(b / 291) == 3
+    assert all(abs(n - 294 * b / 291 / 3) <= 1 and c == 0 for n, c in step.prefill)
+    seen.clear()
+    # max_num_tokens bounds an iteration's tokens, a decode's one token included
+    _, b = v.offline_tokens_per_s(timer, 896, 294, 291, 1000)
+    assert b == int(1000 / (1 + 294 / 291)) == 497
+    assert len(seen[0].decode) == b and b + sum(n for n, _ in seen[0].prefill) <= 1000
+
+
+def test_kernel_times_add_up_to_a_tp1_iteration() -> None:
+    """TP1 has no collective: the kernels of one GPU's stream are the iteration, less the host's
+    head start (the breakdown of ``--breakdown``)."""
+    timer = v.EngineTimer(v.make_job(v.LLAMA2_70B, "dgx_b200", 1, "fp4", inference=v.MLPERF_INFERENCE))
+    step = v.Step(prefill=((300, 0),) * 4, decode=(440,) * 512)
+    kt = timer.kernel_times(step)
+    t = float(timer.time([step])[0])
+    assert sum(kt.values()) == pytest.approx(t, rel=0.02)
+    assert kt[("mlp.fc1.fwd", "gemm", "fp4")] > kt[("attn.qkv.fwd", "gemm", "fp4")] > 0
+    assert ("ln1.fwd", "norm", "bf16") in kt

@@ -137,3 +137,67 @@ def test_tally2_equals_unique_counts(seed, hi, lo, n, dense):
     keys, want = np.unique(a.astype(np.int64) * lo + b, return_counts=True)
     np.testing.assert_array_equal(x * lo + y, keys)
     np.testing.assert_array_equal(count, want)
+
+
+def _of_both_ways(topo: Topology, t: TransferTable, live: np.ndarray, monkeypatch) -> tuple:
+    """PartGroups.of counted source node by source node (one node a chunk and many), and over the
+    whole key at once."""
+    anchor = parts_module.part_anchors(t.parts, live, topo.capacity)
+    assert anchor is not None
+    key = anchor * (int(t.kinds.max()) + 1) + t.kinds[live]
+    out = []
+    for bins in (1, 1 << 30, None):
+        with monkeypatch.context() as m:
+            if bins is None:
+                m.setattr(parts_module, "_node_tallies", lambda *a: None)
+            else:
+                m.setattr(parts_module, "_CHUNK_BINS", bins)
+            out.append(parts_module.PartGroups.of(t.parts, live, key, len(topo.capacity)))
+    return tuple(out)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[2]}x{c[3] or 'all'}-{len(c[1])}")
+def test_part_groups_counted_node_by_node_equal_those_counted_at_once(case, monkeypatch):
+    topo, t = plan_table(case, 1 << 16)
+    rng = np.random.default_rng(3)
+    seen: list = []
+    real = parts_module._node_tallies
+
+    def counted(*a):
+        seen.append(real(*a))
+        return seen[-1]
+
+    for live in (np.arange(len(t)), np.flatnonzero(rng.random(len(t)) < 0.5)):
+        seen.clear()
+        monkeypatch.setattr(parts_module, "_node_tallies", counted)
+        *by_node, whole = _of_both_ways(topo, t, live, monkeypatch)
+        monkeypatch.setattr(parts_module, "_node_tallies", real)
+        assert len(seen) == 2 and all(s is not None for s in seen)  # the node-by-node count was taken
+        for got in by_node:
+            for name in ("gid", "size", "heads"):
+                np.testing.assert_array_equal(getattr(got, name), getattr(whole, name))
+            assert got.made == whole.made
+            assert len(got.links) == len(whole.links)
+            for a, b in zip(got.links, whole.links, strict=True):
+                for x, y in zip(a, b, strict=True):  # links in the same order, the same counts
+                    assert x.dtype == y.dtype
+                    np.testing.assert_array_equal(x, y)
+
+
+def test_part_groups_of_members_out_of_node_order_equal_those_from_rows(monkeypatch):
+    """Members not in GPU order: the pairs do not come node by node, so the groups are counted
+    over the whole key; they still equal the groups found route by route."""
+    spec, _ = load_platform("dgx_a100")
+    topo = Topology(spec, 4)
+    order = tuple(np.random.default_rng(5).permutation(topo.world).tolist())
+    req = CollectiveRequest("all_to_all", order, 1 << 16)
+    plan = direct(req, topo, spec.collectives, spec.collectives.protocols["simple"])
+    t = plan.transfers
+    assert isinstance(t, TransferTable)
+    seen = []
+    real = parts_module._node_tallies
+    monkeypatch.setattr(parts_module, "_node_tallies", lambda *a: seen.append(real(*a)) or seen[-1])
+    parts, plain = both(topo, t, np.arange(len(t)))
+    assert seen == [None]  # counted over the whole key
+    assert groups(parts) == groups(plain)
+    assert [f.idx.tolist() for f in parts] == [f.idx.tolist() for f in plain]

@@ -60,6 +60,9 @@ def test_key_members_numbers_keys_as_unique_does(lookup, monkeypatch):
     want, want_inverse = np.unique(key, return_inverse=True)
     assert values.tolist() == want.tolist() and inverse.tolist() == want_inverse.reshape(-1).tolist()
     assert key[member].tolist() == values.tolist()
+    sparse = np.concatenate((np.zeros(4001, dtype=np.int64), [5]))  # 5 only at 4001: a 16th-position sample misses it
+    values, member, _ = topology.key_members(sparse)
+    assert sparse[member].tolist() == values.tolist() == [0, 5]
 
 
 @pytest.mark.parametrize(("platform", "keys", "nodes", "gpn"), CASES)

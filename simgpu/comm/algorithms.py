@@ -660,13 +660,17 @@ def _pairs(req: CollectiveRequest, topo: Topology
         parts, shape_class, memo = held[3:]  # the last request's pairs (another size): its routes
     else:
         topo.memo.pop("direct routes", None)  # the last request's routes go before these are made
-        parts = topo.route_parts(g[src], g[dst])
+        ident = n == topo.world and bool(np.all(g == np.arange(n, dtype=g.dtype)))  # the members are the GPUs
+        parts = topo.route_parts(src, dst) if ident else topo.route_parts(g[src], g[dst])
         shape_class = _shape_classes(parts, topo)
         memo = {}
         topo.memo["direct routes"] = (req.group, src, dst, parts, shape_class, memo)
     kinds = _route_kinds(shape_class, sizes)
     K = int(kinds.max()) + 1 if len(kinds) else 0
-    peers = np.bincount(src.astype(np.int64) * K + kinds, minlength=n * K).reshape(n, K)
+    at = (src.astype(np.int64) if n * K >= 2**31 else src) * K  # in the pairs' width where it fits
+    at += kinds
+    peers = np.bincount(at, minlength=n * K).reshape(n, K)
+    del at
     out = (src, dst, parts, sizes, kinds, peers, memo)
     topo.memo["direct pairs"] = (req, out)
     return out
@@ -682,13 +686,13 @@ def _link_classes(topo: Topology) -> np.ndarray:
     return cached  # type: ignore[return-value]
 
 
-def _shape_classes(parts: RouteParts, topo: Topology) -> np.ndarray:
-    """A number per pair of ``parts`` (:meth:`Topology.route_parts`), shared by the pairs whose
-    routes cross the same classes of link in the same order. Routes of one shape differ only in
-    their end nodes, whose links at the same place of their block are alike, so one route a shape
-    is read."""
+def _shape_classes(parts: RouteParts, topo: Topology) -> tuple[np.ndarray, np.ndarray]:
+    """A number per shape of ``parts`` (:meth:`RouteParts.shapes`), shared by the shapes whose
+    routes cross the same classes of link in the same order, and each pair's shape: the pairs of
+    one class are those whose shapes have it. Routes of one shape differ only in their end nodes,
+    whose links at the same place of their block are alike, so one route a shape is read."""
     if len(parts) == 0:
-        return np.zeros(0, dtype=np.int64)
+        return np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32)
     shapes, of_shape = parts.shapes()
     rows = parts.shape_rows(shapes)
     classes = np.full(rows.shape, -1, dtype=np.int64)
@@ -696,19 +700,37 @@ def _shape_classes(parts: RouteParts, topo: Topology) -> np.ndarray:
         route = row[row >= 0]
         classes[k, :len(route)] = _link_classes(topo)[route]
     _, shape_class = np.unique(classes, axis=0, return_inverse=True)
-    return shape_class.reshape(-1).astype(np.int32)[of_shape]
+    return shape_class.reshape(-1).astype(np.int32), of_shape
 
 
-def _route_kinds(shape_class: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """A number per pair, shared by the pairs of the same :func:`_shape_classes` and size; numbered
-    in the order they first appear."""
+def _first_seen(table: np.ndarray, of: np.ndarray, k: int) -> np.ndarray:
+    """The first position of each of the values ``0..k-1`` (each present) in ``table[of]``, read in
+    chunks that double, so that values which all show up early cost a few short reads."""
+    first = np.full(k, -1, dtype=np.int64)
+    lo, step, left = 0, 1024, k
+    while left and lo < len(of):
+        values, at = np.unique(table[of[lo:lo + step]], return_index=True)
+        new = first[values] < 0
+        first[values[new]] = lo + at[new]
+        left -= int(np.count_nonzero(new))
+        lo, step = lo + step, step * 2
+    return first
+
+
+def _route_kinds(classes: tuple[np.ndarray, np.ndarray], sizes: np.ndarray) -> np.ndarray:
+    """A number per pair, shared by the pairs of the same class of route (:func:`_shape_classes`:
+    a class per shape, and each pair's shape) and size; numbered in the order they first appear."""
     if len(sizes) == 0:
-        return np.zeros(0, dtype=np.int64)
-    if sizes.min() == sizes.max():
-        key = shape_class
-    else:
-        _, size_class = np.unique(sizes, return_inverse=True)
-        key = shape_class * (int(size_class.max()) + 1) + size_class.reshape(-1)
+        return np.zeros(0, dtype=np.int32)
+    shape_class, of_shape = classes
+    if sizes.min() == sizes.max():  # the kinds are the classes: numbered per shape, read once a pair
+        k = int(shape_class.max()) + 1
+        first = _first_seen(shape_class, of_shape, k)
+        renumber = np.empty(k, dtype=np.int32)
+        renumber[np.argsort(first, kind="stable")] = np.arange(k, dtype=np.int32)
+        return renumber[shape_class][of_shape]
+    _, size_class = np.unique(sizes, return_inverse=True)
+    key = shape_class[of_shape] * (int(size_class.max()) + 1) + size_class.reshape(-1)
     _, _, inverse = key_members(key, members=False)
     first = first_positions(inverse, int(inverse.max()) + 1)
     renumber = np.empty(len(first), dtype=np.int64)

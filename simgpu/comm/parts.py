@@ -55,9 +55,9 @@ def part_anchors(parts: RouteParts, live: np.ndarray, capacity: np.ndarray) -> n
     anchor = rows[np.arange(len(at)), at].astype(link)[cinv]
     for part, shift in ((at < wp, na), (at >= wp + wf, nb)):
         if part.all():
-            anchor += shift.astype(link) * lpn
+            anchor += shift.astype(link, copy=False) * lpn
         elif part.any():
-            anchor += np.where(part[cinv], shift.astype(link) * lpn, 0).astype(link)
+            anchor += np.where(part[cinv], shift.astype(link, copy=False) * lpn, 0).astype(link, copy=False)
     return anchor
 
 
@@ -161,7 +161,6 @@ class PartGroups:
         (first slowest link and class, a number per pair), over ``L`` links."""
         _, _, gid = key_members(key, members=False)
         G = int(gid.max()) + 1
-        size = np.bincount(gid, minlength=G)
         heads = first_positions(gid, G)
         tp, fp, na, nb = (parts.tpart[live], parts.fpart[live], parts.na[live], parts.nb[live]) \
             if len(live) < len(parts) else (parts.tpart, parts.fpart, parts.na, parts.nb)
@@ -169,9 +168,16 @@ class PartGroups:
         # each group's links: counted per (group, row, node) for the node parts, per (group, row)
         # for the fabric, then each row's links shifted to its node
         pre, post = parts.pre, parts.post
-        entries = [_entries(_rows_of(pre, tp), pre, na, gid, heads, G, nodes, lpn),
-                   _entries(fp, parts.fab, None, gid, heads, G, nodes, lpn),
-                   _entries(_rows_of(post, tp), post, nb, gid, heads, G, nodes, lpn)]
+        by_node = _node_tallies(gid, tp, fp, na, nb, pre, post, len(parts.fab), nodes)
+        if by_node is not None:  # every group within one source node: counted node by node
+            tallies, size = by_node
+            entries = [_expand(*tallies[0], pre, heads, lpn, na), _expand(*tallies[1], parts.fab, heads, lpn, None),
+                       _expand(*tallies[2], post, heads, lpn, nb)]
+        else:
+            size = np.bincount(gid, minlength=G)
+            entries = [_entries(_rows_of(pre, tp), pre, na, gid, heads, G, nodes, lpn),
+                       _entries(fp, parts.fab, None, gid, heads, G, nodes, lpn),
+                       _entries(_rows_of(post, tp), post, nb, gid, heads, G, nodes, lpn)]
         # the destination nodes' rows, where no two share a link and none shares one with a source
         # node's row, give each (group, link) once (the rows are counted per group, row and node):
         # only the others' entries need adding up
@@ -219,25 +225,120 @@ def _entries(r: np.ndarray, rows: np.ndarray, shift: np.ndarray | None, gid: np.
     shifted by ``shift[p] * lpn`` (None: not shifted), in group ``gid[p]``. Counted per (group,
     row), where every pair of a group shifts by the same node, else per (group, row, node)."""
     R = int(r.max()) + 1 if len(r) else 1
+    s: np.ndarray | None
     if shift is None or np.array_equal(shift, shift[heads][gid]):
         g, row, count = _tally2(gid, r, R)
-        s = np.zeros(len(g), dtype=np.int64) if shift is None else shift[heads][g].astype(np.int64)
+        s = None
     else:
         gr, s, count = _tally2(_joined(gid, G, r, R), shift, nodes)
         g, row = np.divmod(gr, R)
-    if shift is None:
-        links = rows[row]
-    else:
+    return _expand(g, row, s, count, rows, heads, lpn, shift)
+
+
+def _expand(g: np.ndarray, row: np.ndarray, s: np.ndarray | None, count: np.ndarray, rows: np.ndarray,
+            heads: np.ndarray, lpn: int, shift: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(group, link, pairs crossing) from a tally of (group ``g``, row number ``row``, node ``s``):
+    the row's links (among the distinct ``rows``; ``rows`` themselves where ``shift`` is None)
+    shifted to the node (None: each group's node, ``shift`` of its first member)."""
+    table = rows
+    if shift is not None:
         _, first = np.unique(rows, axis=0, return_index=True)
-        links = rows[first][row]
+        table = rows[first]
+    empty = np.asarray(~(table >= 0).any(axis=1))
+    if empty.any() and empty[row].any():  # rows of no links give nothing: dropped, so the rest may be whole
+        keep = ~empty[row]
+        g, row, count = g[keep], row[keep], count[keep]
+        s = s[keep] if s is not None else None
+    links = table[row]
+    if shift is not None and s is None:
+        s = shift[heads][g]
     valid = links >= 0
     if shift is not None:  # the padding's values are never read
-        links += (s * lpn)[:, None]
+        assert s is not None
+        links += (s.astype(np.int64) * lpn)[:, None]
     if valid.all():  # no padding: every entry's row is whole
         width = links.shape[1]
         return np.repeat(g, width), links.reshape(-1), np.repeat(count.astype(float), width)
     width = valid.sum(axis=1)
     return np.repeat(g, width), links[valid], np.repeat(count.astype(float), width)
+
+
+def _numbering(key: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
+    """The values of ``key`` (below ``bound``) in increasing order, and a table from a value to its
+    number among them."""
+    values = np.flatnonzero(np.bincount(key, minlength=bound))
+    number = np.zeros(bound, dtype=np.intp)
+    number[values] = np.arange(len(values))
+    return values, number
+
+
+#: the most counters a node-by-node tally counts in at once (a few MiB, held in the caches)
+_CHUNK_BINS = 1 << 18
+
+
+def _node_tallies(gid: np.ndarray, tp: np.ndarray, fp: np.ndarray, na: np.ndarray, nb: np.ndarray,
+                  pre: np.ndarray, post: np.ndarray, F: int, nodes: int
+                  ) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]], np.ndarray] | None:
+    """The tallies of :func:`_entries` for the source parts, the fabric and the destination parts
+    (group, row number, node or None, pairs), and each group's size, where the pairs come source
+    node by source node (``na`` sorted) and no group spans two source nodes: then each node's pairs
+    hold all of its groups, and a few nodes' pairs are counted at a time in an array small enough
+    to stay in the caches, whatever the range of the whole key. None where that does not hold."""
+    n = len(gid)
+    if n == 0 or not bool(np.all(na[1:] >= na[:-1])):
+        return None
+    starts = np.searchsorted(na, np.arange(nodes + 1, dtype=na.dtype))  # na's own width: not converted
+    used = np.flatnonzero(starts[1:] > starts[:-1])
+    lo = starts[used]
+    gmin, gmax = np.minimum.reduceat(gid, lo), np.maximum.reduceat(gid, lo)
+    if np.any(gmin[1:] <= gmax[:-1]):  # a group in two nodes, or groups of nodes interleaved
+        return None
+    _, pre_num = np.unique(pre, axis=0, return_inverse=True)
+    _, post_num = np.unique(post, axis=0, return_inverse=True)
+    pre_num, post_num = pre_num.reshape(-1).astype(np.intp), post_num.reshape(-1).astype(np.intp)
+    Rp, Rq = int(pre_num.max()) + 1, int(post_num.max()) + 1
+    per_group = max(Rp, F, Rq * nodes)
+    out: list[list[tuple[np.ndarray, np.ndarray, int, int]]] = [[], [], []]
+    i, U = 0, len(used)
+    while i < U:  # a run of nodes whose groups' counters fit the chunk (at least one node)
+        j = i + 1
+        while j < U and (int(gmax[j]) - int(gmin[i]) + 1) * per_group <= _CHUNK_BINS:
+            j += 1
+        a, b = int(starts[used[i]]), int(starts[used[j - 1] + 1])
+        g0, span = int(gmin[i]), int(gmax[j - 1]) - int(gmin[i]) + 1
+        local = gid[a:b].astype(np.intp) - g0
+        t = tp[a:b]
+        counts = np.bincount(local * Rp + pre_num[t], minlength=span * Rp)
+        at = np.flatnonzero(counts)
+        out[0].append((at, counts[at], g0, Rp))
+        # the fabric rows and the destination (group, row) pairs in use are numbered first (in
+        # order), so that the counters span those, not every row
+        f = fp[a:b]
+        rows, number = _numbering(f, F)
+        counts = np.bincount(local * len(rows) + number[f], minlength=span * len(rows))
+        at = np.flatnonzero(counts)
+        c, r = np.divmod(at, len(rows))
+        out[1].append((c * F + rows[r], counts[at], g0, F))
+        gr = local * Rq + post_num[t]
+        pairs, number = _numbering(gr, span * Rq)
+        counts = np.bincount(number[gr] * nodes + nb[a:b], minlength=len(pairs) * nodes)
+        at = np.flatnonzero(counts)
+        c, node = np.divmod(at, nodes)
+        out[2].append((pairs[c] * nodes + node, counts[at], g0, Rq * nodes))
+        i = j
+    tallies: list[tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]] = []
+    for k, width in enumerate((Rp, F, Rq * nodes)):
+        at = np.concatenate([x[0] + x[2] * width for x in out[k]])
+        count = np.concatenate([x[1] for x in out[k]])
+        g, rest = np.divmod(at, width)
+        if k == 2:
+            row, node = np.divmod(rest, nodes)
+            tallies.append((g, row, node, count))
+        else:
+            tallies.append((g, rest, None, count))
+    g, _, _, count = tallies[0]
+    size = np.bincount(g, weights=count, minlength=int(gmax[-1]) + 1).astype(np.int64)
+    return tallies, size
 
 
 def _repeats_a_link_in(rows: np.ndarray) -> bool:

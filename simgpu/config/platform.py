@@ -44,6 +44,12 @@ class GPUSpec(Spec):
         default_factory=dict, description="the same per collective op, where it differs from overlap_slowdown "
                                           "(the largest of the collectives running applies); measured with "
                                           "python -m simgpu.trace.overlap")
+    overlap_slowdown_memory: dict[Literal["within_node", "across_nodes"], Annotated[float, Field(ge=0)]] = Field(
+        default_factory=dict, description="the slowdown of a memory-bound kernel (its bytes outlast its FLOPs on "
+                                          "the roofline) beside a collective moving bytes within a node or across "
+                                          "nodes: the HBM bandwidth the collective's bytes take (derived by python "
+                                          "-m simgpu.kernels.overlap), instead of the op's figure; absent: the op's "
+                                          "figure for every kernel")
 
 
 class HostSpec(Spec):

@@ -26,15 +26,18 @@ The engine knows no model family and calls no kernel model: kernel durations arr
 
 from __future__ import annotations
 
+import gc
 import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from heapq import heappop, heappush
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import simpy
+from simpy.events import NORMAL
 
 from ..comm.network import AGGREGATE_FROM, FlowNetwork
 from ..comm.plan import CollectiveRequest
@@ -59,6 +62,10 @@ class EngineOptions:
     #: per collective op (``all_reduce``, ``send_recv``, ...): the slowdown of a kernel that starts while
     #: one runs on its GPU, instead of ``overlap_slowdown`` (the largest of those running applies)
     overlap_slowdown_by_op: tuple[tuple[str, float], ...] = ()
+    #: ``within_node`` / ``across_nodes``: the slowdown of a memory-bound kernel (``Workload.memory_bound``)
+    #: beside a collective moving bytes within a node / across nodes, instead of the op's figure; empty:
+    #: the op's figure for every kernel
+    overlap_slowdown_memory: tuple[tuple[str, float], ...] = ()
     #: carry a collective's transfers alike as aggregate flows (exact, see simgpu.comm.network); off:
     #: one flow per transfer, the plain simulation the aggregates are checked against
     aggregate: bool = True
@@ -72,6 +79,7 @@ class _Rendezvous:
     call: CollectiveCall
     needed: int  # members that arrive (the representatives among them, when folded)
     arrived: dict[int, tuple[CollectiveCall, int]] = field(default_factory=dict)  # rank -> (call, op index)
+    across: bool | None = None  # the group spans nodes (found where memory-bound kernels need it)
 
 
 class _Stream:
@@ -83,8 +91,42 @@ class _Stream:
         self.waking = False
 
 
+class _Shape:
+    """What the ranks of one template share (:attr:`Program.template`; a program without one is its
+    own): each op's dependents and count of distinct dependencies."""
+
+    __slots__ = ("counts", "dependents", "deps_left", "left", "ops", "ranks", "times")
+
+    def __init__(self, ops: list[Op]) -> None:
+        n = len(ops)
+        self.ops = ops
+        self.ranks: list[_Rank] = []
+        self.left = 0  # ranks whose records are still to be made
+        #: every rank's four times per op and its dependency counts, one block for all the ranks
+        #: (given back at once when the last rank's records are made), set by :meth:`allocate`
+        self.times = np.zeros((4, 0, n))
+        self.counts = np.zeros((0, n), dtype=np.int32)
+        self.deps_left = [0] * n
+        self.dependents: list[list[int]] = [[] for _ in range(n)]
+        for i, op in enumerate(ops):
+            deps = set(op.deps)
+            self.deps_left[i] = len(deps)
+            for d in deps:
+                self.dependents[d].append(i)
+
+    def allocate(self, ranks: int) -> None:
+        self.times = np.full((4, ranks, len(self.ops)), math.nan)
+        self.counts = np.tile(np.asarray(self.deps_left, dtype=np.int32), (ranks, 1))
+        self.left = ranks
+
+
 class _Rank:
-    """What the engine tracks for one rank while its program runs."""
+    """What the engine tracks for one rank while its program runs, and the times its records take.
+
+    Each op has two records at most: on the CPU thread, its launch (a ``host`` op: its host work),
+    from ``launch`` to ``issue``; a kernel, copy or collective on its stream from ``start`` to
+    ``end``, a ``host_wait`` on the CPU thread from when the thread began to wait to when it went on.
+    """
 
     __slots__ = (
         "cpu_time",
@@ -92,7 +134,9 @@ class _Rank:
         "dependents",
         "deps_left",
         "done",
+        "end",
         "issue",
+        "launch",
         "launch_scale",
         "ops",
         "rank",
@@ -102,25 +146,43 @@ class _Rank:
         "waiting",
     )
 
-    def __init__(self, rank: int, ops: list[Op], launch_scale: float) -> None:
+    def __init__(self, rank: int, ops: list[Op], shape: _Shape, k: int, launch_scale: float) -> None:
+        """Rank ``rank``, the ``k``-th of its shape's (see :meth:`_Shape.allocate`)."""
         self.rank, self.ops, self.launch_scale = rank, ops, launch_scale
-        n = len(ops)
-        # Python lists, not arrays: read and written one element at a time, at every op
-        self.issue = [math.nan] * n
-        self.start = [math.nan] * n
-        self.done = [False] * n
-        self.deps_left = [0] * n
-        self.dependents: list[list[int]] = [[] for _ in range(n)]
-        for i, op in enumerate(ops):
-            deps = set(op.deps)
-            self.deps_left[i] = len(deps)
-            for d in deps:
-                self.dependents[d].append(i)
+        # memoryviews into the shape's blocks: read and written one element at a time, as fast as
+        # lists or arrays
+        self.launch, self.issue, self.start, self.end = (_view(shape.times[j, k]) for j in range(4))
+        self.deps_left = _view(shape.counts[k])
+        self.done = bytearray(len(ops))
+        self.dependents = shape.dependents
         self.streams: dict[str, _Stream] = {}
         self.cursor = 0
         self.cpu_time = 0.0
         self.waiting = -1  # index of the host_wait the CPU thread is blocked on
         self.wait_since = 0.0
+
+
+def _view(a: np.ndarray) -> Any:
+    """A memoryview of ``a``'s elements (Python floats or ints one at a time)."""
+    return memoryview(a)  # type: ignore[arg-type]
+
+
+#: what a rank and its shape hold once their times and counts are given back
+_NO_TIMES = _view(np.zeros(0))
+_NO_COUNTS = _view(np.zeros(0, dtype=np.int32))
+_EMPTY_TIMES = np.zeros((4, 0, 0))
+_EMPTY_COUNTS = np.zeros((0, 0), dtype=np.int32)
+
+
+class _Call:
+    """A SimPy event that calls ``engine._finish(rank, op)`` when processed: scheduled directly on
+    the environment's queue as a ``Timeout`` would be, without a closure or an event of SimPy's."""
+
+    __slots__ = ("callbacks", "i", "r")
+    _ok = True
+
+    def __init__(self, callbacks: list[Any], r: _Rank, i: int) -> None:
+        self.callbacks, self.r, self.i = callbacks, r, i
 
 
 class Engine:
@@ -143,11 +205,28 @@ class Engine:
         self.env = simpy.Environment()
         self.net = FlowNetwork(self.env, topo.capacity, record=options.record_links,
                                aggregate_from=AGGREGATE_FROM if options.aggregate else 0)
-        self.records: list[tuple[Any, ...]] = []
+        self._shapes: list[_Shape] = []
+        self._shape_of: dict[int, _Shape] = {}
+        self._queue: list[Any] = self.env._queue  # SimPy's event heap: (time, priority, id, event)
+        self._eid = self.env._eid
+        self._calls: list[Any] = [self._call]
         self._rv: dict[str, _Rendezvous] = {}
         self._comm_active = [0] * topo.world
         self._by_op = dict(options.overlap_slowdown_by_op)
         self._ops_active: dict[int, dict[str, int]] = {}  # rank -> collective op -> running (by_op only)
+        mem, bound = dict(options.overlap_slowdown_memory), workload.memory_bound
+        if mem and bound is not None and len(bound) != len(workload.kernels):
+            raise ValueError("one memory_bound flag per kernel spec is needed")
+        #: per kernel spec: memory-bound (where memory-bound kernels have their own figures), else None
+        self._mem_bound = list(bound) if mem and bound else None
+        #: spanning nodes -> a memory-bound kernel's slowdown beside a collective that moves bytes
+        self._mem = {False: mem.get("within_node", 0.0), True: mem.get("across_nodes", 0.0)}
+        self._moving: dict[int, dict[bool, int]] = {}  # rank -> spanning nodes -> collectives moving bytes
+        # memory-bound kernels started beside a waiting collective: rank -> (the instant, [(op, duration,
+        # slowdown, token)]), and (rank, op) -> the token of its end event that stands
+        self._started: dict[int, tuple[float, list[tuple[int, float, float, int]]]] = {}
+        self._live: dict[tuple[int, int], int] = {}
+        self._token = 0
         self._ranks: dict[int, _Rank] = {}
         self.ops_run = 0
         self.events = 0
@@ -165,57 +244,112 @@ class Engine:
         """Simulate the programs and return only the iteration's end, s (what an iteration timer
         needs; the same figure as ``run().iteration_time_s`` without building the records' tables)."""
         self._simulate()
-        end = RECORD_COLUMNS.index("end_s")
-        return max((float(r[end]) for r in self.records), default=0.0)
+        ends = [np.frombuffer(a) for r in self._ranks.values() for a in (r.issue, r.end) if len(a)]
+        if not ends:
+            return 0.0
+        end = float(np.fmax.reduce(np.concatenate(ends)))  # ignores NaN: ops without a second record
+        return 0.0 if math.isnan(end) else end
 
     def _simulate(self) -> None:
         topo = self.topo
         share = max(1.0, topo.gpus_per_node / max(1, self.opt.cpu_threads_per_node))
-        self._ranks = {p.rank: _Rank(p.rank, p.ops, share) for p in self.workload.programs}
-        for r in self._ranks.values():
-            self._walk(r)
-        self.env.run()
+        shapes: dict[object, _Shape] = {}
+        of: list[_Shape] = []
+        for p in self.workload.programs:
+            t = p.template
+            key: object
+            if t is not None and len(t) == len(p.ops):
+                key = id(t)
+            else:  # programs without a template that agree in what the tables read share them too
+                t = p.ops
+                key = tuple((o.name, o.kind, o.category, o.stream, o.phase, o.kernel, o.nbytes, o.deps, o.iteration)
+                            for o in t)
+            shape = shapes.get(key)
+            if shape is None:
+                shape = shapes[key] = _Shape(t)
+            of.append(shape)
+            shape.left += 1
+        for shape in shapes.values():
+            shape.allocate(shape.left)
+        for p, shape in zip(self.workload.programs, of, strict=True):
+            r = self._ranks[p.rank] = _Rank(p.rank, p.ops, shape, len(shape.ranks), share)
+            self._shape_of[p.rank] = shape
+            shape.ranks.append(r)
+        self._shapes = list(shapes.values())
+        # The loop makes no reference cycles (the collector finds none after it), so the cyclic
+        # collector is off while it runs: it would walk the programs and every rank's state again
+        # and again for nothing.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            for r in self._ranks.values():
+                self._walk(r)
+            self._run_queue()
+        finally:
+            if collecting:
+                gc.enable()
         self._check_finished()
+        for r in self._ranks.values():
+            r.deps_left = _NO_COUNTS  # every op has run: the counts are given back
+        for shape in self._shapes:
+            shape.counts = _EMPTY_COUNTS
+        self._tally()
         if self.fold is not None and self.fold_slack_s > SLACK_FRACTION * self.env.now:
             raise FoldBroken(f"replicas sit differently on the leaf switches: their latencies differ by up to "
                              f"{self.fold_slack_s * 1e6:.1f} us in all, more than {SLACK_FRACTION:.2%} of the "
                              "iteration")
         self.net.finish()
 
+    def _run_queue(self) -> None:
+        """SimPy's ``env.run()`` until no event is left, each event processed as ``env.step()`` does
+        (the clock set to its time, its callbacks called in order), the engine's own :class:`_Call`
+        events called directly."""
+        env, queue, finish = self.env, self._queue, self._finish
+        while queue:
+            env._now, _, _, event = heappop(queue)
+            if event.__class__ is _Call:
+                finish(event.r, event.i)
+                continue
+            callbacks, event.callbacks = event.callbacks, None
+            for callback in callbacks:
+                callback(event)
+            if not event._ok and not hasattr(event, "_defused"):
+                raise event._value
+
     # -- the CPU thread ---------------------------------------------------------------------------
 
     def _walk(self, r: _Rank) -> None:
         """Issue ops from the cursor on, until the program ends or a host_wait must block."""
-        rec = self.records.append
         default = self.opt.launch_s
-        while r.cursor < len(r.ops):
+        ops, n = r.ops, len(r.ops)
+        streams = r.streams
+        while r.cursor < n:
             i = r.cursor
-            op = r.ops[i]
+            op = ops[i]
+            kind = op.kind
             if r.waiting != i:  # not resuming after a wait: spend the launch
-                launch = (default if op.cpu_s is None else op.cpu_s) * r.launch_scale
                 t0 = r.cpu_time
-                r.cpu_time = t0 + launch
-                if op.kind == "host":
-                    rec((r.rank, "cpu", op.name, op.category, op.phase, "host", t0, r.cpu_time, 0, "host"))
+                r.launch[i] = t0
+                r.cpu_time = t0 + (default if op.cpu_s is None else op.cpu_s) * r.launch_scale
+                r.issue[i] = r.cpu_time
+                if kind == "host":
                     r.cursor += 1
-                    self._at(r.cpu_time, lambda _e, r=r, i=i: self._finish(r, i))
+                    self._finish_at(r.cpu_time, r, i)
                     continue
-                rec((r.rank, "cpu", op.name, "launch", op.phase, "launch", t0, r.cpu_time, 0, "host"))
-            if op.kind == "host_wait":
+            if kind == "host_wait":
                 if r.deps_left[i] > 0:
                     if r.waiting != i:
                         r.waiting, r.wait_since = i, r.cpu_time
                     return  # the last dependency's end resumes the walk
-                t0 = r.wait_since if r.waiting == i else r.cpu_time
-                rec((r.rank, "cpu", op.name, op.category, op.phase, "host_wait", t0, r.cpu_time, 0, "host"))
+                r.start[i] = r.wait_since if r.waiting == i else r.cpu_time
+                r.end[i] = r.cpu_time
                 r.waiting = -1
                 r.cursor += 1
-                self._at(r.cpu_time, lambda _e, r=r, i=i: self._finish(r, i))
+                self._finish_at(r.cpu_time, r, i)
                 continue
-            r.issue[i] = r.cpu_time
-            stream = r.streams.get(op.stream)
+            stream = streams.get(op.stream)
             if stream is None:
-                stream = r.streams[op.stream] = _Stream()
+                stream = streams[op.stream] = _Stream()
             stream.queue.append(i)
             r.cursor += 1
             if len(stream.queue) == 1:
@@ -227,6 +361,17 @@ class Engine:
         self.env.timeout(delay if delay > 0 else 0.0).callbacks.append(fn)
         self.events += 1
 
+    def _finish_at(self, t: float, r: _Rank, i: int) -> None:
+        """``_finish(r, i)`` at simulated time ``t`` (now if ``t`` has passed): the event ``_at`` would
+        schedule (the same time and place in SimPy's queue), as a :class:`_Call`."""
+        now = self.env._now
+        delay = t - now
+        heappush(self._queue, (now + (delay if delay > 0 else 0.0), NORMAL, next(self._eid), _Call(self._calls, r, i)))
+        self.events += 1
+
+    def _call(self, ev: _Call) -> None:
+        self._finish(ev.r, ev.i)
+
     # -- streams ----------------------------------------------------------------------------------
 
     def _try_start(self, r: _Rank, stream: _Stream) -> None:
@@ -236,7 +381,8 @@ class Engine:
         if r.deps_left[i] > 0:
             return  # a dependency's end will call again
         issue = r.issue[i]
-        if issue > self.env.now:
+        now = self.env._now
+        if issue > now:
             stream.waking = True
 
             def wake(_e: object) -> None:
@@ -246,9 +392,25 @@ class Engine:
             return
         stream.queue.popleft()
         stream.busy = True
-        delay = r.ops[i].delay_s
+        op = r.ops[i]
+        delay = op.delay_s
         if delay > 0:  # the op's own wait on its stream (a replayed trace's measured GPU-side delay)
-            self._at(self.env.now + delay, lambda _e: self._start(r, i))
+            self._at(now + delay, lambda _e: self._start(r, i))
+        elif op.kind == "kernel":  # _start's kernel case, inlined: the most frequent path of all
+            r.start[i] = now
+            dur = self._durations[op.kernel]
+            if op.sm_taken:
+                sms = self.opt.sms
+                dur *= sms / max(1, sms - op.sm_taken)
+            elif self._comm_active[r.rank]:
+                if self._mem_bound is not None and self._mem_bound[op.kernel] and self._waiting(r.rank):
+                    self._provisional(r, i, dur)
+                    return
+                dur *= 1.0 + self._slowdown(r.rank, op.kernel)
+            wait = now + dur - now  # as _finish_at(now + dur) computes it
+            heappush(self._queue, (now + (wait if wait > 0 else 0.0), NORMAL, next(self._eid),
+                                   _Call(self._calls, r, i)))
+            self.events += 1
         else:
             self._start(r, i)
 
@@ -261,8 +423,11 @@ class Engine:
                 sms = self.opt.sms
                 dur *= sms / max(1, sms - op.sm_taken)
             elif self._comm_active[r.rank]:
-                dur *= 1.0 + self._slowdown(r.rank)
-            self._at(self.env.now + dur, lambda _e: self._finish(r, i))
+                if self._mem_bound is not None and self._mem_bound[op.kernel] and self._waiting(r.rank):
+                    self._provisional(r, i, dur)
+                    return
+                dur *= 1.0 + self._slowdown(r.rank, op.kernel)
+            self._finish_at(self.env.now + dur, r, i)
         elif op.kind == "memcpy":
             route = self.topo.host_route(r.rank, to_device=True)
             latency = self.topo.route_latency(route)
@@ -275,38 +440,96 @@ class Engine:
         else:
             raise SimulationError(f"rank {r.rank} op {op.name!r}: unknown kind {op.kind!r}")
 
-    def _slowdown(self, rank: int) -> float:
+    def _slowdown(self, rank: int, kernel: int) -> float:
+        """The slowdown of kernel spec ``kernel`` starting beside the collectives running on ``rank``:
+        a compute-bound kernel's, the largest op figure of those running (an NCCL kernel waiting for
+        its peers holds its SMs too); a memory-bound kernel's, the largest HBM share of those moving
+        bytes (all members arrived), within a node or across nodes, and none beside waiting ones."""
+        if self._mem_bound is not None and self._mem_bound[kernel]:
+            moving = self._moving.get(rank)
+            return max((self._mem[a] for a, n in moving.items() if n), default=0.0) if moving else 0.0
         if not self._by_op:
             return self.opt.overlap_slowdown
         default = self.opt.overlap_slowdown
         return max(self._by_op.get(op, default) for op, n in self._ops_active[rank].items() if n)
 
+    def _provisional(self, r: _Rank, i: int, dur: float) -> None:
+        """Start memory-bound kernel ``i`` beside a collective that waits for members, who may arrive at
+        this same instant later in the event queue: its end stands until one of them does
+        (:meth:`_recheck`), so the result does not hang on the order of one instant's events."""
+        now = self.env.now
+        slow = self._slowdown(r.rank, r.ops[i].kernel)
+        token = self._token = self._token + 1
+        started = self._started.get(r.rank)
+        if started is None or started[0] != now:
+            started = self._started[r.rank] = (now, [])
+        started[1].append((i, dur, slow, token))
+        self._live[r.rank, i] = token
+        self._at(now + dur * (1.0 + slow), lambda _e: self._end(r, i, token))
+
+    def _end(self, r: _Rank, i: int, token: int) -> None:
+        """The end of a provisional kernel, unless a later end replaced it."""
+        if self._live.get((r.rank, i)) == token:
+            del self._live[r.rank, i]
+            self._finish(r, i)
+
+    def _recheck(self, rv: _Rendezvous) -> None:
+        """``rv`` moves bytes from now: the memory-bound kernels its members started at this instant
+        beside it take its HBM share too."""
+        now = self.env.now
+        for rank in rv.arrived:
+            started = self._started.get(rank)
+            if started is None or started[0] != now:
+                continue
+            r = self._ranks[rank]
+            for j, (i, dur, slow, token) in enumerate(started[1]):
+                new = self._slowdown(rank, r.ops[i].kernel)
+                if new > slow and self._live.get((rank, i)) == token:
+                    token = self._token = self._token + 1
+                    self._live[rank, i] = token
+                    started[1][j] = (i, dur, new, token)
+                    self._at(now + dur * (1.0 + new), lambda _e, r=r, i=i, t=token: self._end(r, i, t))
+
+    def _waiting(self, rank: int) -> bool:
+        """Whether a collective ``rank`` has reached still waits for members (moves no bytes yet)."""
+        moving = self._moving.get(rank)
+        return self._comm_active[rank] > (sum(moving.values()) if moving else 0)
+
+    def _moves(self, rv: _Rendezvous, step: int) -> None:
+        """Count ``rv``'s collective as moving bytes on its members (``step`` 1) or done (-1)."""
+        if rv.across is None:
+            gpn, group = self.topo.gpus_per_node, rv.call.group
+            rv.across = any(m // gpn != group[0] // gpn for m in group)
+        for rank in rv.arrived:
+            moving = self._moving.setdefault(rank, {})
+            moving[rv.across] = moving.get(rv.across, 0) + step
+
     def _finish(self, r: _Rank, i: int) -> None:
         op = r.ops[i]
-        r.done[i] = True
-        now = self.env.now
-        if op.kind in ("kernel", "memcpy", "collective"):
-            self.ops_run += 1
-            model = self.models[op.kernel] if op.kind == "kernel" else "network"
-            if op.kind == "kernel" and now > self.iteration_ends[op.iteration]:
-                self.iteration_ends[op.iteration] = now
-            self.records.append((r.rank, op.stream, op.name, op.category, op.phase, op.kind, r.start[i], now,
-                                 op.nbytes, model))
+        r.done[i] = 1
+        now = self.env._now
+        kind = op.kind
+        if kind == "kernel" or kind == "memcpy" or kind == "collective":
+            r.end[i] = now
             stream = r.streams[op.stream]
             stream.busy = False
         else:
-            r.start[i] = now  # host and host_wait ops: when the CPU thread got past them
             stream = None
+        deps_left = r.deps_left
         for d in r.dependents[i]:
-            r.deps_left[d] -= 1
-            if r.deps_left[d] == 0:
+            left = deps_left[d] - 1
+            deps_left[d] = left
+            if not left:
                 dep_op = r.ops[d]
-                if dep_op.kind == "host_wait":
+                dep_kind = dep_op.kind
+                if dep_kind == "host_wait":
                     if r.waiting == d:
                         r.cpu_time = max(r.cpu_time, now)
                         self._walk(r)
-                elif dep_op.kind != "host" and dep_op.stream in r.streams:
-                    self._try_start(r, r.streams[dep_op.stream])
+                elif dep_kind != "host":
+                    dep_stream = r.streams.get(dep_op.stream)
+                    if dep_stream is not None:
+                        self._try_start(r, dep_stream)
         if stream is not None:
             self._try_start(r, stream)
 
@@ -336,6 +559,9 @@ class Engine:
             active[call.op] = active.get(call.op, 0) + 1
         if len(rv.arrived) < rv.needed:
             return
+        if self._mem_bound is not None:
+            self._moves(rv, 1)
+            self._recheck(rv)
         if rv.call.duration_s is not None:
             self._at(self.env.now + rv.call.duration_s, lambda _e: self._complete(rv))
             return
@@ -358,6 +584,9 @@ class Engine:
         self._at(self.env.now + plan.latency_s, move)
 
     def _complete(self, rv: _Rendezvous) -> None:
+        del self._rv[rv.call.key]  # done: only the rendezvous not yet complete are kept
+        if self._mem_bound is not None:
+            self._moves(rv, -1)
         for rank in rv.call.group:
             if rank not in rv.arrived:
                 continue  # another replica's member (folded)
@@ -385,6 +614,8 @@ class Engine:
 
     def _check_finished(self) -> None:
         for r in self._ranks.values():
+            if all(r.done):
+                continue
             for op, done in zip(r.ops, r.done, strict=True):
                 if not done:
                     detail = ""
@@ -394,9 +625,85 @@ class Engine:
                         detail = f"; members never reached it: {missing[:8]}"
                     raise SimulationError(f"deadlock: rank {r.rank} never finished op {op.name!r}{detail}")
 
+    def _tally(self) -> None:
+        """Once every op has finished: ``ops_run`` (kernels, copies and collectives run) and each
+        iteration's last kernel end, from the ranks' times."""
+        ends = self.iteration_ends
+        for shape in self._shapes:
+            if not shape.ranks:
+                continue
+            kinds = [op.kind for op in shape.ops]
+            self.ops_run += len(shape.ranks) * sum(k in ("kernel", "memcpy", "collective") for k in kinds)
+            kernels = np.asarray([i for i, k in enumerate(kinds) if k == "kernel"], dtype=np.int64)
+            if not len(kernels):
+                continue
+            it = np.asarray([shape.ops[i].iteration for i in kernels], dtype=np.int64)
+            last = np.concatenate([np.frombuffer(r.end)[kernels] for r in shape.ranks]).reshape(len(shape.ranks), -1)
+            last = last.max(axis=0)  # per kernel op, over the ranks
+            for j in np.unique(it):
+                ends[j] = max(ends[j], float(last[it == j].max()))
+
+    def _records(self) -> pd.DataFrame:
+        """The records table (:data:`RECORD_COLUMNS`) from every rank's times, in the order of
+        ``sort_values(["rank", "stream", "start_s", "end_s"], kind="stable")`` over the records as
+        they happened: within a rank's stream, records happen in program order (a stream runs its
+        ops in issue order; the CPU thread walks the program, an op's launch before its host_wait).
+        Each template's columns are worked out once, as codes into one table of strings; its ranks'
+        records are sorted in one go, each rank's on their own (the times are then let go), and the
+        table is filled a column at a time. Called once, after the run."""
+        strings: dict[str, int] = {}
+
+        def code(x: str) -> int:
+            c = strings.get(x)
+            if c is None:
+                c = strings[x] = len(strings)
+            return c
+
+        host, cpu, launch, network = code("host"), code("cpu"), code("launch"), code("network")
+        models = [code(m) for m in self.models]
+        shapes = [shape for shape in self._shapes if shape.ranks]
+        tables = [_Columns(shape.ops, code, host, cpu, launch, network, models) for shape in shapes]
+        rows = {id(shape): len(t.seq) for shape, t in zip(shapes, tables, strict=True)}
+        offset: dict[int, int] = {}  # rank -> its first row: ranks in order, each with its records
+        total = 0
+        for r in sorted(self._ranks.values(), key=lambda r: r.rank):
+            offset[r.rank] = total
+            total += rows[id(self._shape_of[r.rank])]
+        if not total:
+            return pd.DataFrame.from_records([], columns=list(RECORD_COLUMNS))
+        table = list(strings)
+        place = np.argsort(np.argsort(np.asarray(table, dtype=object))).astype(np.int32)  # sorted position
+        rank = np.empty(total, dtype=np.int64)
+        start, end = np.empty(total), np.empty(total)
+        sorts: list[tuple[_Columns, np.ndarray, np.ndarray]] = []
+        for shape, t in zip(shapes, tables, strict=True):
+            k, n = len(shape.ranks), len(t.seq)
+            times = shape.times
+            first = np.concatenate([times[0], times[2][:, t.second]], axis=1).ravel()
+            last = np.concatenate([times[1], times[3][:, t.second]], axis=1).ravel()
+            for r in shape.ranks:
+                r.launch = r.issue = r.start = r.end = _NO_TIMES  # the records hold them now
+            shape.times = times = _EMPTY_TIMES
+            # every rank's records sorted on their own: the rank (its row of the block) first
+            perm = np.lexsort((np.tile(t.seq, k), last, first, np.tile(place[t.codes[0]], k),
+                               np.repeat(np.arange(k), n)))
+            firsts = np.asarray([offset[r.rank] for r in shape.ranks], dtype=np.int64)
+            where = _rows(firsts, n)
+            rank[where] = np.repeat(np.asarray([r.rank for r in shape.ranks], dtype=np.int64), n)
+            start[where] = first[perm]
+            end[where] = last[perm]
+            sorts.append((t, firsts, (perm % n).astype(np.int32)))
+            del first, last, perm, where
+        columns: dict[str, Any] = {"rank": rank}
+        for c, col in enumerate(("stream", "name", "category", "phase", "kind")):
+            columns[col] = _strings(table, _gather(sorts, total, c, np.int32))
+        columns["start_s"], columns["end_s"] = start, end
+        columns["nbytes"] = _gather(sorts, total, 6, np.int64)
+        columns["model"] = _strings(table, _gather(sorts, total, 5, np.int32))
+        return pd.DataFrame(columns, columns=list(RECORD_COLUMNS), copy=False)
+
     def _result(self) -> SimResult:
-        records = pd.DataFrame.from_records(self.records, columns=list(RECORD_COLUMNS))
-        records = records.sort_values(["rank", "stream", "start_s", "end_s"], kind="stable").reset_index(drop=True)
+        records = self._records()
         used = np.flatnonzero(self.net.link_bytes > 0)
         links = self.topo.links
         stats = pd.DataFrame({
@@ -417,3 +724,68 @@ class Engine:
         if len(self.iteration_ends) > 1:
             meta["iteration_ends_s"] = list(self.iteration_ends)
         return SimResult(records, stats, iteration, events, meta, link_records)
+
+
+class _Columns:
+    """A template's records as codes (see :meth:`Engine._records`): per record, its columns
+    (``codes``: stream, name, category, phase, kind, model as string codes; nbytes), and ``seq``, its
+    place among its rank's records as they happen. A rank's records are its ops' CPU thread records
+    (launch, or a host op's work) in program order, then the second records of the ops ``second``
+    (the stream's, or a host_wait's)."""
+
+    __slots__ = ("codes", "second", "seq")
+
+    def __init__(self, ops: list[Op], code: Any, host: int, cpu: int, launch: int, network: int,
+                 models: list[int]) -> None:
+        two = [i for i, op in enumerate(ops) if op.kind != "host"]
+        cols: list[list[int]] = [[] for _ in range(7)]
+        stream, name, category, phase, kind, model, nbytes = cols
+        for op in ops:  # the CPU thread's record: the launch, or a host op's work
+            h = op.kind == "host"
+            stream.append(cpu)
+            name.append(code(op.name))
+            category.append(code(op.category) if h else launch)
+            phase.append(code(op.phase))
+            kind.append(host if h else launch)
+            model.append(host)
+            nbytes.append(0)
+        for i in two:  # the stream's record, or a host_wait's on the CPU thread
+            op = ops[i]
+            w = op.kind == "host_wait"
+            stream.append(cpu if w else code(op.stream))
+            name.append(code(op.name))
+            category.append(code(op.category))
+            phase.append(code(op.phase))
+            kind.append(code(op.kind))
+            model.append(host if w else models[op.kernel] if op.kind == "kernel" else network)
+            nbytes.append(0 if w else op.nbytes)
+        self.second = np.asarray(two, dtype=np.int64)
+        self.codes = [np.asarray(c, dtype=np.int32) for c in cols[:6]] + [np.asarray(nbytes, dtype=np.int64)]
+        self.seq = np.concatenate([2 * np.arange(len(ops), dtype=np.int64), 2 * self.second + 1])
+
+
+def _rows(firsts: np.ndarray, n: int) -> np.ndarray:
+    """The table rows of ranks with ``n`` records each whose first rows are ``firsts``, in turn."""
+    return np.repeat(firsts, n) + np.tile(np.arange(n, dtype=np.int64), len(firsts))
+
+
+def _gather(sorts: list[tuple[_Columns, np.ndarray, np.ndarray]], total: int, c: int, dtype: Any) -> np.ndarray:
+    """Column ``c`` of every rank's records in their sorted order: per template, its ranks' first
+    rows and which of its records goes to each row."""
+    out = np.empty(total, dtype=dtype)
+    for t, firsts, local in sorts:
+        out[_rows(firsts, len(t.seq))] = t.codes[c][local]
+    return out
+
+
+def _strings(table: list[str], codes: np.ndarray) -> Any:
+    """The column of ``table[c]`` for each code, in the dtype pandas gives a column of Python strings
+    (``str``, backed by Arrow, where pandas infers strings so; else ``object``)."""
+    dtype = pd.Series(["x"]).dtype
+    if getattr(dtype, "storage", None) == "pyarrow":
+        import pyarrow as pa
+
+        values = pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32, copy=False)),
+                                                pa.array(table, pa.large_string()))
+        return pd.array(values.cast(pa.large_string()), dtype=dtype)
+    return np.asarray(table, dtype=object)[codes]

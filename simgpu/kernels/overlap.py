@@ -15,14 +15,26 @@ Where no profiler trace of the GPU measures it (``python -m simgpu.trace.overlap
   NCCL gives a peer (NCCL_NCHANNELS_PER_NET_PEER, 2, src/graph/paths.cc).
 - **HBM**: the collective's bytes cross HBM about three times per byte the GPU receives (the
   peer's write into the receive buffer, the read of it, and the read of the local operand it is
-  reduced with or the write of the copy out), at the NVLink rate; a kernel bound by memory
-  bandwidth gets what is left, ``u / (1 - u)`` slower.
+  reduced with or the write of the copy out), at the rate the GPU receives them: the NVLink rate
+  within a node, the NIC's across nodes (a ring across nodes runs at its slowest hop, the NIC); a
+  kernel bound by memory bandwidth gets what is left, ``u / (1 - u)`` slower.
 
-The engine applies one figure per collective kind to every kernel beside it; the figure derived
-here is the SM share's, since the kernels that training overlaps with its collectives are mostly
-GEMMs, bound by their SMs. The HBM share is reported as what a memory-bound kernel would lose.
-``python -m simgpu.kernels.overlap [PLATFORM ...]`` prints both per kind, with the measured
-figure where the platform has one.
+What the engine applies to a kernel that starts while collectives run on its GPU depends on the
+kernel's bound, decided once per kernel shape (:func:`memory_bound`) from the analytical roofline's
+two times (its FLOPs at the achievable FLOP/s, its bytes at the achievable HBM bandwidth: the
+arithmetic intensity against the ridge point, with the GEMM's tile padding): a compute-bound kernel
+(GEMMs, attention at training sizes) pays the op's figure (``gpu.overlap_slowdown_by_op``, the SM
+share on the platforms without a measurement); a memory-bound kernel (elementwise, norms,
+embeddings, the optimizer, decode-size GEMMs) pays the HBM share of where the collective runs
+(``gpu.overlap_slowdown_memory``) while the collective moves bytes (every member has arrived), and
+not the SM share: its time is its bytes over the bandwidth it gets, and the bandwidth a kernel
+reaches is bound by the loads it keeps in flight, which the SMs left still issue (a streaming
+kernel reaches the HBM bandwidth without every SM); an NCCL kernel waiting for its peers holds its
+SMs but moves nothing. A platform
+without ``overlap_slowdown_memory`` (A100's measured 5%) applies the op's figure to every kernel,
+as the figure was measured: over every kernel beside the collective. ``python -m
+simgpu.kernels.overlap [PLATFORM ...]`` prints both shares per kind, the measured figure where the
+platform has one, and what applies to each bound.
 """
 
 from __future__ import annotations
@@ -32,7 +44,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from ..config.platform import PlatformSpec
+from ..config.platform import GPUSpec, PlatformSpec
+from ..graph import KernelSpec
+from .analytical import Analytical
 
 #: The collective ops of ``gpu.overlap_slowdown_by_op``.
 KINDS: Final = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast", "reduce")
@@ -49,12 +63,13 @@ SHIPPED: Final = ("dgx_a100", "dgx_h100", "dgx_h200", "dgx_b200")
 
 @dataclass(frozen=True)
 class Derived:
-    """One collective kind on one GPU: the CTAs NCCL runs and the two slowdowns they cause."""
+    """One collective kind on one GPU: the CTAs NCCL runs and the slowdowns they cause."""
 
     kind: str
     ctas: int
     sm_slowdown: float    # a kernel that fills the GPU, on the SMs left
-    hbm_slowdown: float   # a memory-bound kernel, with the HBM bandwidth left
+    hbm_slowdown: float   # a memory-bound kernel, with the HBM bandwidth left, the collective within a node
+    hbm_slowdown_across: float = 0.0  # the same, the collective across nodes (at the NIC's rate)
 
 
 def nccl_ctas(p: PlatformSpec, kind: str) -> int:
@@ -69,21 +84,73 @@ def nccl_ctas(p: PlatformSpec, kind: str) -> int:
     return 2 * max(1, rings)
 
 
+def _hbm(p: PlatformSpec) -> float:
+    return p.gpu.hbm_gbytes_per_s * p.gpu.memory_efficiency
+
+
 def hbm_share(p: PlatformSpec) -> float:
     """The fraction of the GPU's achievable HBM bandwidth a collective at the NVLink rate takes."""
     nv = p.node.nvlink
     wire = nv.gbytes_per_s * nv.efficiency if nv is not None else p.node.pcie.gbytes_per_s * p.node.pcie.efficiency
-    return min(0.9, HBM_BYTES_PER_WIRE_BYTE * wire / (p.gpu.hbm_gbytes_per_s * p.gpu.memory_efficiency))
+    return min(0.9, HBM_BYTES_PER_WIRE_BYTE * wire / _hbm(p))
+
+
+def hbm_share_across_nodes(p: PlatformSpec) -> float:
+    """The same for a collective across nodes, which a GPU receives at its NICs' achievable rate
+    (``nic_gbps`` / 8 per NIC, its share of the node's NICs)."""
+    n = p.network
+    nics = max(n.nics_per_gpu, n.nics_per_node / p.node.gpus)
+    wire = n.nic_gbps / 8.0 * n.efficiency * nics
+    return min(0.9, HBM_BYTES_PER_WIRE_BYTE * wire / _hbm(p))
 
 
 def derive(p: PlatformSpec) -> list[Derived]:
     """The derived slowdowns of every collective kind on platform ``p``'s GPU."""
-    u = hbm_share(p)
+    u, v = hbm_share(p), hbm_share_across_nodes(p)
     out = []
     for kind in KINDS:
         c = nccl_ctas(p, kind)
-        out.append(Derived(kind, c, c / max(1, p.gpu.sms - c), u / (1.0 - u)))
+        out.append(Derived(kind, c, c / max(1, p.gpu.sms - c), u / (1.0 - u), v / (1.0 - v)))
     return out
+
+
+def memory_slowdown(p: PlatformSpec) -> dict[str, float]:
+    """``gpu.overlap_slowdown_memory`` as derived for platform ``p``: the HBM share's slowdown of a
+    memory-bound kernel beside a collective within a node and across nodes."""
+    u, v = hbm_share(p), hbm_share_across_nodes(p)
+    return {"within_node": u / (1.0 - u), "across_nodes": v / (1.0 - v)}
+
+
+def memory_bound(kernels: Sequence[KernelSpec], gpu: GPUSpec,
+                 memo: dict[KernelSpec, bool] | None = None) -> list[bool]:
+    """Per kernel shape, whether it is memory-bound on ``gpu``: the analytical roofline's time of its
+    bytes at the achievable HBM bandwidth is at least that of its FLOPs at the achievable FLOP/s
+    (an MoE layer's: every grouped GEMM's). Families the analytical model does not know (a replayed
+    trace's) count as compute-bound. ``memo`` keeps the answers of one GPU across calls."""
+    memo = {} if memo is None else memo
+    families = Analytical(gpu)._families  # the roofline's (compute seconds, memory seconds) per family
+    out = []
+    for k in kernels:
+        got = memo.get(k)
+        if got is None:
+            fn = families.get(k.family)
+            if fn is None:
+                got = False
+            else:
+                flops_s, bytes_s = fn(k)
+                got = bool(bytes_s >= flops_s)
+            memo[k] = got
+        out.append(got)
+    return out
+
+
+def applied(p: PlatformSpec, kind: str) -> tuple[float, float, float]:
+    """What the engine applies on platform ``p`` beside a collective of ``kind``: to a compute-bound
+    kernel, and to a memory-bound one with the collective within a node and across nodes."""
+    by_op = {str(k): v for k, v in p.gpu.overlap_slowdown_by_op.items()}
+    mem = {str(k): v for k, v in p.gpu.overlap_slowdown_memory.items()}
+    op = by_op.get(kind, p.gpu.overlap_slowdown)
+    return op, mem.get("within_node", op), mem.get("across_nodes", op)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -95,15 +162,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     def go() -> int:
-        print(f"{'platform':<10} {'gpu':<18} {'kind':<15} {'ctas':>4} {'sms':>4} {'sm share':>9} {'hbm share':>9} "
-              f"{'shipped':>8}")
+        print(f"{'':<41}{'derived':-^37} {'applied now':-^29}")
+        print(f"{'platform':<10} {'gpu':<18} {'kind':<15} {'ctas':>4} {'sm share':>9} {'hbm node':>9} "
+              f"{'hbm net':>8} {'compute':>9} {'mem node':>9} {'mem net':>9}")
         for ref in args.platforms:
             p, _ = load_platform(ref)
-            by_op = {str(k): v for k, v in p.gpu.overlap_slowdown_by_op.items()}
             for d in derive(p):
-                shipped = by_op.get(d.kind, p.gpu.overlap_slowdown)
-                print(f"{p.name:<10} {p.gpu.name:<18} {d.kind:<15} {d.ctas:>4} {p.gpu.sms:>4} "
-                      f"{d.sm_slowdown:>8.1%} {d.hbm_slowdown:>9.1%} {shipped:>8.1%}")
+                comp, node, net = applied(p, d.kind)
+                print(f"{p.name:<10} {p.gpu.name:<18} {d.kind:<15} {d.ctas:>4} {d.sm_slowdown:>8.1%} "
+                      f"{d.hbm_slowdown:>9.1%} {d.hbm_slowdown_across:>8.1%} {comp:>9.1%} {node:>9.1%} {net:>9.1%}")
+        print("applied now: a compute-bound kernel pays the op's figure (gpu.overlap_slowdown_by_op, else "
+              "overlap_slowdown);\na memory-bound one gpu.overlap_slowdown_memory's figure for a collective within a "
+              "node (mem node)\nor across nodes (mem net); without overlap_slowdown_memory the op's figure")
         return 0
 
     return run_command(go)

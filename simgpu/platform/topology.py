@@ -65,29 +65,38 @@ def key_members(key: np.ndarray, members: bool = True) -> tuple[np.ndarray, np.n
     number: np.ndarray = np.cumsum(present, dtype=np.int32 if len(values) < 2**31 else np.int64)
     number -= 1
     inverse = number[key]
-    member = np.empty(len(values) if members else 0, dtype=np.int64)
-    if members:
-        member[inverse] = np.arange(len(key))
+    member = np.full(len(values) if members else 0, -1, dtype=np.int64)
+    if members:  # from every 16th position first; the whole array only where that misses a value
+        stride = 16 if len(key) >= 16 * len(values) else 1
+        member[inverse[::stride]] = np.arange(0, len(key), stride)
+        if stride > 1 and int(member.min()) < 0:
+            member[inverse] = np.arange(len(key))
     return values, member, inverse
 
 
 def first_positions(inverse: np.ndarray, k: int) -> np.ndarray:
-    """The first position of each of the values ``0..k-1`` in ``inverse`` (each present): read in
-    chunks that double, so values that all show up early cost a few reads, not a sort."""
-    first = np.full(k, -1, dtype=np.int64)
-    lo, step, left = 0, 1024, k
-    while left and lo < len(inverse):
-        if step > len(inverse) // 8:  # the rest at once
-            rest = np.full(k, len(inverse), dtype=np.int64)
-            np.minimum.at(rest, inverse[lo:], np.arange(lo, len(inverse)))
-            first = np.where(first < 0, rest, first)
+    """The first position of each of the values ``0..k-1`` in ``inverse`` (each present): the least
+    position of each value taken over chunks that double, stopping once every value is seen, so
+    values that all show up early cost a few short reads."""
+    n = len(inverse)
+    first = np.full(k, n, dtype=np.int64)
+    lo, step = 0, 1024
+    while lo < n:
+        hi = min(n, lo + step)
+        np.minimum.at(first, inverse[lo:hi], np.arange(lo, hi))
+        if int(first.max(initial=0)) < n:  # every value seen: later positions are larger
             break
-        values, at = np.unique(inverse[lo:lo + step], return_index=True)
-        new = first[values] < 0
-        first[values[new]] = lo + at[new]
-        left -= int(np.count_nonzero(new))
-        lo, step = lo + step, step * 2
+        lo, step = hi, step * 2
     return first
+
+
+def _divmod(x: np.ndarray, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """``np.divmod(x, d)`` for non-negative ints ``x``, in their own width: a shift and a mask where
+    ``d`` is a power of two."""
+    if d & (d - 1) == 0:
+        return x >> (d.bit_length() - 1), x & (d - 1)
+    q = x // d
+    return q, x - q * d
 
 
 class RouteParts:
@@ -120,7 +129,8 @@ class RouteParts:
         (kept: the parts do not change)."""
         if self._shapes is None:
             nF = len(self.fab)
-            key: np.ndarray = self.tpart.astype(np.int64 if len(self.pre) * nF >= 2**31 else np.int32) * nF
+            key: np.ndarray = self.tpart.astype(np.int64 if len(self.pre) * nF >= 2**31 else np.int32)
+            key *= nF
             key += self.fpart
             values, _, inverse = key_members(key, members=False)
             self._shapes = (values, inverse)
@@ -130,7 +140,12 @@ class RouteParts:
         """The number of links of each pair's route."""
         if self._lens is None:
             per_t = (self.pre >= 0).sum(axis=1) + (self.post >= 0).sum(axis=1)
-            self._lens = per_t[self.tpart] + (self.fab >= 0).sum(axis=1)[self.fpart]
+            per_f = (self.fab >= 0).sum(axis=1)
+            if self._shapes is not None:  # the shapes numbered already: one read per pair
+                t, f = np.divmod(self._shapes[0], len(self.fab))
+                self._lens = (per_t[t] + per_f[f])[self._shapes[1]]
+            else:
+                self._lens = per_t[self.tpart] + per_f[self.fpart]
         return self._lens
 
     def rows(self, pairs: np.ndarray | None = None) -> np.ndarray:
@@ -550,32 +565,33 @@ class Topology:
         w, gpn, lpn = self.world, self.gpus_per_node, self.links_per_node
         if len(src) and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= w or np.any(src == dst)):
             raise ValueError(f"route_table needs distinct GPUs of this {w}-GPU topology")
-        # per GPU, then read per pair: its node, local index and NIC (through indices of the native
-        # width, which numpy reads without converting them each time)
-        si, di = src.astype(np.intp), dst.astype(np.intp)
-        gpu = np.arange(w, dtype=np.int64)
-        node_of, local_of = (x.astype(idx) for x in np.divmod(gpu, gpn))
-        na, nb = node_of[si], node_of[di]
+        # per pair: its nodes and local indices, computed in the pairs' own width (a shift and a mask
+        # where the GPUs a node are a power of two), and its NICs read through a table per local GPU
+        na, ga = _divmod(src, gpn)
+        nb, gb = _divmod(dst, gpn)
         inter = na != nb
-        # the node parts, by (local GPUs, whether the pair leaves the node)
-        tkey: np.ndarray = (local_of * gpn)[si]
-        tkey += local_of[di]
-        tkey += inter.astype(idx) * (gpn * gpn)
-        tkeys, tfirst, tpair = key_members(tkey)
+        # the node parts, by (local GPUs, whether the pair leaves the node): the key says both
+        tkey: np.ndarray = ga * gpn
+        tkey += gb
+        np.add(tkey, gpn * gpn, out=tkey, where=inter)  # in place: big temporaries cost their pages
+        tkeys, _, tpair = key_members(tkey, members=False)
         del tkey
         pres, posts = [], []
-        for k, p in zip(tkeys.tolist(), tfirst.tolist(), strict=True):
-            leaves, g_a, g_b = k >= gpn * gpn, int(src[p]) % gpn, int(dst[p]) % gpn
+        for k in tkeys.tolist():
+            leaves, g_a, g_b = k >= gpn * gpn, k % (gpn * gpn) // gpn, k % gpn
             r = np.array(self._route(g_a, (gpn if leaves else 0) + g_b), dtype=np.int64)
             pres.append(r[r < lpn])
             posts.append(r[(r >= lpn) & (r < 2 * lpn)] - lpn)
         # the fabric, by what it depends on: the two switches (and on a dragonfly the end nodes)
         nv = self.platform.node.nvlink
-        nic_of = np.array(self._nic_of, dtype=np.int64)[local_of.astype(np.int64)].astype(idx)
-        kb = nic_of[di]
+        nic_of = np.array(self._nic_of[:gpn], dtype=idx)
+        own = bool(np.array_equal(nic_of, np.arange(gpn)))  # GPU g on NIC g: no table to read
+        kb = gb if own else nic_of[gb.astype(np.intp)]
         # PXN (NVSwitch nodes): a pair leaves through the destination rail's NIC
-        ka = kb if nv is not None and nv.kind == "nvswitch" else nic_of[si]
+        ka = kb if nv is not None and nv.kind == "nvswitch" else ga if own else nic_of[ga.astype(np.intp)]
+        del ga, gb
         net = self.platform.network
+        fkey: np.ndarray
         if net.topology == "dragonfly":
             assert net.dragonfly is not None
             d = net.dragonfly
@@ -583,20 +599,27 @@ class Topology:
             na64, nb64 = na.astype(np.int64), nb.astype(np.int64)
             fkey = ((na64 // d.nodes_per_switch) * ports + nb64 // d.nodes_per_switch) \
                 * d.global_links_per_group_pair + (na64 + nb64) % d.global_links_per_group_pair
+            del na64, nb64
         else:
             rail = net.topology == "rail_optimized"
             pods = self.nodes // net.nodes_per_leaf + 1
             span = pods * self.ports
             wide = np.int64 if span * span + 1 >= 2**31 else idx
-            pod = ((node_of // net.nodes_per_leaf) * self.ports).astype(wide)
-            la: np.ndarray = pod[si] + ka.astype(wide) if rail else pod[si]
-            lb: np.ndarray = pod[di] + kb.astype(wide) if rail else pod[di]
-            fkey = la * span
-            fkey += lb
+            la: np.ndarray = (na // net.nodes_per_leaf).astype(wide, copy=False)
+            la *= self.ports
+            if rail:
+                la += ka
+            la *= span
+            lb: np.ndarray = (nb // net.nodes_per_leaf).astype(wide, copy=False)
+            lb *= self.ports
+            if rail:
+                lb += kb
+            la += lb
+            fkey = la
             del la, lb
         fkey += 1
         fkey *= inter
-        del si, di
+        del inter
         fkeys, ffirst, fpair = key_members(fkey)
         fabs = []
         for k, p in zip(fkeys.tolist(), ffirst.tolist(), strict=True):

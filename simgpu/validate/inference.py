@@ -27,9 +27,12 @@ throughput is continuous batching at its steady state, computed from the iterati
 engine keeps ``gpu_batch_size`` requests (fewer where their KV caches, paged, at the mean context,
 do not fit) of the OpenOrca
 mix's mean lengths (:data:`ORCA_INPUT`, :func:`orca_output`) in flight; each iteration decodes one
-token of each over the mean cache (input + output / 2) and prefills, chunk by chunk, the prompts of
-the requests that finish (``batch / output`` per iteration); tokens/s = batch / iteration time per
-engine. Scored: geomean |error| of tokens/s and Spearman's rank correlation of tokens/s per GPU.
+token of each over the mean cache (input + output / 2) and prefills the prompts of the requests
+that finish (``batch / output`` per iteration), each a causal sequence of its own; an iteration
+holds at most ``max_num_tokens`` tokens, a decode's one included, so at most ``max_num_tokens /
+(1 + input / output)`` requests decode in it; tokens/s = decodes / iteration time per engine. Scored: geomean
+|error| of tokens/s and Spearman's rank correlation of tokens/s per GPU. ``--breakdown`` prints
+each configuration's iteration by kernel.
 
 ``python -m simgpu.validate.inference`` prints the tables and the geomean errors (held out, and
 in sample with ``--in-sample``; ``--fit`` refits both); the exit status
@@ -339,20 +342,39 @@ ACCELERATORS: dict[str, tuple[str, tuple[tuple[str, Any], ...]]] = {
 }
 
 
-def offline_tokens_per_s(timer: EngineTimer, batch: int, isl: int, osl: int, chunk: int) -> tuple[float, int]:
-    """Steady-state output tokens/s of one engine keeping ``batch`` requests in flight (fewer if their
-    KV caches do not fit), and the batch used (see the module docstring)."""
+def offline_step(timer: EngineTimer, batch: int, isl: int, osl: int, chunk: int) -> tuple[Step, int]:
+    """The steady-state iteration of one engine keeping ``batch`` requests in flight (fewer if their
+    KV caches do not fit), and how many of them decode in it (see the module docstring)."""
     mem = timer.memory
     ctx = isl + osl // 2
     # paged: a request holds the blocks of its current length, on average the mean context
     per_request = -(-ctx // mem.block_tokens)
     b = max(1, min(batch, mem.kv_blocks // per_request))
+    # TensorRT-LLM's max_num_tokens bounds an iteration's tokens, a decoding request's one token
+    # included (its tuning guide's scheduler walk-through): d decodes bring d / osl new prompts of
+    # isl tokens each, so at most chunk / (1 + isl / osl) of the requests decode per iteration
+    b = max(1, min(b, int(chunk / (1 + isl / osl))))
     new_prompts = b / osl             # requests finishing (and starting) per iteration
     prompt_tokens = new_prompts * isl
-    n_chunks = max(1, round(prompt_tokens / chunk)) if prompt_tokens > 1 else 0
-    prefill = tuple((max(1, round(prompt_tokens / n_chunks)), 0) for _ in range(n_chunks))
-    t = timer.time([Step(prefill=prefill, decode=(ctx,) * b)])[0]
+    # each new request's prompt is a causal sequence of its own (TensorRT-LLM's context phase packs
+    # the prompts of an iteration, each attending to itself only): round(new_prompts) prompts
+    # holding the iteration's prompt tokens (within the budget above, so never chunked)
+    n = max(1, round(new_prompts))
+    prefill = ((max(1, round(prompt_tokens / n)), 0),) * n
+    return Step(prefill=prefill, decode=(ctx,) * b), b
+
+
+def offline_tokens_per_s(timer: EngineTimer, batch: int, isl: int, osl: int, chunk: int) -> tuple[float, int]:
+    """Steady-state output tokens/s of one engine (:func:`offline_step`), and its decodes an iteration."""
+    step, b = offline_step(timer, batch, isl, osl, chunk)
+    t = timer.time([step])[0]
     return b / t, b
+
+
+#: The serving settings of every MLPerf engine: TensorRT-LLM, 95% of the memory
+#: (``kvcache_free_gpu_mem_frac`` of the submissions' configs), limits above any batch here.
+MLPERF_INFERENCE: dict[str, Any] = {"gpu_memory_utilization": 0.95, "framework": "tensorrt_llm",
+                                    "max_batch_size": 4096, "max_batch_tokens": 16384}
 
 
 def mlperf_rows(data: Path) -> pd.DataFrame:
@@ -382,9 +404,7 @@ def validate_mlperf(data: Path, isl: int = ORCA_INPUT) -> tuple[pd.DataFrame, li
         key = (str(r.accelerator), tp, pp, prec)
         if key not in timers:
             timers[key] = EngineTimer(make_job(LLAMA2_70B, plat, tp, prec, pp=pp, platform_overrides=overrides,
-                                               inference={"gpu_memory_utilization": 0.95,
-                                                          "framework": "tensorrt_llm",
-                                                          "max_batch_size": 4096, "max_batch_tokens": 16384}))
+                                               inference=MLPERF_INFERENCE))
         timer = timers[key]
         chunk = int(r.max_num_tokens) if r.max_num_tokens == r.max_num_tokens else 8192
         per_engine, used = offline_tokens_per_s(timer, int(r.gpu_batch_size), isl, osl, chunk)
@@ -398,6 +418,31 @@ def validate_mlperf(data: Path, isl: int = ORCA_INPUT) -> tuple[pd.DataFrame, li
                     "per_gpu_measured": float(r.tokens_per_s) / int(r.total_accelerators)})
     t = pd.DataFrame(out)
     return t.assign(error=t["predicted"] / t["measured"] - 1), skipped
+
+
+def mlperf_breakdown(data: Path, isl: int = ORCA_INPUT) -> pd.DataFrame:
+    """Per MLPerf configuration, its steady-state iteration's kernel time per kind (ms, on the first
+    GPU of an engine), as :meth:`EngineTimer.kernel_times` gives it."""
+    osl = orca_output(data)
+    out, seen = [], set()
+    for r in mlperf_rows(data).itertuples():
+        machine = ACCELERATORS.get(str(r.accelerator))
+        key = (str(r.accelerator), int(r.tp), int(r.pp), str(r.precision), int(r.gpu_batch_size))
+        if machine is None or key in seen:
+            continue
+        seen.add(key)
+        timer = EngineTimer(make_job(LLAMA2_70B, machine[0], key[1], key[3], pp=key[2],
+                                     platform_overrides=machine[1], inference=MLPERF_INFERENCE))
+        chunk = int(r.max_num_tokens) if r.max_num_tokens == r.max_num_tokens else 8192
+        step, b = offline_step(timer, key[4], isl, osl, chunk)
+        t = float(timer.time([step])[0])
+        kt = timer.kernel_times(step)
+        rest = t - sum(kt.values())  # communication, host time and gaps the kernels leave
+        for (name, family, dtype), sec in [*kt.items(), (("(not kernels)", "", ""), rest)]:
+            out.append({"accelerator": key[0], "tp": key[1], "precision": key[3], "batch_fits": b,
+                        "iteration_ms": t * 1e3, "kernel": name, "family": family, "dtype": dtype,
+                        "ms": sec * 1e3, "share": sec / t})
+    return pd.DataFrame(out).sort_values(["accelerator", "ms"], ascending=[True, False])
 
 
 def configurations(m: pd.DataFrame) -> pd.DataFrame:
@@ -475,6 +520,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--untuned", action="store_true", help="Splitwise with the defaults, not the stack's figures")
     ap.add_argument("--in-sample", action="store_true", help="Splitwise with the figures fitted to every group "
                     "(SPLITWISE_STACK), not each group's held-out ones")
+    ap.add_argument("--breakdown", action="store_true", help="print each MLPerf configuration's iteration "
+                    "by kernel (ms on one GPU) and stop")
     ap.add_argument("--fit", nargs="+", choices=SCORED_HARDWARE, help="fit these machines' stack figures from "
                     "FIT_START, to all groups and leaving each group out, and print them")
     args = ap.parse_args(argv)
@@ -482,6 +529,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not (data / SPLITWISE).is_file():
         print(f"error: no measurements at {data / SPLITWISE}", file=sys.stderr)
         return 2
+    if args.breakdown:
+        b = mlperf_breakdown(data)
+        with pd.option_context("display.width", 200, "display.max_rows", 200):
+            print(b.to_string(index=False, float_format="{:.3f}".format))
+        return 0
     if args.fit:
         for hw in args.fit:
             fig, e = fit_stack(data, hw)

@@ -43,8 +43,10 @@ def dtype_bytes(dtype: str) -> int:
 
 
 def aux_dtype(precision: str) -> str:
-    """Dtype of the non-matmul kernels (elementwise, norm, softmax) under ``precision``."""
-    return "bf16" if precision in _MIXED else "fp32"
+    """Dtype of the non-matmul kernels (elementwise, norm, softmax) under ``precision``. Under fp4
+    (serving only) the activations stay in bf16 as under fp8: NVFP4 quantises the weights and each
+    GEMM's input (TensorRT-LLM and ModelOpt's NVFP4 recipe), not the residual stream or the norms."""
+    return "bf16" if precision in _MIXED or precision == "fp4" else "fp32"
 
 
 def is_mixed(precision: str) -> bool:

@@ -13,7 +13,7 @@ for P2P transfers, so both sides of a transfer and all members of a group agree.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from ..graph import CollectiveCall, CollectiveOp, KernelTable, Op, Program
@@ -62,6 +62,7 @@ class StageEmitter(Emitter):
         self.iteration = 0  # the training iteration being emitted (see Op.iteration)
         self._gate: tuple[int, ...] = ()
         self.calls: list[tuple[int, str | Pair, str]] = []
+        self.retargeted: _Copies | None = None  # the ops as the stage's ranks run them (see retarget)
         self._groups: dict[str, tuple[int, ...]] = {}
         self._by_group: dict[tuple[int, ...], str] = {}
         for kind in _INFERABLE:
@@ -133,28 +134,51 @@ def _key(kind: str | Pair, group: tuple[int, ...], suffix: str) -> str:
     return f"{kind}{group[0]}.{suffix}"
 
 
-def retarget(em: StageEmitter, rank: int, *, last: bool = False) -> Program:
-    """The stage's program as ``rank`` (a rank of the same stage) runs it; ops are fresh copies,
-    or, with ``last`` (the emitter's last use), the emitter's own ops, changed in place (a later call
-    still gives the stage's program: each op's group is found again from the emitter's calls)."""
+def retarget(em: StageEmitter, rank: int, cpu_s: Mapping[int, float] | None = None) -> Program:
+    """The stage's program as ``rank`` (a rank of the same stage) runs it: every op's host time is
+    the emitter's ``cpu_s``, or the op's own in ``cpu_s`` (op index -> seconds).
+
+    The ops are copies of the emitter's, made once per stage: the programs of a stage's ranks share
+    the copies of its ops other than collectives, and the members of a group share their copy of a
+    collective over it (the same call, group and key); none is modified afterwards. Every program
+    names the shared list as its :attr:`~simgpu.graph.Program.template`.
+    """
     if em.layout.coord(rank).pp != em.layout.coord(em.rank).pp:
         raise ValueError(f"rank {rank} is not on the stage of rank {em.rank}")
-    cpu = em.cpu_s
-    if last:
-        ops = em.program.ops
-        for o in ops:
-            o.cpu_s = cpu
-    else:
+    hosts = tuple(sorted(cpu_s.items())) if cpu_s else ()
+    made = em.retargeted
+    if made is None or made.hosts != hosts or len(made.ops) != len(em.program.ops):
+        cpu = em.cpu_s
         # Field by field: several times faster than dataclasses.replace on millions of ops.
         ops = [Op(o.name, o.kind, o.category, o.stream, o.phase, o.kernel, o.coll, o.nbytes, o.deps, cpu,
                   iteration=o.iteration, sm_taken=o.sm_taken) for o in em.program.ops]
+        for i, host_s in hosts:
+            ops[i].cpu_s = host_s
+        made = em.retargeted = _Copies(hosts, ops, {})
+    ops = list(made.ops)
     groups: dict[str | Pair, tuple[int, ...]] = {}
     for idx, kind, suffix in em.calls:
-        op = ops[idx]
-        c = op.coll
-        assert c is not None
         group = groups.get(kind)
         if group is None:
             group = groups[kind] = _group(em.layout, rank, kind)
-        op.coll = CollectiveCall(_key(kind, group, suffix), c.op, group, c.nbytes, c.send_bytes, c.root)
-    return Program(rank, ops)
+        op = made.calls.get((idx, group))
+        if op is None:
+            o = made.ops[idx]
+            c = o.coll
+            assert c is not None
+            op = made.calls[(idx, group)] = Op(
+                o.name, o.kind, o.category, o.stream, o.phase, o.kernel,
+                CollectiveCall(_key(kind, group, suffix), c.op, group, c.nbytes, c.send_bytes, c.root), o.nbytes,
+                o.deps, o.cpu_s, iteration=o.iteration, sm_taken=o.sm_taken)
+        ops[idx] = op
+    return Program(rank, ops, template=made.ops)
+
+
+@dataclass
+class _Copies:
+    """A stage's ops as its ranks run them (see :func:`retarget`): ``hosts`` the host times set per op,
+    ``ops`` the shared copies, ``calls`` (op index, group) -> the copy of a collective over that group."""
+
+    hosts: tuple[tuple[int, float], ...]
+    ops: list[Op]
+    calls: dict[tuple[int, tuple[int, ...]], Op]

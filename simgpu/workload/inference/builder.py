@@ -123,7 +123,7 @@ def _shift(prog: Program, base: int, tag: str) -> Program:
                                c.root)
         ops.append(Op(o.name, o.kind, o.category, o.stream, o.phase, o.kernel, c, o.nbytes, o.deps, o.cpu_s,
                       o.delay_s))
-    return Program(prog.rank + base, ops)
+    return Program(prog.rank + base, ops, template=prog.template)
 
 
 def replica_programs(dep: Deployment, shape: Shape, kernels: KernelTable, *, layers: int | None = None,
@@ -139,10 +139,7 @@ def replica_programs(dep: Deployment, shape: Shape, kernels: KernelTable, *, lay
         em = fw.build()
         for r in lay.stage_ranks(stage):
             if ranks is None or r in ranks:
-                prog = retarget(em, r)
-                for i, cpu in fw.host.items():
-                    prog.ops[i].cpu_s = cpu
-                out[r] = prog
+                out[r] = retarget(em, r, fw.host)
     return out
 
 

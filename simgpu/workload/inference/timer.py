@@ -114,6 +114,24 @@ class EngineTimer:
             self._cache[sh] = float(t)
             self.simulated += 1
 
+    def kernel_times(self, step: Step) -> dict[tuple[str, str, str], float]:
+        """Seconds of the kernels of ``step``'s shape on the replica's first rank, summed per
+        (kernel name without its block's prefix, family, dtype) over every block: where an iteration's
+        GPU time goes (its sum is the iteration where one GPU's stream is the critical path, TP1)."""
+        sh = shape_of(step, exact=True) if self.exact else canonical(step)
+        progs = self._programs(sh, None)
+        self._predict()
+        out: dict[tuple[str, str, str], float] = {}
+        for op in progs[min(progs)].ops:
+            if op.kernel < 0:
+                continue
+            spec = self.kernels.specs[op.kernel]
+            head, _, rest = op.name.partition(".")
+            name = rest if rest and head.rstrip("0123456789") != head else op.name
+            key = (name, spec.family, spec.dtype)
+            out[key] = out.get(key, 0.0) + float(self._durations[op.kernel])
+        return out
+
     # ---- building and running
 
     def _programs(self, shape: Shape, layers: int | None) -> dict[int, Program]:

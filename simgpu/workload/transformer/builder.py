@@ -439,11 +439,9 @@ def build(spec: WorkloadSpec, world: World) -> Workload:
     for stage in range(lay.pp):
         em = _Stage(s, stage, kernels).build()
         mem = stage_memory(job, stage)
-        ranks = list(lay.stage_ranks(stage))
-        reps = [r for r in ranks if fold is None or fold.is_rep(r)]
-        for r in reps:
-            programs[r] = retarget(em, r, last=r == reps[-1])  # the last takes the emitter's ops
-        for r in ranks:
+        for r in lay.stage_ranks(stage):
+            if fold is None or fold.is_rep(r):
+                programs[r] = retarget(em, r)
             memory[r] = mem
     samples = job.global_batch
     return Workload(name=spec.name, programs=[programs[r] for r in sorted(programs)], kernels=kernels.specs,
