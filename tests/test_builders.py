@@ -234,9 +234,10 @@ def test_gpt_symmetric_and_shaped() -> None:
     sigs = [[(op.name, op.kernel, op.coll.key if op.coll else None, op.deps) for op in p.ops]
             for p in w.programs]
     assert all(s == sigs[0] for s in sigs)
-    # copies, field for field, not shared objects
+    # a stage's ranks share one copy of its ops other than collectives (the programs' template)
     assert all(p.ops == w.programs[0].ops for p in w.programs)
-    assert w.programs[1].ops[5] is not w.programs[0].ops[5]
+    assert w.programs[0].ops[5].coll is None and w.programs[1].ops[5] is w.programs[0].ops[5]
+    assert all(p.template is w.programs[0].template is not None for p in w.programs)
     assert w.samples == 8 and w.tokens == 8 * 128 and w.compute_dtype == "bf16"
     ops = w.programs[0].ops
     gemm = {op.name: w.kernels[op.kernel] for op in ops if op.category == "gemm"}
