@@ -18,6 +18,7 @@ from .comm.planner import Planner
 from .config.checks import check_memory, gpus_per_node
 from .config.loader import Job, load_job
 from .config.platform import PlatformSpec
+from .config.workload import INFERENCE_KINDS
 from .engine import EngineOptions, SimResult, shortcuts
 from .engine.fold import local_shift_unit
 from .engine.shortcuts import Choose
@@ -88,7 +89,10 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
 
     def built(folded: bool, inside: bool, micro: Choose | None) -> Workload:
         w = build(job, fold=folded, topo=topo if inside else None, micro_batches=micro)
-        if p.gpu.overlap_slowdown_memory:  # where memory-bound kernels have their own figures
+        # where memory-bound kernels have their own figures; an inference iteration keeps the op's
+        # figure for every kernel, as the serving stage's timer times it (README, "Steady state and the
+        # overlaps the frameworks turn on"), so a simulated iteration and a served one agree
+        if p.gpu.overlap_slowdown_memory and job.workload.model.kind not in INFERENCE_KINDS:
             w.memory_bound = memory_bound(w.kernels, p.gpu, bound)
         return w
 
