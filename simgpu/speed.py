@@ -201,6 +201,20 @@ def profile(name: str, top: int = 15) -> str:
     return "\n".join(lines)
 
 
+def _family(name: str) -> str:
+    """The scaling plot's line of case ``name``: the GPT-3 sizes folded, the GPT-3 sizes with every
+    rank simulated, and one line per other family; a case of its own (GPT-3 at another batch or
+    network, a single all-reduce) is a point labelled with its name."""
+    if name.startswith("gpt-3"):
+        if name.endswith("every rank"):
+            return "GPT-3 175B, every rank simulated"
+        return "GPT-3 175B (TP8 PP16, replicas folded)" if "(TP8 PP16" in name else name
+    if name.startswith("all-reduce"):
+        return "all-reduce 1 GB" if name.startswith("all-reduce 1 GB") else name
+    first = name.split(" ", 1)[0]
+    return {"gpt": "GPT 1.3B", "dlrm": "DLRM", "all-to-all": "all-to-all 64 KiB-1 GiB (4 sizes)"}.get(first, name)
+
+
 def plot_scaling(path: Path, history: dict[str, dict[str, float]]) -> None:
     """Wall time against GPUs of the recorded cases, one line per family of cases."""
     import matplotlib
@@ -213,13 +227,8 @@ def plot_scaling(path: Path, history: dict[str, dict[str, float]]) -> None:
         if name in history:
             if name.startswith("study"):
                 continue
-            family = name.split(" ", 1)[0] if not name.startswith("all-reduce") else "all-reduce 1 GB"
-            family = {"gpt-3": "GPT-3 175B (TP8 PP16, replicas folded)", "gpt": "GPT 1.3B",
-                      "dlrm": "DLRM"}.get(family, family)
-            if name.endswith("every rank"):
-                family = "GPT-3 175B, every rank simulated"
-            families.setdefault(family, []).append((gpus, float(history[name]["wall_s"])))
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+            families.setdefault(_family(name), []).append((gpus, float(history[name]["wall_s"])))
+    fig, ax = plt.subplots(figsize=(9.6, 4.6))
     for family, points in sorted(families.items()):
         points.sort()
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="s" if len(points) == 1 else "o",
@@ -232,7 +241,7 @@ def plot_scaling(path: Path, history: dict[str, dict[str, float]]) -> None:
     ax.set_xlabel("GPUs simulated")
     ax.set_ylabel("wall time of one iteration (s, one core)")
     ax.grid(True, which="both", linewidth=0.3, alpha=0.5)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.set_title("simgpu's own cost (make bench)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
