@@ -399,14 +399,10 @@ class Engine:
         elif op.kind == "kernel":  # _start's kernel case, inlined: the most frequent path of all
             r.start[i] = now
             dur = self._durations[op.kernel]
-            if op.sm_taken:
-                sms = self.opt.sms
-                dur *= sms / max(1, sms - op.sm_taken)
-            elif self._comm_active[r.rank]:
-                if self._mem_bound is not None and self._mem_bound[op.kernel] and self._waiting(r.rank):
-                    self._provisional(r, i, dur)
+            if op.sm_taken or self._comm_active[r.rank]:
+                dur = self._beside(r, i, op, dur)
+                if dur < 0:
                     return
-                dur *= 1.0 + self._slowdown(r.rank, op.kernel)
             wait = now + dur - now  # as _finish_at(now + dur) computes it
             heappush(self._queue, (now + (wait if wait > 0 else 0.0), NORMAL, next(self._eid),
                                    _Call(self._calls, r, i)))
@@ -419,14 +415,10 @@ class Engine:
         r.start[i] = self.env.now
         if op.kind == "kernel":
             dur = self._durations[op.kernel]
-            if op.sm_taken:  # shares the GPU with a communication kernel by design
-                sms = self.opt.sms
-                dur *= sms / max(1, sms - op.sm_taken)
-            elif self._comm_active[r.rank]:
-                if self._mem_bound is not None and self._mem_bound[op.kernel] and self._waiting(r.rank):
-                    self._provisional(r, i, dur)
+            if op.sm_taken or self._comm_active[r.rank]:
+                dur = self._beside(r, i, op, dur)
+                if dur < 0:
                     return
-                dur *= 1.0 + self._slowdown(r.rank, op.kernel)
             self._finish_at(self.env.now + dur, r, i)
         elif op.kind == "memcpy":
             route = self.topo.host_route(r.rank, to_device=True)
@@ -439,6 +431,18 @@ class Engine:
             self._arrive(r, i, op)
         else:
             raise SimulationError(f"rank {r.rank} op {op.name!r}: unknown kind {op.kind!r}")
+
+    def _beside(self, r: _Rank, i: int, op: Op, dur: float) -> float:
+        """Kernel ``i``'s duration ``dur`` on the SMs a communication kernel leaves (``op.sm_taken``,
+        by design), or beside the collectives running on its rank; -1 where it started as a
+        provisional memory-bound kernel (:meth:`_provisional`), whose end is already scheduled."""
+        if op.sm_taken:
+            sms = self.opt.sms
+            return dur * sms / max(1, sms - op.sm_taken)
+        if self._mem_bound is not None and self._mem_bound[op.kernel] and self._waiting(r.rank):
+            self._provisional(r, i, dur)
+            return -1.0
+        return dur * (1.0 + self._slowdown(r.rank, op.kernel))
 
     def _slowdown(self, rank: int, kernel: int) -> float:
         """The slowdown of kernel spec ``kernel`` starting beside the collectives running on ``rank``:
