@@ -103,6 +103,14 @@ def test_a_rerun_reuses_only_rows_whose_job_is_unchanged(tmp_path: Path, capsys:
         assert table.loc[name, "iteration_time_ms"] > 1.1 * t  # recomputed with twice the layers
 
 
+def _interruptible() -> None:
+    """In the study's process before it starts: SIGINT delivered and handled as at a terminal, whatever
+    disposition or mask the test runner's process passes on (an ignored or blocked SIGINT is inherited
+    across exec, and Python then installs no KeyboardInterrupt handler)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 def test_ctrl_c_stops_a_study_at_once(tmp_path: Path) -> None:
     # 48 variants: enough that the study is still computing when the first row is written, so the
@@ -111,7 +119,8 @@ def test_ctrl_c_stops_a_study_at_once(tmp_path: Path) -> None:
                                      "comm.bucket_mib": [5, 10, 25, 50, 100, 200]})
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "simgpu", "whatif", str(study), "--out", str(out), "--workers", "2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, cwd=tmp_path)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, cwd=tmp_path,
+                            preexec_fn=_interruptible)
     rows = out / "results.jsonl"
     deadline = time.time() + 120
     while not (rows.is_file() and rows.read_text().strip()) and time.time() < deadline and proc.poll() is None:
