@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import simpy
+from simpy.events import NORMAL
 
 from .parts import Incidence, PartGroups, part_anchors
 from .plan import TransferTable
@@ -45,13 +46,52 @@ AGGREGATE_FROM = 64
 _DENSE_BINS = 1 << 26
 
 
+class _Soon:
+    """An event on SimPy's queue that calls ``fn(arg)`` when processed: scheduled directly, as a
+    ``Timeout`` or a succeeded event would be, without an event of SimPy's or a closure (the engine's
+    loop calls ``fn`` itself; SimPy's ``step`` calls it through ``callbacks``)."""
+
+    __slots__ = ("arg", "callbacks", "fn")
+    _ok = True
+
+    def __init__(self, fn: Any, arg: Any) -> None:
+        self.fn, self.arg, self.callbacks = fn, arg, _FIRE
+
+
+def _fire(event: _Soon) -> None:
+    event.fn(event.arg)
+
+
+_FIRE = [_fire]
+
+
+def soon(env: simpy.Environment, t: float, fn: Any, arg: Any) -> None:
+    """Call ``fn(arg)`` at simulated time ``t`` (now if ``t`` has passed), at the place in SimPy's
+    queue that ``env.timeout(max(t - now, 0))`` would take."""
+    now = env._now
+    delay = t - now
+    queue: list[Any] = env._queue  # (time, priority, id, event)
+    heapq.heappush(queue, (now + (delay if delay > 0 else 0.0), NORMAL, next(env._eid), _Soon(fn, arg)))
+
+
 class _Join:
-    """Fires ``event`` once ``left`` member transfers have ended."""
+    """Fires ``event`` once ``left`` member transfers have ended (or, without an event, schedules
+    ``fn(arg)`` now, where ``event.succeed()`` would schedule the event)."""
 
-    __slots__ = ("event", "left")
+    __slots__ = ("arg", "env", "event", "fn", "left")
 
-    def __init__(self, event: simpy.Event, left: int) -> None:
-        self.event, self.left = event, left
+    def __init__(self, event: simpy.Event | None, left: int, env: simpy.Environment | None = None,
+                 fn: Any = None, arg: Any = None) -> None:
+        self.event, self.left, self.env, self.fn, self.arg = event, left, env, fn, arg
+
+    def fire(self) -> None:
+        if self.event is not None:
+            self.event.succeed()
+            return
+        env = self.env
+        assert env is not None
+        queue: list[Any] = env._queue
+        heapq.heappush(queue, (env._now, NORMAL, next(env._eid), _Soon(self.fn, self.arg)))
 
 
 class _Batch:
@@ -97,7 +137,7 @@ class _Batch:
         if self.shared is not None:
             self.shared.left -= len(idx) if count is None else count
             if self.shared.left == 0:
-                self.shared.event.succeed()
+                self.shared.fire()
             return
         for i in idx.tolist():
             if self.targets[i] is not None:
@@ -136,12 +176,14 @@ class _Flow:
     with; ``active`` whether it is on the network."""
 
     __slots__ = ("_idx", "active", "batch", "block", "cap", "common", "count", "finish", "group", "last", "links",
-                 "rate", "remaining", "serial", "w")
+                 "rate", "remaining", "route", "serial", "w")
 
     def __init__(self, links: np.ndarray, w: np.ndarray, nbytes: float, batch: _Batch, idx: np.ndarray | None,
                  cap: float = float("inf"), common: np.ndarray | None = None, serial: int = 0,
-                 group: tuple[PartGroups, int] | None = None) -> None:
+                 group: tuple[PartGroups, int] | None = None, route: _Route | None = None) -> None:
         self.links, self.w, self.remaining, self.rate, self.cap = links, w, nbytes, 0.0, cap
+        #: a single route's facts (:meth:`FlowNetwork._route`), where it came from a list of transfers
+        self.route = route
         self.batch, self._idx, self.common, self.group = batch, idx, common, group
         self.count = len(idx) if idx is not None else int(group[0].size[group[1]]) if group is not None else 0
         self.serial, self.last, self.finish = serial, 0.0, float("inf")
@@ -175,6 +217,11 @@ class _Block:
         self.members, self.links, self.serial, self.live = members, links, serial, len(members)
         for f in members:
             f.block = self
+
+
+#: one route's distinct links and edges crossing each (as arrays and as lists), and its rate alone on
+#: the network (its slowest link's share)
+_Route = tuple[np.ndarray, np.ndarray, list[int], list[float], float]
 
 
 def _single(batch: _Batch, i: int, nbytes: float, cap: float) -> _Flow:
@@ -390,6 +437,8 @@ class FlowNetwork:
         self._record = record
         self._busy_since: dict[int, float] = {}
         self.intervals: list[tuple[int, float, float]] = []
+        #: link tuple -> its route's facts (:meth:`_route`): the same routes come again and again
+        self._routes: dict[tuple[int, ...], _Route] = {}
 
     @property
     def flows(self) -> list[_Flow]:
@@ -443,16 +492,57 @@ class FlowNetwork:
                        ) -> simpy.Event:
         """Like :meth:`transfer_all`, but one event that fires when the last of them has ended."""
         done = self.env.event()
+        self._group(items, _Join(done, 0))
+        return done
+
+    def transfer_group_then(self, items: Sequence[tuple[Sequence[int], float, float]] | TransferTable,
+                            fn: Any, arg: Any) -> None:
+        """Like :meth:`transfer_group`, but ``fn(arg)`` is called where the event's callback would
+        be, at the same place in SimPy's queue, without the event."""
+        self._group(items, _Join(None, 0, self.env, fn, arg))
+
+    def _group(self, items: Sequence[tuple[Sequence[int], float, float]] | TransferTable, join: _Join) -> None:
+        if not isinstance(items, TransferTable) and (len(items) < max(2, self._aggregate_from)
+                                                     or self._aggregate_from <= 0):
+            # a few transfers (the edges of a ring, a pipeline's send): flows one by one, each
+            # from its route's facts worked out once (what _start_items and _flows_of do for them)
+            moving = [k for k, (links, b, _) in enumerate(items) if b > 0 and len(links) > 0]
+            self.transfers += len(items)
+            join.left = len(moving)
+            if not moving:
+                join.fire()
+                return
+            batch = _Batch([t[0] for t in items], (), join)
+            flows = []
+            for k in moving:
+                links, b, c = items[k]
+                route = self._route(links)
+                flows.append(_Flow(route[0], route[1], float(b), batch, np.array([k]), float(c), route=route))
+            self._start(flows)
+            return
         if isinstance(items, TransferTable):
-            join = _Join(done, int(np.count_nonzero(_moving(items))))
+            join.left = int(np.count_nonzero(_moving(items)))
         else:
-            join = _Join(done, sum(1 for links, b, _ in items if b > 0 and len(links) > 0))
+            join.left = sum(1 for links, b, _ in items if b > 0 and len(links) > 0)
         if join.left == 0:
             self.transfers += len(items)
-            done.succeed()
-            return done
+            join.fire()
+            return
         self._start_items(_Batch.of(items, shared=join), items)
-        return done
+
+    def _route(self, links: Sequence[int]) -> _Route:
+        """The route ``links``'s distinct links and the edges crossing each (as :func:`_single` finds
+        them), as lists too, and its rate alone on the network (as :meth:`_start_alone` finds it)."""
+        key = links if type(links) is tuple else tuple(links)
+        got = self._routes.get(key)
+        if got is None:
+            if len(set(key)) == len(key):  # a route: each link once
+                ids, w = np.array(key, dtype=np.int64), np.ones(len(key))
+            else:  # a coflow: a link once per edge crossing it
+                ids, mult = np.unique(np.asarray(key, dtype=np.int64), return_counts=True)
+                w = mult.astype(float)
+            got = self._routes[key] = (ids, w, ids.tolist(), w.tolist(), float(np.min(self.capacity[ids] / w)))
+        return got
 
     def finish(self) -> None:
         """Close the busy intervals still open and bring link counters up to date (call once the
@@ -524,7 +614,7 @@ class FlowNetwork:
             if f.block is not None:
                 blocks[f.block.serial] = f.block
                 continue
-            uniq = f.links.tolist()
+            uniq = f.links.tolist() if f.route is None else f.route[2]
             for lid in uniq:
                 self._on_link.setdefault(lid, {})[f.serial] = f
             seeds.update(uniq)
@@ -538,7 +628,7 @@ class FlowNetwork:
     def _alone(self, f: _Flow) -> bool:
         """Whether no active flow crosses any link of ``f`` (a flow not on the network yet)."""
         on = self._on_link
-        return not any(on.get(lid) for lid in f.links.tolist())
+        return not any(on.get(lid) for lid in (f.links.tolist() if f.route is None else f.route[2]))
 
     def _start_alone(self, f: _Flow, now: float) -> None:
         """Start ``f``, which shares no link with an active flow: :meth:`_reschedule` of its links,
@@ -549,21 +639,31 @@ class FlowNetwork:
             self._serial += 1
             f.serial = self._serial
         f.last, f.active = now, True
-        links = f.links.tolist()
+        route = f.route
+        if route is None:
+            links = f.links.tolist()
+            rate = min(float(np.min(self.capacity[f.links] / f.w)), f.cap)
+            loads = (f.w * rate).tolist()
+        else:
+            links = route[2]
+            rate = min(route[4], f.cap)
+            loads = [w * rate for w in route[3]]
+        on = self._on_link
+        serial = f.serial
         for lid in links:
-            self._on_link[lid] = {f.serial: f}
-        rate = min(float(np.min(self.capacity[f.links] / f.w)), f.cap)
+            on[lid] = {serial: f}
         if rate != f.rate:
             f.rate = rate
             f.finish = now + max(f.remaining / rate, 0.0)
-            heapq.heappush(self._heap, (f.finish, f.serial, f))
-        for lid, load in zip(links, (f.w * rate).tolist(), strict=True):
+            heapq.heappush(self._heap, (f.finish, serial, f))
+        link_rate, link_last = self._link_rate, self._link_last
+        for lid, load in zip(links, loads, strict=True):
             if load > 0:  # its links carried nothing before: no bytes to settle
-                self._link_rate[lid] = load
-                self._link_last[lid] = now
+                link_rate[lid] = load
+                link_last[lid] = now
             else:
-                self._link_rate.pop(lid, None)
-                self._link_last.pop(lid, None)
+                link_rate.pop(lid, None)
+                link_last.pop(lid, None)
             if self._record:
                 if load > 0:
                     self._busy_since.setdefault(lid, now)
@@ -644,18 +744,27 @@ class FlowNetwork:
         self.reschedules += 1
         now = self.env.now
         on = self._on_link
+        link_rate, link_last = self._link_rate, self._link_last
+        link_bytes, link_busy = self.link_bytes, self.link_busy_s
         if not any(on.get(lid) for lid in seeds):  # no flow left on them (a lone flow ended): all idle
-            for lid in seeds:
-                self._settle_link(lid, now)
-                self._link_rate.pop(lid, None)
-                self._link_last.pop(lid, None)
+            for lid in seeds:  # settled (as _settle_link does) and idled
+                rate = link_rate.pop(lid, 0.0)
+                last = link_last.pop(lid, now)
+                if now > last and rate > 0:
+                    link_bytes[lid] += rate * (now - last)
+                    link_busy[lid] += now - last
                 if self._record and lid in self._busy_since:
                     self.intervals.append((lid, self._busy_since.pop(lid), now))
             self._arm()
             return
         flows, touched = self._component(seeds)
-        for lid in touched:
-            self._settle_link(lid, now)
+        for lid in touched:  # _settle_link, inline
+            last = link_last.get(lid, now)
+            rate = link_rate.get(lid, 0.0)
+            if now > last and rate > 0:
+                link_bytes[lid] += rate * (now - last)
+                link_busy[lid] += now - last
+            link_last[lid] = now
         if flows:
             while True:
                 rates, ids, load, broken = _fair(flows, self.capacity)
@@ -702,8 +811,7 @@ class FlowNetwork:
         if t < self._wake_at:
             self._wake_at = t
             self._gen += 1
-            gen = self._gen
-            self.env.timeout(max(t - self.env.now, 0.0)).callbacks.append(lambda _e: self._wake(gen))
+            soon(self.env, t, self._wake, self._gen)  # where env.timeout(max(t - now, 0)) would go
 
     def _wake(self, gen: int) -> None:
         if gen != self._gen:
@@ -737,7 +845,7 @@ class FlowNetwork:
                     seeds.update(f.block.links.tolist())
                 self._retire(f.block)
                 continue
-            uniq = f.links.tolist()
+            uniq = f.links.tolist() if f.route is None else f.route[2]
             for lid in uniq:
                 on = self._on_link[lid]
                 del on[f.serial]

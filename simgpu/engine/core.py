@@ -39,7 +39,7 @@ import pandas as pd
 import simpy
 from simpy.events import NORMAL
 
-from ..comm.network import AGGREGATE_FROM, FlowNetwork
+from ..comm.network import AGGREGATE_FROM, FlowNetwork, _Soon, soon
 from ..comm.plan import CollectiveRequest
 from ..comm.planner import Planner
 from ..errors import SimulationError
@@ -185,6 +185,28 @@ class _Call:
         self.callbacks, self.r, self.i = callbacks, r, i
 
 
+class _Ends:
+    """A SimPy event for a provisional memory-bound kernel's end (``engine._end(rank, op, token)``),
+    scheduled as :class:`_Call` is."""
+
+    __slots__ = ("callbacks", "i", "r", "token")
+    _ok = True
+
+    def __init__(self, callbacks: list[Any], r: _Rank, i: int, token: int) -> None:
+        self.callbacks, self.r, self.i, self.token = callbacks, r, i, token
+
+
+class _Wakes:
+    """A SimPy event that wakes a stream whose next op is issued later (``engine._wake(rank, stream)``),
+    scheduled as :class:`_Call` is."""
+
+    __slots__ = ("callbacks", "r", "stream")
+    _ok = True
+
+    def __init__(self, callbacks: list[Any], r: _Rank, stream: _Stream) -> None:
+        self.callbacks, self.r, self.stream = callbacks, r, stream
+
+
 class Engine:
     """Simulates one iteration of ``workload`` on ``topo``; see the module docstring."""
 
@@ -210,6 +232,8 @@ class Engine:
         self._queue: list[Any] = self.env._queue  # SimPy's event heap: (time, priority, id, event)
         self._eid = self.env._eid
         self._calls: list[Any] = [self._call]
+        self._ends: list[Any] = [lambda ev: self._end(ev.r, ev.i, ev.token)]
+        self._wakes: list[Any] = [lambda ev: self._wake(ev.r, ev.stream)]
         self._rv: dict[str, _Rendezvous] = {}
         self._comm_active = [0] * topo.world
         self._by_op = dict(options.overlap_slowdown_by_op)
@@ -304,11 +328,21 @@ class Engine:
         """SimPy's ``env.run()`` until no event is left, each event processed as ``env.step()`` does
         (the clock set to its time, its callbacks called in order), the engine's own :class:`_Call`
         events called directly."""
-        env, queue, finish = self.env, self._queue, self._finish
+        env, queue, finish, end, wake = self.env, self._queue, self._finish, self._end, self._wake
         while queue:
             env._now, _, _, event = heappop(queue)
-            if event.__class__ is _Call:
+            cls = event.__class__
+            if cls is _Call:
                 finish(event.r, event.i)
+                continue
+            if cls is _Soon:
+                event.fn(event.arg)
+                continue
+            if cls is _Ends:
+                end(event.r, event.i, event.token)
+                continue
+            if cls is _Wakes:
+                wake(event.r, event.stream)
                 continue
             callbacks, event.callbacks = event.callbacks, None
             for callback in callbacks:
@@ -361,6 +395,11 @@ class Engine:
         self.env.timeout(delay if delay > 0 else 0.0).callbacks.append(fn)
         self.events += 1
 
+    def _soon(self, t: float, fn: Any, arg: Any) -> None:
+        """``fn(arg)`` at simulated time ``t``: the event ``_at`` would schedule, without a closure."""
+        soon(self.env, t, fn, arg)
+        self.events += 1
+
     def _finish_at(self, t: float, r: _Rank, i: int) -> None:
         """``_finish(r, i)`` at simulated time ``t`` (now if ``t`` has passed): the event ``_at`` would
         schedule (the same time and place in SimPy's queue), as a :class:`_Call`."""
@@ -384,11 +423,10 @@ class Engine:
         now = self.env._now
         if issue > now:
             stream.waking = True
-
-            def wake(_e: object) -> None:
-                stream.waking = False
-                self._try_start(r, stream)
-            self._at(issue, wake)
+            delay = issue - now  # where _at(issue) would schedule it
+            heappush(self._queue, (now + (delay if delay > 0 else 0.0), NORMAL, next(self._eid),
+                                   _Wakes(self._wakes, r, stream)))
+            self.events += 1
             return
         stream.queue.popleft()
         stream.busy = True
@@ -409,6 +447,10 @@ class Engine:
             self.events += 1
         else:
             self._start(r, i)
+
+    def _wake(self, r: _Rank, stream: _Stream) -> None:
+        stream.waking = False
+        self._try_start(r, stream)
 
     def _start(self, r: _Rank, i: int) -> None:
         op = r.ops[i]
@@ -469,7 +511,15 @@ class Engine:
             started = self._started[r.rank] = (now, [])
         started[1].append((i, dur, slow, token))
         self._live[r.rank, i] = token
-        self._at(now + dur * (1.0 + slow), lambda _e: self._end(r, i, token))
+        self._end_at(now + dur * (1.0 + slow), r, i, token)
+
+    def _end_at(self, t: float, r: _Rank, i: int, token: int) -> None:
+        """``_end(r, i, token)`` at simulated time ``t``, as ``_at`` would schedule it."""
+        now = self.env._now
+        delay = t - now
+        heappush(self._queue, (now + (delay if delay > 0 else 0.0), NORMAL, next(self._eid),
+                               _Ends(self._ends, r, i, token)))
+        self.events += 1
 
     def _end(self, r: _Rank, i: int, token: int) -> None:
         """The end of a provisional kernel, unless a later end replaced it."""
@@ -492,7 +542,7 @@ class Engine:
                     token = self._token = self._token + 1
                     self._live[rank, i] = token
                     started[1][j] = (i, dur, new, token)
-                    self._at(now + dur * (1.0 + new), lambda _e, r=r, i=i, t=token: self._end(r, i, t))
+                    self._end_at(now + dur * (1.0 + new), r, i, token)
 
     def _waiting(self, rank: int) -> bool:
         """Whether a collective ``rank`` has reached still waits for members (moves no bytes yet)."""
@@ -567,7 +617,7 @@ class Engine:
             self._moves(rv, 1)
             self._recheck(rv)
         if rv.call.duration_s is not None:
-            self._at(self.env.now + rv.call.duration_s, lambda _e: self._complete(rv))
+            self._soon(self.env.now + rv.call.duration_s, self._complete, rv)
             return
         req = self._request(rv)
         plan = self.planner.plan(req)
@@ -578,14 +628,15 @@ class Engine:
             items = self.fold.transfers(self.planner, req, plan)
             self.fold_slack_s += self.fold.latency_slack(self.planner, req, plan)
 
-        def move(_e: object) -> None:
-            if not items:
-                self._complete(rv)
-                return
-            self.net.transfer_group(items).callbacks.append(lambda _e: self._complete(rv))
-
         # through the event queue even without latency, so a collective never ends inside the walk
-        self._at(self.env.now + plan.latency_s, move)
+        self._soon(self.env.now + plan.latency_s, self._move, (rv, items))
+
+    def _move(self, arg: tuple[_Rendezvous, Sequence[tuple[Sequence[int], float, float]]]) -> None:
+        rv, items = arg
+        if not items:
+            self._complete(rv)
+            return
+        self.net.transfer_group_then(items, self._complete, rv)
 
     def _complete(self, rv: _Rendezvous) -> None:
         del self._rv[rv.call.key]  # done: only the rendezvous not yet complete are kept
