@@ -356,38 +356,43 @@ class Engine:
         """Issue ops from the cursor on, until the program ends or a host_wait must block."""
         default = self.opt.launch_s
         ops, n = r.ops, len(r.ops)
-        streams = r.streams
-        while r.cursor < n:
-            i = r.cursor
+        streams, launch, issue, scale = r.streams, r.launch, r.issue, r.launch_scale
+        # the cursor and the thread's time as locals, written back before anything else may read them
+        cursor, cpu = r.cursor, r.cpu_time
+        while cursor < n:
+            i = cursor
             op = ops[i]
             kind = op.kind
             if r.waiting != i:  # not resuming after a wait: spend the launch
-                t0 = r.cpu_time
-                r.launch[i] = t0
-                r.cpu_time = t0 + (default if op.cpu_s is None else op.cpu_s) * r.launch_scale
-                r.issue[i] = r.cpu_time
+                launch[i] = cpu
+                cpu = cpu + (default if op.cpu_s is None else op.cpu_s) * scale
+                issue[i] = cpu
                 if kind == "host":
-                    r.cursor += 1
-                    self._finish_at(r.cpu_time, r, i)
+                    cursor += 1
+                    self._finish_at(cpu, r, i)
                     continue
             if kind == "host_wait":
                 if r.deps_left[i] > 0:
                     if r.waiting != i:
-                        r.waiting, r.wait_since = i, r.cpu_time
+                        r.waiting, r.wait_since = i, cpu
+                    r.cursor, r.cpu_time = cursor, cpu
                     return  # the last dependency's end resumes the walk
-                r.start[i] = r.wait_since if r.waiting == i else r.cpu_time
-                r.end[i] = r.cpu_time
+                r.start[i] = r.wait_since if r.waiting == i else cpu
+                r.end[i] = cpu
                 r.waiting = -1
-                r.cursor += 1
-                self._finish_at(r.cpu_time, r, i)
+                cursor += 1
+                self._finish_at(cpu, r, i)
                 continue
             stream = streams.get(op.stream)
             if stream is None:
                 stream = streams[op.stream] = _Stream()
-            stream.queue.append(i)
-            r.cursor += 1
-            if len(stream.queue) == 1:
+            queue = stream.queue
+            queue.append(i)
+            cursor += 1
+            if len(queue) == 1:
+                r.cursor, r.cpu_time = cursor, cpu
                 self._try_start(r, stream)
+        r.cursor, r.cpu_time = cursor, cpu
 
     def _at(self, t: float, fn: Any) -> None:
         """Call ``fn(event)`` at simulated time ``t`` (now if ``t`` has passed)."""
@@ -581,10 +586,12 @@ class Engine:
                         r.cpu_time = max(r.cpu_time, now)
                         self._walk(r)
                 elif dep_kind != "host":
-                    dep_stream = r.streams.get(dep_op.stream)
-                    if dep_stream is not None:
-                        self._try_start(r, dep_stream)
-        if stream is not None:
+                    s = r.streams.get(dep_op.stream)
+                    # _try_start, where it would not return at once
+                    if s is not None and not s.busy and not s.waking and s.queue and deps_left[s.queue[0]] <= 0:
+                        self._try_start(r, s)
+        if stream is not None and not stream.busy and not stream.waking and stream.queue and \
+                deps_left[stream.queue[0]] <= 0:
             self._try_start(r, stream)
 
     # -- collectives ------------------------------------------------------------------------------
