@@ -146,7 +146,9 @@ class _Batch:
     def flow_ended(self, f: _Flow) -> None:
         """The members of ``f`` have ended."""
         if self.shared is not None:
-            self.ended(np.zeros(0, dtype=np.int64), f.count)
+            self.shared.left -= f.count
+            if self.shared.left == 0:
+                self.shared.fire()
         else:
             self.ended(f.idx)
 
@@ -418,8 +420,9 @@ class FlowNetwork:
             raise ValueError("link capacities must be positive")
         self.env = env
         self.capacity = np.asarray(capacity, dtype=float)
-        self.link_bytes = np.zeros(len(capacity))
-        self.link_busy_s = np.zeros(len(capacity))
+        # bytes and busy seconds per link, as Python floats (added to one link at a time)
+        self._bytes = [0.0] * len(capacity)
+        self._busy = [0.0] * len(capacity)
         self.transfers = 0
         self.reschedules = 0
         #: aggregates split because their members would part, and aggregates started
@@ -439,6 +442,16 @@ class FlowNetwork:
         self.intervals: list[tuple[int, float, float]] = []
         #: link tuple -> its route's facts (:meth:`_route`): the same routes come again and again
         self._routes: dict[tuple[int, ...], _Route] = {}
+
+    @property
+    def link_bytes(self) -> np.ndarray:
+        """Bytes each link has carried, up to its last settling (all of them after :meth:`finish`)."""
+        return np.array(self._bytes)
+
+    @property
+    def link_busy_s(self) -> np.ndarray:
+        """Seconds each link has carried traffic, as :attr:`link_bytes`."""
+        return np.array(self._busy)
 
     @property
     def flows(self) -> list[_Flow]:
@@ -710,8 +723,8 @@ class FlowNetwork:
         last = self._link_last.get(lid, now)
         rate = self._link_rate.get(lid, 0.0)
         if now > last and rate > 0:
-            self.link_bytes[lid] += rate * (now - last)
-            self.link_busy_s[lid] += now - last
+            self._bytes[lid] += rate * (now - last)
+            self._busy[lid] += now - last
         self._link_last[lid] = now
 
     def _split(self, flows: list[_Flow], broken: list[int], now: float) -> list[_Flow]:
@@ -745,7 +758,7 @@ class FlowNetwork:
         now = self.env.now
         on = self._on_link
         link_rate, link_last = self._link_rate, self._link_last
-        link_bytes, link_busy = self.link_bytes, self.link_busy_s
+        link_bytes, link_busy = self._bytes, self._busy
         if not any(on.get(lid) for lid in seeds):  # no flow left on them (a lone flow ended): all idle
             for lid in seeds:  # settled (as _settle_link does) and idled
                 rate = link_rate.pop(lid, 0.0)

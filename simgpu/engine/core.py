@@ -235,6 +235,10 @@ class Engine:
         self._ends: list[Any] = [lambda ev: self._end(ev.r, ev.i, ev.token)]
         self._wakes: list[Any] = [lambda ev: self._wake(ev.r, ev.stream)]
         self._rv: dict[str, _Rendezvous] = {}
+        self._needed: dict[tuple[int, ...], int] = {}  # a folded group -> its representative members
+        #: a collective (op, group, bytes, root, communicator size; not an all-to-all) -> its plan's
+        #: latency, the transfers it moves and its latency slack (folded): planned once
+        self._plans: dict[tuple[Any, ...], tuple[float, Sequence[tuple[Sequence[int], float, float]], float]] = {}
         self._comm_active = [0] * topo.world
         self._by_op = dict(options.overlap_slowdown_by_op)
         self._ops_active: dict[int, dict[str, int]] = {}  # rank -> collective op -> running (by_op only)
@@ -496,13 +500,27 @@ class Engine:
         a compute-bound kernel's, the largest op figure of those running (an NCCL kernel waiting for
         its peers holds its SMs too); a memory-bound kernel's, the largest HBM share of those moving
         bytes (all members arrived), within a node or across nodes, and none beside waiting ones."""
+        best: float | None = None  # the largest figure, as max() finds it
         if self._mem_bound is not None and self._mem_bound[kernel]:
             moving = self._moving.get(rank)
-            return max((self._mem[a] for a, n in moving.items() if n), default=0.0) if moving else 0.0
-        if not self._by_op:
-            return self.opt.overlap_slowdown
+            if moving:
+                mem = self._mem
+                for a, n in moving.items():
+                    if n and (best is None or mem[a] > best):
+                        best = mem[a]
+            return 0.0 if best is None else best
         default = self.opt.overlap_slowdown
-        return max(self._by_op.get(op, default) for op, n in self._ops_active[rank].items() if n)
+        if not self._by_op:
+            return default
+        by_op = self._by_op
+        for op, n in self._ops_active[rank].items():
+            if n:
+                v = by_op.get(op, default)
+                if best is None or v > best:
+                    best = v
+        if best is None:
+            raise ValueError(f"rank {rank}: no collective running beside its kernel")
+        return best
 
     def _provisional(self, r: _Rank, i: int, dur: float) -> None:
         """Start memory-bound kernel ``i`` beside a collective that waits for members, who may arrive at
@@ -605,8 +623,12 @@ class Engine:
             raise SimulationError(f"rank {rank} issues collective {call.key!r} but is not in its group")
         rv = self._rv.get(call.key)
         if rv is None:
-            needed = len(call.group) if self.fold is None else sum(
-                1 for m in call.group if self.fold.replicas.is_rep(m))
+            if self.fold is None:
+                needed = len(call.group)
+            else:
+                needed = self._needed.get(call.group, -1)
+                if needed < 0:
+                    needed = self._needed[call.group] = sum(1 for m in call.group if self.fold.replicas.is_rep(m))
             rv = self._rv[call.key] = _Rendezvous(call, needed)
         elif (rv.call.op, rv.call.group) != (call.op, call.group) or (
                 call.send_bytes is None and rv.call.nbytes != call.nbytes):
@@ -626,17 +648,27 @@ class Engine:
         if rv.call.duration_s is not None:
             self._soon(self.env.now + rv.call.duration_s, self._complete, rv)
             return
-        req = self._request(rv)
-        plan = self.planner.plan(req)
-        items: Sequence[tuple[Sequence[int], float, float]]
-        if self.fold is None:
-            items = plan.transfers  # (links, nbytes, max_rate) each
-        else:
-            items = self.fold.transfers(self.planner, req, plan)
-            self.fold_slack_s += self.fold.latency_slack(self.planner, req, plan)
+        c = rv.call
+        key = None if c.op == "all_to_all" else (c.op, c.group, c.nbytes, c.root, c.comm_size)
+        got = self._plans.get(key) if key is not None else None
+        if got is None:  # (the request is one of the same fields where the op is not an all-to-all)
+            req = self._request(rv)
+            plan = self.planner.plan(req)
+            items: Sequence[tuple[Sequence[int], float, float]]
+            if self.fold is None:
+                items, slack = plan.transfers, 0.0  # (links, nbytes, max_rate) each
+            else:
+                items = self.fold.transfers(self.planner, req, plan)
+                slack = self.fold.latency_slack(self.planner, req, plan)
+            got = (plan.latency_s, items, slack)
+            if key is not None:
+                self._plans[key] = got
+        latency, items, slack = got
+        if self.fold is not None:
+            self.fold_slack_s += slack
 
         # through the event queue even without latency, so a collective never ends inside the walk
-        self._soon(self.env.now + plan.latency_s, self._move, (rv, items))
+        self._soon(self.env.now + latency, self._move, (rv, items))
 
     def _move(self, arg: tuple[_Rendezvous, Sequence[tuple[Sequence[int], float, float]]]) -> None:
         rv, items = arg
