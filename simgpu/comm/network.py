@@ -42,6 +42,9 @@ _EPS_S = 1e-12  # flows within this many seconds of completion are complete
 _CHECK_TOL = 1e-8
 #: the fewest transfers started together that are grouped into aggregates (fewer cost less one by one)
 AGGREGATE_FROM = 64
+_ONES = tuple(np.array([k]) for k in range(AGGREGATE_FROM))
+for _a in _ONES:
+    _a.flags.writeable = False
 #: the most (group, link) counters the aggregates' links are counted in at once (beyond: sorted)
 _DENSE_BINS = 1 << 26
 
@@ -224,6 +227,11 @@ class _Block:
 #: one route's distinct links and edges crossing each (as arrays and as lists), and its rate alone on
 #: the network (its slowest link's share)
 _Route = tuple[np.ndarray, np.ndarray, list[int], list[float], float]
+
+
+def _one(k: int) -> np.ndarray:
+    """``np.array([k])``, shared (read only) for the first few ``k``."""
+    return _ONES[k] if k < len(_ONES) else np.array([k])
 
 
 def _single(batch: _Batch, i: int, nbytes: float, cap: float) -> _Flow:
@@ -530,7 +538,7 @@ class FlowNetwork:
             for k in moving:
                 links, b, c = items[k]
                 route = self._route(links)
-                flows.append(_Flow(route[0], route[1], float(b), batch, np.array([k]), float(c), route=route))
+                flows.append(_Flow(route[0], route[1], float(b), batch, _one(k), float(c), route=route))
             self._start(flows)
             return
         if isinstance(items, TransferTable):

@@ -95,7 +95,7 @@ class _Shape:
     """What the ranks of one template share (:attr:`Program.template`; a program without one is its
     own): each op's dependents and count of distinct dependencies."""
 
-    __slots__ = ("counts", "dependents", "deps_left", "left", "ops", "ranks", "times")
+    __slots__ = ("counts", "dependents", "deps_left", "ends_on", "left", "ops", "ranks", "starts_on", "times")
 
     def __init__(self, ops: list[Op]) -> None:
         n = len(ops)
@@ -108,6 +108,12 @@ class _Shape:
         self.counts = np.zeros((0, n), dtype=np.int32)
         self.deps_left = [0] * n
         self.dependents: list[list[int]] = [[] for _ in range(n)]
+        #: per op, the stream whose queue its end frees (kernels, copies, collectives), else None
+        self.ends_on: list[str | None] = [o.stream if o.kind in ("kernel", "memcpy", "collective") else None
+                                          for o in ops]
+        #: per op, the stream its last dependency's end may start it on (every kind but host work and
+        #: host_wait), else None
+        self.starts_on: list[str | None] = [None if o.kind in ("host", "host_wait") else o.stream for o in ops]
         for i, op in enumerate(ops):
             deps = set(op.deps)
             self.deps_left[i] = len(deps)
@@ -135,12 +141,14 @@ class _Rank:
         "deps_left",
         "done",
         "end",
+        "ends_on",
         "issue",
         "launch",
         "launch_scale",
         "ops",
         "rank",
         "start",
+        "starts_on",
         "streams",
         "wait_since",
         "waiting",
@@ -155,6 +163,7 @@ class _Rank:
         self.deps_left = _view(shape.counts[k])
         self.done = bytearray(len(ops))
         self.dependents = shape.dependents
+        self.ends_on, self.starts_on = shape.ends_on, shape.starts_on
         self.streams: dict[str, _Stream] = {}
         self.cursor = 0
         self.cpu_time = 0.0
@@ -582,32 +591,30 @@ class Engine:
             moving[rv.across] = moving.get(rv.across, 0) + step
 
     def _finish(self, r: _Rank, i: int) -> None:
-        op = r.ops[i]
         r.done[i] = 1
         now = self.env._now
-        kind = op.kind
-        if kind == "kernel" or kind == "memcpy" or kind == "collective":
+        name = r.ends_on[i]  # a kernel's, copy's or collective's stream
+        if name is not None:
             r.end[i] = now
-            stream = r.streams[op.stream]
+            stream = r.streams[name]
             stream.busy = False
         else:
             stream = None
         deps_left = r.deps_left
+        starts_on = r.starts_on
         for d in r.dependents[i]:
             left = deps_left[d] - 1
             deps_left[d] = left
             if not left:
-                dep_op = r.ops[d]
-                dep_kind = dep_op.kind
-                if dep_kind == "host_wait":
-                    if r.waiting == d:
-                        r.cpu_time = max(r.cpu_time, now)
-                        self._walk(r)
-                elif dep_kind != "host":
-                    s = r.streams.get(dep_op.stream)
+                name = starts_on[d]
+                if name is not None:
+                    s = r.streams.get(name)
                     # _try_start, where it would not return at once
                     if s is not None and not s.busy and not s.waking and s.queue and deps_left[s.queue[0]] <= 0:
                         self._try_start(r, s)
+                elif r.waiting == d:  # the host_wait the CPU thread is blocked on
+                    r.cpu_time = max(r.cpu_time, now)
+                    self._walk(r)
         if stream is not None and not stream.busy and not stream.waking and stream.queue and \
                 deps_left[stream.queue[0]] <= 0:
             self._try_start(r, stream)
