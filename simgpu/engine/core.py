@@ -615,9 +615,22 @@ class Engine:
                 elif r.waiting == d:  # the host_wait the CPU thread is blocked on
                     r.cpu_time = max(r.cpu_time, now)
                     self._walk(r)
-        if stream is not None and not stream.busy and not stream.waking and stream.queue and \
-                deps_left[stream.queue[0]] <= 0:
-            self._try_start(r, stream)
+        if stream is not None and not stream.busy and not stream.waking and stream.queue:
+            j = stream.queue[0]
+            if deps_left[j] <= 0:
+                op = r.ops[j]
+                if op.kind == "kernel" and not op.delay_s > 0 and not op.sm_taken and r.issue[j] <= now and \
+                        not self._comm_active[r.rank]:
+                    # _try_start's kernel case, inline: the next kernel on the stream starts now
+                    stream.queue.popleft()
+                    stream.busy = True
+                    r.start[j] = now
+                    wait = now + self._durations[op.kernel] - now  # as _finish_at(now + dur) computes it
+                    heappush(self._queue, (now + (wait if wait > 0 else 0.0), NORMAL, next(self._eid),
+                                           _Call(self._calls, r, j)))
+                    self.events += 1
+                else:
+                    self._try_start(r, stream)
 
     # -- collectives ------------------------------------------------------------------------------
 
