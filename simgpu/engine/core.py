@@ -74,7 +74,7 @@ class EngineOptions:
     periodic: bool = True
 
 
-@dataclass
+@dataclass(slots=True)
 class _Rendezvous:
     call: CollectiveCall
     needed: int  # members that arrive (the representatives among them, when folded)
@@ -650,8 +650,8 @@ class Engine:
                 if needed < 0:
                     needed = self._needed[call.group] = sum(1 for m in call.group if self.fold.replicas.is_rep(m))
             rv = self._rv[call.key] = _Rendezvous(call, needed)
-        elif (rv.call.op, rv.call.group) != (call.op, call.group) or (
-                call.send_bytes is None and rv.call.nbytes != call.nbytes):
+        elif rv.call is not call and ((rv.call.op, rv.call.group) != (call.op, call.group) or (
+                call.send_bytes is None and rv.call.nbytes != call.nbytes)):  # members sharing a call agree
             raise SimulationError(f"collective {call.key!r}: rank {rank} issues {call.op} of "
                                   f"{call.nbytes} B over {len(call.group)} ranks, another member "
                                   f"{rv.call.op} of {rv.call.nbytes} B over {len(rv.call.group)}")
