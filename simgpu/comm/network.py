@@ -25,6 +25,7 @@ computed again.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
 from itertools import chain
 from typing import Any
@@ -981,6 +982,10 @@ def _fair(flows: Sequence[_Flow], capacity: np.ndarray) -> tuple[np.ndarray, np.
         f = flows[0]
         rate = min(float(np.min(capacity[f.links] / f.w)), f.cap)
         return np.array([rate]), f.links, f.w * rate, []
+    if all(f.common is None and f.group is None for f in flows):
+        pairs = sum(len(f.links) for f in flows)
+        if pairs <= _SMALL_FILL:
+            return (*_fill_small(flows, capacity), [])
     pair_flow, pair_link, ids, pair_w = _incidence(flows, len(capacity))
     rates, link_rate = _fill(pair_flow, pair_link, pair_w, caps, capacity[ids])
     aggs = np.array([k for k, f in enumerate(flows) if f.common is not None], dtype=np.int64)
@@ -1000,6 +1005,73 @@ def _fair(flows: Sequence[_Flow], capacity: np.ndarray) -> tuple[np.ndarray, np.
     ok = saturated[c] & (rates[aggs][owner] >= top[c] * (1 - _CHECK_TOL))
     held = np.bincount(owner[ok], minlength=len(aggs))
     return rates, ids, link_rate, aggs[held == 0].tolist()
+
+
+#: the most (flow, link) pairs of a component without aggregates whose rates are filled in plain Python
+#: (:func:`_fill_small`); beyond, numpy's per-call cost is the smaller
+_SMALL_FILL = 256
+
+
+def _fill_small(flows: Sequence[_Flow], capacity: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_incidence` and :func:`_fill` for a few flows, in plain Python, with the same
+    operations in the same order (the same floats): each flow's rate, the links in use (sorted) and
+    the total rate on each."""
+    raw: list[int] = []
+    pf: list[int] = []
+    pw: list[float] = []
+    for k, f in enumerate(flows):
+        lids = f.links.tolist() if f.route is None else f.route[2]
+        raw += lids
+        pf += [k] * len(lids)
+        pw += f.w.tolist() if f.route is None else f.route[3]
+    ids = sorted(set(raw))
+    pos = {lid: j for j, lid in enumerate(ids)}
+    pl = [pos[lid] for lid in raw]
+    n, nl = len(flows), len(ids)
+    caps = [f.cap for f in flows]
+    capped = any(math.isfinite(c) for c in caps)
+    cap_l = capacity[ids].tolist()
+    cap_left = list(cap_l)
+    tol = [c * 1e-9 for c in cap_l]
+    rates = [0.0] * n
+    active = [True] * n
+    shrink = 1 - 1e-9
+    a_f, a_l, a_w = pf, pl, pw  # the pairs of unfrozen flows, in order
+    while True:
+        load = [0.0] * nl
+        for lk, w in zip(a_l, a_w, strict=True):  # np.bincount: summed in pair order
+            load[lk] += w
+        inc = math.inf
+        for lk in range(nl):
+            if load[lk] > 0:
+                x = cap_left[lk] / load[lk]
+                if x < inc:
+                    inc = x
+        if inc == math.inf:  # no link in use
+            break
+        if capped:
+            inc = min(inc, min(caps[k] - rates[k] for k in range(n) if active[k]))
+        for k in range(n):
+            if active[k]:
+                rates[k] += inc
+        for lk in range(nl):
+            cap_left[lk] -= inc * load[lk]
+        for fk, lk in zip(a_f, a_l, strict=True):
+            if load[lk] > 0 and cap_left[lk] <= tol[lk]:
+                active[fk] = False
+        if capped:
+            for k in range(n):
+                if active[k] and not rates[k] < caps[k] * shrink:
+                    active[k] = False
+        if not any(active):
+            break
+        if not all(active[fk] for fk in a_f):
+            keep = [j for j, fk in enumerate(a_f) if active[fk]]
+            a_f, a_l, a_w = [a_f[j] for j in keep], [a_l[j] for j in keep], [a_w[j] for j in keep]
+    link_rate = [0.0] * nl
+    for fk, lk, w in zip(pf, pl, pw, strict=True):
+        link_rate[lk] += w * rates[fk]
+    return np.array(rates), np.array(ids, dtype=np.int64), np.array(link_rate)
 
 
 def _incidence(flows: Sequence[_Flow], L: int) -> Incidence:
