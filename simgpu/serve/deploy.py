@@ -36,7 +36,7 @@ def check_memory(serving: Serving, deployment: Deployment) -> None:
     keys = ["prefill", "decode"] if serving.spec.disaggregated else ["deployment"]
     for key, pool in zip(keys, deployment.pools, strict=True):
         mem = pool.timer.memory
-        if mem.kv_blocks < 1:
+        if mem.kv_blocks // pool.stages < 1:  # each virtual engine needs a block (pipeline parallel)
             gib = 2 ** 30
             need = mem.weights_bytes + mem.activation_bytes + mem.workspace_bytes
             raise ConfigError(
