@@ -216,3 +216,23 @@ def test_llama2_70b_pp2_tp4_on_two_nodes_against_two_tp4_replicas():
         out[name] = tokens_per_s(simulate_serving(reqs, [Pool(name, timer)], sched, TimingSpec()))
     assert 0.85 < out["pp"] / out["tp"] < 1.1
     assert out["pp"] > 1.4 * out["seq"]
+
+
+def test_a_pipelined_decode_pool_of_a_disaggregated_deployment():
+    """Prefill on a TP replica, decode on a PP2 replica: the KV crosses to the decode replica's
+    GPUs, each request decodes on one of its two virtual engines, both engines in use."""
+    from simgpu.config.loader import load_platform
+    from simgpu.platform.topology import Topology
+    from simgpu.serve.loop import Network
+
+    plat, _ = load_platform("dgx_h100")
+    topo = Topology(plat, 2)
+    net = Network(topo.route, topo.route_latency, topo.capacity)
+    pools = [Pool("prefill", AffineTimer(a=0.01, gpus=8), "prefill", 0),
+             Pool("decode", StageTimer((0.004, 0.006), gpus=8), "decode", 8)]
+    res = simulate_serving(fixed([500] * 6, [20] * 6), pools, SchedulerSpec(kind="continuous"), EXACT, net)
+    t = request_table(res)
+    assert np.isfinite(t.e2e_ms).all() and (res.decode_replica == 0).all() and (res.transfer_s > 0).all()
+    assert {v for p, _, v, *_ in res.stage_spans if p == 1} == {0, 1}
+    # a decode iteration of one engine passes both stages: at least 10 ms per token
+    assert (t.tpot_ms >= 10.0 - 1e-9).all()
