@@ -90,7 +90,9 @@ class Deployment:
 
     @property
     def label(self) -> str:
-        return " + ".join(f"{p.name} {p.timer.replicas} x {p.timer.replica_gpus} GPUs" for p in self.pools)
+        return " + ".join(f"{p.name} {p.timer.replicas} x {p.timer.replica_gpus} GPUs"
+                          + (f" ({p.stages} stages, {p.stages} batches in flight)" if p.stages > 1 else "")
+                          for p in self.pools)
 
 
 def build(serving: Serving, make_timer: Callable[[Job], Any] = _timer) -> Deployment:
