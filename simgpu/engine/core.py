@@ -287,6 +287,17 @@ class Engine:
         end = float(np.fmax.reduce(np.concatenate(ends)))  # ignores NaN: ops without a second record
         return 0.0 if math.isnan(end) else end
 
+    def run_rank_ends(self) -> dict[int, float]:
+        """Simulate the programs and return when each simulated rank's last record ends, s (where
+        the stages of a pipelined inference iteration hand over: one end per stage's rank)."""
+        self._simulate()
+        out: dict[int, float] = {}
+        for rank, r in self._ranks.items():
+            ends = [np.frombuffer(a) for a in (r.issue, r.end) if len(a)]
+            end = float(np.fmax.reduce(np.concatenate(ends))) if ends else 0.0
+            out[rank] = 0.0 if math.isnan(end) else end
+        return out
+
     def _simulate(self) -> None:
         topo = self.topo
         share = max(1.0, topo.gpus_per_node / max(1, self.opt.cpu_threads_per_node))
