@@ -300,14 +300,29 @@ class Workload:
 
 
 class KernelTable:
-    """Deduplicates :class:`KernelSpec` s and hands out their indices."""
+    """Deduplicates :class:`KernelSpec` s and hands out their indices.
+
+    A call's arguments as given (family, dtype, the parameters in the caller's order) are looked up
+    first: a builder asks for the same few hundred shapes again and again, and equal arguments give
+    an equal spec, so the spec is made and sorted only the first time.
+    """
 
     def __init__(self) -> None:
         self.specs: list[KernelSpec] = []
         self._index: dict[KernelSpec, int] = {}
+        self._asked: dict[tuple[object, ...], int] = {}
 
     def __call__(self, family: str, dtype: str, **params: float) -> int:
-        spec = KernelSpec.make(family, dtype, **params)
+        asked = (family, dtype, *params.items())
+        try:
+            idx = self._asked.get(asked)
+        except TypeError:  # a parameter that does not hash (a 0-d array): made and sorted each time
+            return self._intern(KernelSpec.make(family, dtype, **params))
+        if idx is None:
+            idx = self._asked[asked] = self._intern(KernelSpec.make(family, dtype, **params))
+        return idx
+
+    def _intern(self, spec: KernelSpec) -> int:
         idx = self._index.get(spec)
         if idx is None:
             idx = self._index[spec] = len(self.specs)

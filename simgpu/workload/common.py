@@ -63,10 +63,15 @@ def optimizer_states(optimizer: str) -> int:
 
 def _category(family: str) -> str:
     # attention_fwd / embedding_bwd are coloured as one class each.
-    for suffix in ("_fwd", "_bwd"):
-        if family.endswith(suffix):
-            return family[: -len(suffix)]
-    return family
+    got = _CATEGORIES.get(family)
+    if got is None:
+        got = _CATEGORIES[family] = next(
+            (family[: -len(x)] for x in ("_fwd", "_bwd") if family.endswith(x)), family)
+    return got
+
+
+#: family -> its category (see _category), filled as families are met
+_CATEGORIES: dict[str, str] = {}
 
 
 class Emitter:
@@ -90,9 +95,12 @@ class Emitter:
     def kernel(self, name: str, family: str, dtype: str, *, phase: str, deps: Iterable[int] = (),
                **params: float) -> int:
         """A kernel on the compute stream; ``params`` are the family's shape parameters."""
+        return self._kernel(name, family, dtype, phase, deps, params)
+
+    def _kernel(self, name: str, family: str, dtype: str, phase: str, deps: Iterable[int],
+                params: dict[str, float]) -> int:
         idx = self.kernels(family, dtype, **params)
-        return self.program.add(Op(name, "kernel", _category(family), stream="compute", phase=phase,
-                                   kernel=idx, deps=_deps(deps)))
+        return self.program.add(Op(name, "kernel", _category(family), "compute", phase, idx, None, 0, _deps(deps)))
 
     def elementwise(self, name: str, numel: int, reads: int, writes: int, dtype: str, *, op: str, phase: str,
                     deps: Iterable[int] = ()) -> int:

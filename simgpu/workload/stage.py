@@ -64,6 +64,7 @@ class StageEmitter(Emitter):
         self.calls: list[tuple[int, str | Pair, str]] = []
         self.retargeted: _Copies | None = None  # the ops as the stage's ranks run them (see retarget)
         self._groups: dict[str, tuple[int, ...]] = {}
+        self._pairs: dict[Pair, tuple[int, int]] = {}
         self._by_group: dict[tuple[int, ...], str] = {}
         for kind in _INFERABLE:
             g = layout.group(rank, kind)
@@ -79,7 +80,7 @@ class StageEmitter(Emitter):
                **params: float) -> int:
         if self._gate:
             deps, self._gate = (*deps, *self._gate), ()
-        return super().kernel(name, family, dtype, phase=phase, deps=deps, **params)
+        return self._kernel(name, family, dtype, phase, deps, params)
 
     def group(self, kind: str) -> tuple[int, ...]:
         g = self._groups.get(kind)
@@ -114,7 +115,13 @@ class StageEmitter(Emitter):
 
     def _add(self, name: str, kind: str | Pair, suffix: str, op: CollectiveOp, nbytes: int, phase: str,
              deps: Iterable[int], stream: str) -> int:
-        group = self.group(kind) if isinstance(kind, str) else kind.resolve(self.layout, self.rank)
+        if isinstance(kind, str):
+            group = self.group(kind)
+        else:
+            pair = self._pairs.get(kind)
+            if pair is None:
+                pair = self._pairs[kind] = kind.resolve(self.layout, self.rank)
+            group = pair
         if self.iteration:  # keys unique over the iterations a program runs
             suffix = f"it{self.iteration}.{suffix}"
         call = CollectiveCall(suffix, op, group, int(nbytes))
@@ -138,47 +145,79 @@ def retarget(em: StageEmitter, rank: int, cpu_s: Mapping[int, float] | None = No
     """The stage's program as ``rank`` (a rank of the same stage) runs it: every op's host time is
     the emitter's ``cpu_s``, or the op's own in ``cpu_s`` (op index -> seconds).
 
-    The ops are copies of the emitter's, made once per stage: the programs of a stage's ranks share
-    the copies of its ops other than collectives, and the members of a group share their copy of a
-    collective over it (the same call, group and key); none is modified afterwards. Every program
-    names the shared list as its :attr:`~simgpu.graph.Program.template`.
+    The programs of a stage's ranks share one list of its ops other than collectives (made once per
+    stage: the emitter's own ops where their host time is already the one to run, a copy of the op
+    where it is not), and the members of a group share their copy of a collective over it (the same
+    call, group and key). None is modified afterwards: the emitter's ops are not changed once the
+    stage has been retargeted. Every program names the shared list as its
+    :attr:`~simgpu.graph.Program.template`.
     """
     if em.layout.coord(rank).pp != em.layout.coord(em.rank).pp:
         raise ValueError(f"rank {rank} is not on the stage of rank {em.rank}")
     hosts = tuple(sorted(cpu_s.items())) if cpu_s else ()
     made = em.retargeted
     if made is None or made.hosts != hosts or len(made.ops) != len(em.program.ops):
-        cpu = em.cpu_s
-        # Field by field: several times faster than dataclasses.replace on millions of ops.
-        ops = [Op(o.name, o.kind, o.category, o.stream, o.phase, o.kernel, o.coll, o.nbytes, o.deps, cpu,
-                  iteration=o.iteration, sm_taken=o.sm_taken) for o in em.program.ops]
-        for i, host_s in hosts:
-            ops[i].cpu_s = host_s
-        made = em.retargeted = _Copies(hosts, ops, {})
+        made = em.retargeted = _Copies(hosts, _stage_ops(em, hosts), {}, _by_kind(em.calls))
     ops = list(made.ops)
-    groups: dict[str | Pair, tuple[int, ...]] = {}
-    for idx, kind, suffix in em.calls:
-        group = groups.get(kind)
-        if group is None:
-            group = groups[kind] = _group(em.layout, rank, kind)
-        op = made.calls.get((idx, group))
-        if op is None:
-            o = made.ops[idx]
-            c = o.coll
-            assert c is not None
-            op = made.calls[(idx, group)] = Op(
-                o.name, o.kind, o.category, o.stream, o.phase, o.kernel,
-                CollectiveCall(_key(kind, group, suffix), c.op, group, c.nbytes, c.send_bytes, c.root), o.nbytes,
-                o.deps, o.cpu_s, iteration=o.iteration, sm_taken=o.sm_taken)
-        ops[idx] = op
+    for kind, (idxs, suffixes) in made.kinds.items():
+        group = _group(em.layout, rank, kind)
+        copies = made.calls.get((kind, group))
+        if copies is None:
+            copies = made.calls[(kind, group)] = [_call_copy(made.ops[i], _key(kind, group, x), group)
+                                                  for i, x in zip(idxs, suffixes, strict=True)]
+        for i, op in zip(idxs, copies, strict=True):
+            ops[i] = op
     return Program(rank, ops, template=made.ops)
+
+
+def _copy(o: Op, cpu_s: float | None) -> Op:
+    """``o`` with host time ``cpu_s`` and no delay on its stream. Field by field: several times faster
+    than dataclasses.replace."""
+    return Op(o.name, o.kind, o.category, o.stream, o.phase, o.kernel, o.coll, o.nbytes, o.deps, cpu_s, 0.0,
+              o.iteration, o.sm_taken)
+
+
+def _call_copy(o: Op, key: str, group: tuple[int, ...]) -> Op:
+    """Collective op ``o`` over ``group`` under ``key``."""
+    c = o.coll
+    assert c is not None
+    return Op(o.name, o.kind, o.category, o.stream, o.phase, o.kernel,
+              CollectiveCall(key, c.op, group, c.nbytes, c.send_bytes, c.root, None, 0), o.nbytes, o.deps, o.cpu_s,
+              0.0, o.iteration, o.sm_taken)
+
+
+def _stage_ops(em: StageEmitter, hosts: tuple[tuple[int, float], ...]) -> list[Op]:
+    """The stage's ops with the emitter's host time (the op's own in ``hosts``) and no delay: the
+    emitter's op itself where it already has them, else a copy."""
+    cpu = em.cpu_s
+    ops = list(em.program.ops)
+    for i, o in enumerate(ops):
+        if o.cpu_s != cpu or o.delay_s != 0.0:
+            ops[i] = _copy(o, cpu)
+    for i, host_s in hosts:
+        ops[i] = _copy(ops[i], host_s)
+    return ops
+
+
+def _by_kind(calls: list[tuple[int, str | Pair, str]]) -> dict[str | Pair, tuple[list[int], list[str]]]:
+    """The emitter's collectives by the kind of group they span: their op indices and key suffixes."""
+    out: dict[str | Pair, tuple[list[int], list[str]]] = {}
+    for idx, kind, suffix in calls:
+        got = out.get(kind)
+        if got is None:
+            got = out[kind] = ([], [])
+        got[0].append(idx)
+        got[1].append(suffix)
+    return out
 
 
 @dataclass
 class _Copies:
     """A stage's ops as its ranks run them (see :func:`retarget`): ``hosts`` the host times set per op,
-    ``ops`` the shared copies, ``calls`` (op index, group) -> the copy of a collective over that group."""
+    ``ops`` the shared ops, ``calls`` (kind of group, group) -> the copies of the collectives over that
+    group, in the order of ``kinds``, the collectives' op indices and key suffixes by kind of group."""
 
     hosts: tuple[tuple[int, float], ...]
     ops: list[Op]
-    calls: dict[tuple[int, tuple[int, ...]], Op]
+    calls: dict[tuple[str | Pair, tuple[int, ...]], list[Op]]
+    kinds: dict[str | Pair, tuple[list[int], list[str]]]
