@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Sequence
 from functools import cache, partial
 from pathlib import Path
@@ -39,12 +40,19 @@ def build(job: Job, *, fold: bool = False, topo: Topology | None = None,
     local = partial(local_shift_unit, topo) if fold and topo is not None else None
     world = World(job.workload.nodes, gpus_per_node(job), job.platform.gpu.memory_gib, fold=fold, local_unit=local,
                   micro_batches=micro_batches)
+    # Building makes millions of objects and frees few, so the cyclic collector's passes over them
+    # during the build find nothing; it is off until the builder returns.
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         workload = get_builder(job.workload.model.kind)(job.workload, world)
     except ConfigError as e:  # a builder's refusal names the key; the file is the job's
         if e.file is not None:
             raise
         raise ConfigError(e.message, file=job.workload_file, key=e.key) from None
+    finally:
+        if collecting:
+            gc.enable()
     check_memory(job, workload)
     return workload
 
@@ -86,6 +94,11 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
     from .kernels.overlap import memory_bound  # here: `python -m simgpu.kernels.overlap` imports simgpu first
 
     bound: dict[KernelSpec, bool] = {}  # each kernel shape's bound on this GPU, across the builds below
+    # Each build's programs (and what the process holds then) are frozen out of the cyclic collector
+    # until the runs are over: its full passes would walk every op of every program again and again,
+    # and ops, calls and their tuples hold no cycles (they are freed by reference counting as before).
+    # Not where the caller has frozen objects itself (its freeze is left as it is).
+    freeze = gc.get_freeze_count() == 0
 
     def built(folded: bool, inside: bool, micro: Choose | None) -> Workload:
         w = build(job, fold=folded, topo=topo if inside else None, micro_batches=micro)
@@ -94,10 +107,16 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
         # overlaps the frameworks turn on"), so a simulated iteration and a served one agree
         if p.gpu.overlap_slowdown_memory and job.workload.model.kind not in INFERENCE_KINDS:
             w.memory_bound = memory_bound(w.kernels, p.gpu, bound)
+        if freeze:
+            gc.freeze()
         return w
 
-    outcome = shortcuts.run(topo, built, lambda w: predictor().predict(w.kernels), planner, options, fold=fold,
-                            say=say)
+    try:
+        outcome = shortcuts.run(topo, built, lambda w: predictor().predict(w.kernels), planner, options, fold=fold,
+                                say=say)
+    finally:
+        if freeze:
+            gc.unfreeze()
     workload = outcome.workload
     result = steady_window(outcome.result)
     note = shortcuts.slack_note(result, outcome.note)
