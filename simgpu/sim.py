@@ -95,8 +95,9 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
 
     bound: dict[KernelSpec, bool] = {}  # each kernel shape's bound on this GPU, across the builds below
     # Each build's programs (and what the process holds then) are frozen out of the cyclic collector
-    # until the runs are over: its full passes would walk every op of every program again and again,
-    # and ops, calls and their tuples hold no cycles (they are freed by reference counting as before).
+    # until the runs are over: between and after the event loops (the records, the periodic shortcut's
+    # extension) its full passes would walk every op of every program again, and ops, calls and their
+    # tuples hold no cycles (they are freed by reference counting as before).
     # Not where the caller has frozen objects itself (its freeze is left as it is).
     freeze = gc.get_freeze_count() == 0
 
