@@ -40,7 +40,7 @@ import simpy
 from simpy.events import NORMAL
 
 from ..comm.network import AGGREGATE_FROM, FlowNetwork
-from ..comm.plan import CollectiveRequest
+from ..comm.plan import CollectiveRequest, TransferTable
 from ..comm.planner import Planner
 from ..errors import SimulationError
 from ..graph import CollectiveCall, Op, Workload
@@ -72,6 +72,9 @@ class EngineOptions:
     #: try the periodic shortcut for a pipeline's identical middle micro-batches (exact where it is
     #: used, see simgpu.engine.periodic); off: every micro-batch simulated
     periodic: bool = True
+    #: keep every op's issue, start and end times (``meta["op_times"]``: rank -> three arrays in program
+    #: order), for the check of the shortened first iteration (simgpu.engine.steady)
+    op_times: bool = False
 
 
 @dataclass
@@ -203,8 +206,14 @@ class Engine:
         self._durations = self.durations.tolist()  # Python floats: the clock stays a Python float
         self.models = models
         self.env = simpy.Environment()
-        self.net = FlowNetwork(self.env, topo.capacity, record=options.record_links,
+        iterations = max(1, workload.iterations)
+        # programs of several iterations: busy intervals kept to count each iteration's busy time
+        self.net = FlowNetwork(self.env, topo.capacity, record=options.record_links or iterations > 1,
                                aggregate_from=AGGREGATE_FROM if options.aggregate else 0)
+        #: programs of several iterations: the bytes each iteration's ops move over each link
+        self.iteration_link_bytes = np.zeros((iterations, len(topo.capacity))) if iterations > 1 else None
+        self._link_sums: dict[int, tuple[object, np.ndarray, np.ndarray]] = {}  # id(transfers) -> links, bytes
+        self.op_times: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._shapes: list[_Shape] = []
         self._shape_of: dict[int, _Shape] = {}
         self._queue: list[Any] = self.env._queue  # SimPy's event heap: (time, priority, id, event)
@@ -233,7 +242,7 @@ class Engine:
         #: folded: the sum of latency differences between replicas met so far (see simgpu.engine.fold)
         self.fold_slack_s = 0.0
         #: per training iteration of the programs, when its last kernel ended (over every rank)
-        self.iteration_ends = [0.0] * max(1, workload.iterations)
+        self.iteration_ends = [0.0] * iterations
 
     def run(self) -> SimResult:
         """Simulate the programs and return their records and link statistics."""
@@ -425,6 +434,8 @@ class Engine:
             latency = self.topo.route_latency(route)
             if self.fold is not None:
                 route = self.fold.route(route)
+            if self.iteration_link_bytes is not None and op.nbytes > 0:
+                np.add.at(self.iteration_link_bytes[op.iteration], list(route), float(op.nbytes))
             self.net.transfer(route, op.nbytes, latency).callbacks.append(
                 lambda _e: self._finish(r, i))
         elif op.kind == "collective":
@@ -577,6 +588,8 @@ class Engine:
         else:
             items = self.fold.transfers(self.planner, req, plan)
             self.fold_slack_s += self.fold.latency_slack(self.planner, req, plan)
+        if self.iteration_link_bytes is not None:
+            self._count_bytes(items, op.iteration)
 
         def move(_e: object) -> None:
             if not items:
@@ -586,6 +599,23 @@ class Engine:
 
         # through the event queue even without latency, so a collective never ends inside the walk
         self._at(self.env.now + plan.latency_s, move)
+
+    def _count_bytes(self, items: Sequence[tuple[Sequence[int], float, float]], iteration: int) -> None:
+        """Add the bytes ``items`` move over each link to ``iteration``'s (each transfer its bytes on
+        every link of its route, as the network counts them); per set of transfers, worked out once."""
+        got = self._link_sums.get(id(items))
+        if got is None or got[0] is not items:
+            if isinstance(items, TransferTable):
+                flat = np.asarray(items.flat, dtype=np.int64)
+                weights = np.repeat(np.asarray(items.nbytes, dtype=float), np.asarray(items.lens, dtype=np.int64))
+            else:
+                flat = np.asarray([lid for links, _, _ in items for lid in links], dtype=np.int64)
+                weights = np.asarray([b for links, b, _ in items for _ in links], dtype=float)
+            keep = weights > 0
+            sums = np.bincount(flat[keep], weights[keep], minlength=len(self.topo.capacity))
+            used = np.flatnonzero(sums)
+            got = self._link_sums[id(items)] = (items, used, sums[used])
+        self.iteration_link_bytes[iteration, got[1]] += got[2]  # type: ignore[index]
 
     def _complete(self, rv: _Rendezvous) -> None:
         del self._rv[rv.call.key]  # done: only the rendezvous not yet complete are kept
@@ -685,6 +715,9 @@ class Engine:
             times = shape.times
             first = np.concatenate([times[0], times[2][:, t.second]], axis=1).ravel()
             last = np.concatenate([times[1], times[3][:, t.second]], axis=1).ravel()
+            if self.opt.op_times:  # the block is kept for the check that asked for it
+                for k_, r in enumerate(shape.ranks):
+                    self.op_times[r.rank] = (times[1][k_], times[2][k_], times[3][k_])
             for r in shape.ranks:
                 r.launch = r.issue = r.start = r.end = _NO_TIMES  # the records hold them now
             shape.times = times = _EMPTY_TIMES
@@ -727,7 +760,30 @@ class Engine:
         meta: dict[str, Any] = {} if self.fold is None else {"fold_slack_s": self.fold_slack_s}
         if len(self.iteration_ends) > 1:
             meta["iteration_ends_s"] = list(self.iteration_ends)
+            meta["iteration_link_bytes"] = self.iteration_link_bytes[:, used]  # type: ignore[index]
+            meta["iteration_link_busy_s"] = self._window_busy(used)
+        if self.opt.op_times:
+            meta["op_times"] = self.op_times
         return SimResult(records, stats, iteration, events, meta, link_records)
+
+
+    def _window_busy(self, used: np.ndarray) -> np.ndarray:
+        """Per iteration (the window from the previous iteration's end, 0 for the first, to its own),
+        each of the links ``used``'s busy time within it, from the network's busy intervals."""
+        ends = np.asarray(self.iteration_ends, dtype=float)
+        out = np.zeros((len(ends), len(used)))
+        if not self.net.intervals or not len(used):
+            return out
+        spans = np.asarray(self.net.intervals, dtype=float)
+        col = np.full(len(self.topo.capacity), -1, dtype=np.int64)
+        col[used] = np.arange(len(used))
+        where = col[spans[:, 0].astype(np.int64)]
+        spans, where = spans[where >= 0], where[where >= 0]
+        lo = np.concatenate([[0.0], ends[:-1]])
+        for k in range(len(ends)):
+            d = np.clip(np.minimum(spans[:, 2], ends[k]) - np.maximum(spans[:, 1], lo[k]), 0.0, None)
+            out[k] = np.bincount(where, d, minlength=len(used))
+        return out
 
 
 class _Columns:

@@ -180,6 +180,8 @@ def extend(short: SimResult, long: SimResult, m: int, shape: PipelineShape, iter
     records = _repeat(b, start_b, q, k, n, d, r)
     links = _links(short, long, n / r)
     meta = dict(short.meta)
+    for key in ("iteration_link_bytes", "iteration_link_busy_s"):  # the short run's: the steady window takes the mean
+        meta.pop(key, None)
     for key in ("fold_slack_s",):
         if key in meta:
             meta[key] = float(meta[key]) + n / r * (float(long.meta[key]) - float(meta[key]))

@@ -9,18 +9,75 @@ those of the iteration before that end within :data:`TAIL_FRACTION` of an iterat
 window stay (at negative times), so the timeline shows the previous iteration's tail. What runs
 past the window's end (the last iteration's own all-gathers, the next iteration's head in a
 longer run) is kept too; the summary clips every interval to the window, where the previous
-iteration's tail stands in for it. Link statistics are the mean over the iterations run.
+iteration's tail stands in for it. Link statistics are the last iteration's: the bytes its own
+ops moved over each link (``meta["iteration_link_bytes"]``, counted by the engine per op's
+iteration) and each link's busy time within the window (``meta["iteration_link_busy_s"]``).
+
+**The shortened first iteration.** The first of two iterations is there for the state it leaves
+at the boundary. :func:`shorten` cuts every rank's first iteration to its last micro-batch (from
+that micro-batch's first op, its input copy, on; the earlier micro-batches are dropped) where
+nothing kept depends on a dropped op, no collective is dropped on some members and kept on others,
+and no dropped op waits on the host; the engine runs the cut programs keeping each op's issue,
+start and end times, and :func:`check` decides from that run alone whether its steady window is
+the full run's. Where it finds a reason it may not be, the full programs are run
+(:mod:`simgpu.engine.shortcuts`). The argument, for the full run F and the cut run C: the engine's
+timing is a composition of maxima (an op starts at the latest of its issue, its stream's previous
+op's end, its dependencies' ends and, for a collective, its members' arrivals), durations and
+flows, so C's ops, from the cut on, run as F's shifted by one constant ``D`` wherever every input
+each takes in F is its input in C shifted by ``D`` or is no later than that (a max ignores it) and
+no flow meets another flow in one run that it does not meet in the other. The check asks:
+
+- (CPU) F's CPU is at least as far ahead of the GPU as C's: F's CPU reaches the cut after the
+  dropped ops' launches (no host wait among them), F's GPU no sooner than the dropped kernels on
+  the compute stream take, less where C starts its first kernel on it (a lower bound on ``D``); the
+  first must not exceed the second on any rank. Then each op is issued in F no later than in C
+  shifted by ``D``, and a host wait, a max of the CPU and its dependencies, keeps it so.
+- (issued ops) an op that starts when the CPU issues it would start earlier in F: it must be an
+  input copy whose dependents (and the next op on its stream) start strictly after it ends, which
+  shares no link with any other transfer from the time it could start (its stream and dependencies
+  ready) to its end in C (other copies by their routes, collectives by the plans the engine
+  carries), which does not run across an iteration's end and, inside the window, runs under the
+  rank's kernels without a gap; then where it runs in F changes no op, no flow, no link's bytes or
+  busy time within the window and no rank's compute time.
+- (CPU records) before the rank's first host wait that blocks (after which C's CPU and F's agree),
+  the CPU issues every op before the window begins, so the window's CPU records agree too.
+- (the last micro-batch repeats) on every rank, the ops of C's first iteration (the last
+  micro-batch, the step and the parameter all-gathers after it) and those of the end of its second
+  (the same ops) start and end one iteration (the window's length) apart, within
+  :data:`TOLERANCE` of the run, the issued copies aside. In C the second iteration's last
+  micro-batch follows its earlier micro-batches, as the dropped ones precede F's first
+  iteration's; the cut one follows nothing. Both entries give the same last micro-batch, step and
+  boundary state, so the state the earlier micro-batches hand to it is not what sets its timing, as
+  a maximum of inputs is set by the largest only; F's first iteration hands it the same ops' state.
+
+The last point is the premise the others stand on: that the earlier micro-batches of F's first
+iteration (entered from a cold start) end as those of C's second one do (entered from a step), up
+to the shift; it is what the repeat shows for the last micro-batch, not a proof for the earlier
+ones. Tests compare the shortcut with the full run on every case they build (iteration time and
+per-rank breakdown to 1e-9, link bytes equal), including cases it must refuse.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Final
 
+import numpy as np
+
+from ..comm.plan import CollectiveRequest, TransferTable
+from ..comm.planner import Planner
+from ..graph import Op, Program, Workload
+from ..platform.topology import Topology
+from .core import EngineOptions
+from .fold import FoldMap
 from .result import SimResult
 
 #: How much of the iteration before the steady one the records keep, as a fraction of an iteration.
 TAIL_FRACTION: Final = 0.25
+#: The shortened run's times must repeat within this fraction of the run (as the periodic shortcut's).
+TOLERANCE: Final = 1e-9
 
 
 def steady_window(result: SimResult) -> SimResult:
@@ -37,10 +94,16 @@ def steady_window(result: SimResult) -> SimResult:
     records["start_s"] -= b0
     records["end_s"] -= b0
     records = records.reset_index(drop=True)
-    n = len(ends)
+    meta = dict(result.meta)
+    per_bytes, per_busy = meta.pop("iteration_link_bytes", None), meta.pop("iteration_link_busy_s", None)
     links = result.link_stats.copy()
-    for col in ("nbytes", "busy_s"):
-        links[col] = links[col] / n
+    if per_bytes is not None and per_busy is not None and len(per_bytes) == len(ends):
+        links["nbytes"] = np.asarray(per_bytes)[-1]
+        links["busy_s"] = np.asarray(per_busy)[-1]
+        links = links.loc[links["nbytes"] > 0].reset_index(drop=True)
+    else:  # a run extended from others (the periodic shortcut): the mean over the iterations
+        for col in ("nbytes", "busy_s"):
+            links[col] = links[col] / len(ends)
     link_records = result.link_records
     if link_records is not None:
         lk = (link_records["end_s"] > b0 - TAIL_FRACTION * t) & (link_records["start_s"] < b1)
@@ -48,8 +111,235 @@ def steady_window(result: SimResult) -> SimResult:
         link_records["start_s"] -= b0
         link_records["end_s"] -= b0
         link_records = link_records.reset_index(drop=True)
-    meta = dict(result.meta)
     meta["iteration_ends_s"] = ends
     meta["first_iteration_s"] = ends[0]
     return replace(result, records=records, link_stats=links, iteration_time_s=t, meta=meta,
                    link_records=link_records)
+
+
+# -- the shortened first iteration -----------------------------------------------------------------
+
+#: Kinds of op that run on a stream (a host_wait and a host op run on the CPU thread).
+_GPU_KINDS: Final = ("kernel", "memcpy", "collective")
+
+
+@dataclass(frozen=True)
+class Cut:
+    """The programs with every rank's first iteration cut to its last micro-batch: ``workload`` runs
+    them, ``dropped`` is, per rank, how many ops were dropped from the front of its program."""
+
+    workload: Workload
+    dropped: dict[int, int]
+
+
+def _micro_batches(ops: Sequence[Op], iteration: int) -> list[int]:
+    """Where each micro-batch of ``iteration`` begins: the first op of each run of ``data`` ops."""
+    return [i for i, o in enumerate(ops) if o.iteration == iteration and o.phase == "data"
+            and (i == 0 or ops[i - 1].phase != "data" or ops[i - 1].iteration != iteration)]
+
+
+def shorten(workload: Workload) -> Cut | str:
+    """``workload``'s programs with each rank's first iteration from its last micro-batch's first op
+    on, or why they cannot be cut so (see the module docstring)."""
+    if workload.iterations != 2:
+        return f"programs of {workload.iterations} iterations (two expected)"
+    dropped: dict[int, int] = {}
+    cut_keys: set[str] = set()
+    kept_keys: set[str] = set()
+    shifted: dict[tuple[int, int], list[Op]] = {}  # (id(op list), cut) -> the cut list, for shared templates
+    programs = []
+    for prog in workload.programs:
+        ops = prog.ops
+        starts = _micro_batches(ops, 0)
+        if len(starts) < 2:
+            return (f"rank {prog.rank}'s first iteration has {len(starts)} micro-batch(es) that begin with "
+                    "data ops: nothing to drop (two or more expected)")
+        c = starts[-1]
+        for o in ops[:c]:
+            if o.kind == "host_wait":
+                return f"rank {prog.rank} waits on the host ({o.name!r}) before its last micro-batch"
+            if o.coll is not None:
+                cut_keys.add(o.coll.key)
+        for o in ops[c:]:
+            if any(d < c for d in o.deps):
+                return f"rank {prog.rank}'s op {o.name!r} depends on an op of an earlier micro-batch"
+            if o.coll is not None:
+                kept_keys.add(o.coll.key)
+
+        def cut_list(lst: list[Op], c: int = c) -> list[Op]:
+            got = shifted.get((id(lst), c))
+            if got is None:
+                got = shifted[id(lst), c] = [o if not o.deps else replace(o, deps=tuple(d - c for d in o.deps))
+                                             for o in lst[c:]]
+            return got
+
+        template = prog.template if prog.template is not None and len(prog.template) == len(ops) else None
+        new_ops = cut_list(ops) if template is None or template is ops else [
+            o if not o.deps else replace(o, deps=tuple(d - c for d in o.deps)) for o in ops[c:]]
+        programs.append(Program(prog.rank, new_ops, None if template is None else cut_list(template)))
+        dropped[prog.rank] = c
+    both = cut_keys & kept_keys
+    if both:
+        return f"collective {sorted(both)[0]!r} is dropped on some ranks and kept on others"
+    return Cut(replace(workload, programs=programs), dropped)
+
+
+def check(result: SimResult, cut: Cut, full: Workload, topo: Topology, planner: Planner,
+          durations: Sequence[float], options: EngineOptions) -> str:
+    """Why the run of ``cut`` (``result``, with ``meta["op_times"]``, taken out) may differ from the
+    run of ``full`` in its steady window, "" where it cannot (the argument: the module docstring)."""
+    times: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = result.meta.pop("op_times")
+    ends = [float(x) for x in result.meta["iteration_ends_s"]]
+    b0, b1 = ends[-2], ends[-1]
+    period = b1 - b0
+    tol = TOLERANCE * max(b1, 1e-30)
+    reps = cut.workload.replicas
+    fold = FoldMap(topo, reps) if reps is not None else None
+    share = max(1.0, topo.gpus_per_node / max(1, options.cpu_threads_per_node))
+    programs = {p.rank: p.ops for p in cut.workload.programs}
+    # the CPU's lead in the full run: its CPU reaches the last micro-batch after the dropped ops' launches
+    # (no host wait among them), its GPU no sooner than the dropped kernels on the compute stream take
+    lead_cpu, lead_gpu = 0.0, -math.inf
+    ahead: dict[int, float] = {}  # rank -> how much later its CPU reaches each kept op in the full run
+    for prog in full.programs:
+        c = cut.dropped[prog.rank]
+        ahead[prog.rank] = sum(options.launch_s if o.cpu_s is None else o.cpu_s for o in prog.ops[:c]) * share
+        lead_cpu = max(lead_cpu, ahead[prog.rank])
+        busy = sum(durations[o.kernel] for o in prog.ops[:c] if o.kind == "kernel" and o.stream == "compute")
+        _, start, _ = times[prog.rank]
+        first = next((j for j, o in enumerate(programs[prog.rank]) if o.kind == "kernel" and o.stream == "compute"),
+                     None)
+        if first is not None:
+            lead_gpu = max(lead_gpu, busy - float(start[first]))
+    if lead_cpu > lead_gpu + tol:
+        return (f"the dropped micro-batches' launches ({lead_cpu * 1e3:.3f} ms) may outlast their kernels: the "
+                "full run's CPU need not be ahead of the shortened one's")
+    #: copies that start when issued: (rank, op, ready, end, (issue, ready, the CPU's extra lead in the full run))
+    copies: list[tuple[int, int, float, float, tuple[float, float, float]]] = []
+    for rank, ops in programs.items():
+        issue, start, end = times[rank]
+        n = len(ops)
+        e0 = next((i for i, o in enumerate(ops) if o.iteration > 0), n)
+        starts = _micro_batches(ops, 1)
+        c1 = starts[-1] if starts else n
+        if c1 + e0 != n or any((a.name, a.kind, a.stream) != (b.name, b.kind, b.stream)
+                               for a, b in zip(ops[:e0], ops[c1:], strict=True)):
+            return f"rank {rank}: the second iteration does not end with the first one's last micro-batch"
+        free = (start - issue) <= tol
+        gpu = np.asarray([o.kind in _GPU_KINDS for o in ops])
+        # (a) the last micro-batch repeats: one shift, the window's length, on every rank
+        pos = np.arange(e0)
+        pos = pos[gpu[pos] & ~free[pos] & ~free[pos + c1]]
+        for col in (start, end):
+            gap = np.abs(col[pos + c1] - col[pos] - period)
+            if len(gap) and float(gap.max()) > tol:
+                j = int(pos[int(gap.argmax())])
+                return (f"rank {rank}'s op {ops[j].name!r} runs {float(col[j + c1] - col[j]) * 1e3:.6f} ms later in "
+                        f"the second iteration, not one iteration ({period * 1e3:.6f} ms)")
+        # (c) the CPU: where its lead differs, none of its records reaches into the window
+        blocked = next((i for i, o in enumerate(ops) if o.kind == "host_wait" and end[i] - start[i] > tol), n)
+        late = np.flatnonzero(issue[:blocked] > b0 + tol)
+        if len(late):
+            return (f"rank {rank}'s CPU launches {ops[int(late[0])].name!r} inside the steady window, where its lead "
+                    "counts")
+        # (b) what starts when the CPU issues it
+        dependents: dict[int, list[int]] = {}
+        last_on: dict[str, int] = {}
+        for i, o in enumerate(ops):
+            if o.kind in _GPU_KINDS:
+                if o.stream in last_on:
+                    dependents.setdefault(last_on[o.stream], []).append(i)
+                last_on[o.stream] = i
+            for d in o.deps:
+                dependents.setdefault(d, []).append(i)
+        for i in np.flatnonzero(free[:blocked] & gpu[:blocked]).tolist():
+            o = ops[i]
+            if o.kind != "memcpy":
+                return f"rank {rank}'s {o.kind} {o.name!r} starts when the CPU issues it: the CPU's lead counts"
+            for d in dependents.get(i, ()) if i else ():  # the cut micro-batch's input copy is its entry
+                later = end[d] if ops[d].kind == "host_wait" else start[d]
+                if later <= end[i] + tol:
+                    return f"rank {rank}'s {ops[d].name!r} waits for the copy {o.name!r}, which starts when issued"
+            prev = [end[d] for d in o.deps] + [end[j] for j in range(i - 1, -1, -1)
+                                               if ops[j].kind in _GPU_KINDS and ops[j].stream == o.stream][:1]
+            ready = max(prev, default=0.0)
+            if ready < b0 < end[i] or ready < b1 < end[i]:
+                return f"rank {rank}'s copy {o.name!r}, which starts when issued, may run across an iteration's end"
+            if end[i] > b0 and not _covered(ops, start, end, ready, float(end[i])):
+                return f"rank {rank}'s copy {o.name!r}, which starts when issued, is not under a kernel in the window"
+            copies.append((rank, i, ready, float(end[i]), (float(issue[i]), ready, ahead[rank])))
+    return _alone(copies, programs, times, topo, planner, fold, tol)
+
+
+def _covered(ops: Sequence[Op], start: np.ndarray, end: np.ndarray, lo: float, hi: float) -> bool:
+    """Whether the rank's kernels cover ``[lo, hi]`` without a gap."""
+    k = np.flatnonzero(np.asarray([o.kind == "kernel" for o in ops]))
+    s, e = start[k], end[k]
+    keep = (e > lo) & (s < hi)
+    s, e = np.sort(s[keep]), np.sort(e[keep])  # a stream's kernels do not nest: their ends sort alike
+    if not len(s) or s[0] > lo:
+        return False
+    return bool(np.all(s[1:] <= np.maximum.accumulate(e)[:-1])) and float(e.max()) >= hi
+
+
+def _alone(copies: list[tuple[int, int, float, float, tuple[float, float, float]]], programs: dict[int, list[Op]],
+           times: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]], topo: Topology, planner: Planner,
+           fold: FoldMap | None, tol: float) -> str:
+    """Why one of ``copies`` (started when issued, each ``(rank, op, ready, end, key)``) may share a link
+    with other traffic while it may run (from ``ready`` to ``end``), "" where none does. Copies whose
+    keys agree (issued alike, ready alike, their CPUs alike ahead in the full run) start together in
+    either run, wherever they start: sharing links among themselves they share them alike."""
+    if not copies:
+        return ""
+    together = {(rank, i): key for rank, i, _, _, key in copies}
+    routes: dict[int, set[int]] = {}
+
+    def host_links(rank: int) -> set[int]:
+        got = routes.get(rank)
+        if got is None:
+            route = topo.host_route(rank, to_device=True)
+            got = routes[rank] = set(fold.route(route) if fold is not None else route)
+        return got
+
+    planned: dict[tuple[object, ...], set[int] | None] = {}
+
+    def coll_links(o: Op) -> set[int] | None:
+        c = o.coll
+        assert c is not None
+        key = (c.op, c.group, c.nbytes, c.root, c.comm_size)
+        if key not in planned:
+            if c.duration_s is not None:
+                planned[key] = set()
+            elif c.send_bytes is not None:
+                planned[key] = None  # an uneven all-to-all: its flows are not worked out here
+            else:
+                req = CollectiveRequest(c.op, c.group, c.nbytes, None, c.root, c.comm_size)
+                plan = planner.plan(req)
+                items = fold.transfers(planner, req, plan) if fold is not None else plan.transfers
+                if isinstance(items, TransferTable):
+                    planned[key] = set(np.unique(items.flat).tolist())
+                else:
+                    planned[key] = {lid for links, b, _ in items if b > 0 for lid in links}
+        return planned[key]
+
+    for rank, i, lo, hi, key in copies:
+        mine = host_links(rank)
+        for other, ops in programs.items():
+            _, start, end = times[other]
+            for j in np.flatnonzero((start < hi) & (end > lo)).tolist():
+                o = ops[j]
+                if (other, j) == (rank, i) or (o.nbytes <= 0 and o.coll is None):
+                    continue
+                if o.kind == "memcpy":
+                    theirs = together.get((other, j))
+                    if theirs is not None and max(abs(x - y) for x, y in zip(theirs, key, strict=True)) <= tol:
+                        continue
+                    links: set[int] | None = host_links(other)
+                elif o.kind == "collective":
+                    links = coll_links(o)
+                else:
+                    continue
+                if links is None or links & mine:
+                    return (f"rank {rank}'s copy {programs[rank][i].name!r}, which starts when issued, shares a link "
+                            f"with rank {other}'s {o.name!r} while it may run")
+    return ""
