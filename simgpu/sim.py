@@ -55,7 +55,7 @@ DEFAULT_KERNEL_MODEL = ("learned", "analytical")
 
 
 def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MODEL,
-             record_links: bool = False, fold: bool = True, periodic: bool = True,
+             record_links: bool = False, fold: bool = True, periodic: bool = True, steady_cut: bool = True,
              on_stage: Callable[[str], None] | None = None) -> SimResult:
     """Simulate one training iteration of ``job``; ``kernel_model`` names a model or a chain of them.
 
@@ -70,7 +70,10 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
     it is not exact, every rank is simulated and ``meta["fold_note"]`` says why. With ``periodic``
     (the default), a pipeline's identical middle micro-batches are simulated once where the schedule
     is found to repeat (see :mod:`simgpu.engine.periodic`); ``meta["periodic"]`` says how, or why
-    not. ``on_stage`` is told what is being done (for a progress line).
+    not. With ``steady_cut`` (the default), the first of two iterations is simulated from each rank's
+    last micro-batch on where a check on that run finds it exact (see :mod:`simgpu.engine.steady`);
+    the ``steady_state`` note says which way the steady iteration was found. ``on_stage`` is told
+    what is being done (for a progress line).
     """
     say = on_stage or (lambda _: None)
     say("building the topology")
@@ -97,7 +100,7 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
         return w
 
     outcome = shortcuts.run(topo, built, lambda w: predictor().predict(w.kernels), planner, options, fold=fold,
-                            say=say)
+                            steady_cut=steady_cut, say=say)
     workload = outcome.workload
     result = steady_window(outcome.result)
     note = shortcuts.slack_note(result, outcome.note)

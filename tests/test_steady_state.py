@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_report import make_result, rec
 
 from simgpu import load_job, simulate
@@ -212,3 +214,94 @@ def test_the_steady_window_does_not_depend_on_the_first_iterations_earlier_micro
     assert short.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-9)
     a, b = rank_breakdown(full), rank_breakdown(short)
     np.testing.assert_allclose(b.to_numpy(), a.to_numpy(), rtol=0, atol=1e-9 * full.iteration_time_s)
+
+
+# -- the shortened first iteration (simgpu.engine.steady.shorten / check) against both iterations in full --
+
+OPG = [*ZERO1, "parallelism.overlap_param_gather=true"]
+
+
+def _both(path: str, overrides: list[str]) -> tuple[SimResult, SimResult]:
+    job = load_job(path, overrides)
+    return simulate(job), simulate(job, steady_cut=False)
+
+
+def _same(cut: SimResult, full: SimResult) -> None:
+    """The same iteration time and per-rank breakdown to 1e-9, the same bytes per link."""
+    import numpy as np
+
+    from simgpu.report.summary import rank_breakdown
+
+    t = full.iteration_time_s
+    assert cut.iteration_time_s == pytest.approx(t, rel=1e-9, abs=0)
+    np.testing.assert_allclose(rank_breakdown(cut).to_numpy(), rank_breakdown(full).to_numpy(), rtol=0, atol=1e-9 * t)
+    a = cut.link_stats.set_index("link")["nbytes"]
+    b = full.link_stats.set_index("link")["nbytes"]
+    assert sorted(a.index) == sorted(b.index)
+    np.testing.assert_allclose(a.loc[b.index].to_numpy(), b.to_numpy(), rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("ga", [1, 4, 8])
+def test_the_shortened_first_iteration_gives_the_full_runs_steady_iteration(ga):
+    """ZeRO-1 with overlap_param_gather: with one micro-batch there is nothing to drop; with 4 and 8 the
+    cut is used and agrees with both iterations simulated in full."""
+    cut, full = _both(GPT, [*OPG, f"training.grad_accumulation={ga}"])
+    _same(cut, full)
+    note = summarize(cut)["steady_state"]
+    if ga == 1:
+        assert "shortened first iteration not used: rank 0's first iteration has 1 micro-batch" in note
+    else:
+        assert "shortened first iteration used" in note
+        assert cut.events < 0.75 * full.events
+    assert "shortened first iteration not used: turned off" in summarize(full)["steady_state"]
+
+
+def test_the_full_runs_link_statistics_are_its_second_iterations():
+    """Link bytes are what the second iteration's ops move (each iteration moves the same here, so they
+    are half the run's), busy times what lies within the window."""
+    job = load_job(GPT, [*OPG, "training.grad_accumulation=2"])
+    r = simulate(job, steady_cut=False)
+    from simgpu.sim import build as build_programs
+
+    assert build_programs(job).iterations == 2
+    assert (r.link_stats["nbytes"] > 0).all()
+    assert (r.link_stats["busy_s"] <= r.iteration_time_s * (1 + 1e-12)).all()
+
+
+def test_the_shortened_first_iteration_on_an_interleaved_pipeline():
+    """An interleaved pipeline under overlap_param_gather: the steady iteration is the full run's
+    whichever way it is found (its later stages' first iterations begin with no input copy to cut at)."""
+    pp = [*PP, "parallelism.zero=1", "parallelism.overlap_param_gather=true"]
+    cut, full = _both(GPT, pp)
+    _same(cut, full)
+    assert "shortened first iteration" in summarize(cut)["steady_state"]
+
+
+PCIE = "workloads/gpt2_small_pcie_4gpu.yaml"
+
+
+def test_the_shortened_first_iteration_refuses_where_the_copies_share_links():
+    """On a PCIe box with tensor parallelism the forward's all-reduces between the GPUs cross the link
+    into each GPU that its input copies take, and a copy that starts when the CPU issues it runs at
+    another time in the full run: the check cannot rule out that the two meet there, refuses, and
+    both iterations are simulated in full."""
+    over = ["parallelism.zero=1", "training.framework=megatron", "parallelism.overlap_param_gather=true",
+            "training.grad_accumulation=4", "parallelism.tp=2", "parallelism.dp=2"]
+    cut, full = _both(PCIE, over)
+    note = summarize(cut)["steady_state"]
+    want = "shortened first iteration not used: rank 0's copy 'batch.h2d', which starts when issued, shares a link"
+    assert want in note, note
+    _same(cut, full)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layers=st.integers(1, 3), ga=st.integers(2, 5), batch=st.sampled_from([2, 4, 8]),
+       tp=st.sampled_from([1, 2]), nic=st.sampled_from([100, 400]))
+def test_the_shortened_first_iteration_is_the_full_run_on_small_jobs(layers, ga, batch, tp, nic):
+    """Whichever way the check decides, the steady iteration is the full run's."""
+    over = ["model.vocab=1024", "parallelism.zero=1", "training.framework=megatron",
+            "parallelism.overlap_param_gather=true", f"model.layers={layers}", f"training.grad_accumulation={ga}",
+            f"training.batch_per_gpu={batch}", f"parallelism.tp={tp}", f"parallelism.dp={16 // tp}",
+            f"platform.network.nic_gbps={nic}"]
+    cut, full = _both(GPT, over)
+    _same(cut, full)

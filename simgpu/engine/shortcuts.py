@@ -56,10 +56,11 @@ class Outcome:
 
 
 def run(topo: Topology, build: Build, predict: Predict, planner: Planner, options: EngineOptions, *,
-        fold: bool = True, say: Callable[[str], None] = lambda _: None) -> Outcome:
+        fold: bool = True, steady_cut: bool = True, say: Callable[[str], None] = lambda _: None) -> Outcome:
     """Simulate the programs ``build`` gives, folded where the fold holds and with the periodic
     shortcut where it holds (see the module docstring)."""
     runs = _Runs(topo, build, predict, planner, options, fold, say)
+    runs.steady_cut = steady_cut
     if not options.periodic or options.record_links:
         out = runs.run(None, cut=True)
         return replace(out, periodic="turned off" if not options.periodic else
@@ -118,6 +119,7 @@ class _Runs:
             fold, self.note = False, "link intervals are recorded for every link"
         self.fold, self.inside = fold, True  # fold at all; fold ranks inside nodes too
         self._timed: tuple[list[object], tuple[np.ndarray, list[str]]] | None = None
+        self.steady_cut = True  # try the shortened first iteration (simgpu.engine.steady)
 
     @property
     def state(self) -> tuple[bool, bool, str]:
@@ -173,7 +175,9 @@ class _Runs:
         why = ""
         if workload.iterations < 2:
             return Engine(topo, workload, durations, models, planner, options).run()
-        if not cut or (shape is not None and shape.simulated != shape.micro_batches):
+        if not self.steady_cut:
+            why = "turned off"
+        elif not cut or (shape is not None and shape.simulated != shape.micro_batches):
             why = "a short run of the periodic shortcut"
         elif options.record_links:
             why = "link intervals are recorded for every link"

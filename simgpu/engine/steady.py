@@ -227,9 +227,19 @@ def check(result: SimResult, cut: Cut, full: Workload, topo: Topology, planner: 
             return f"rank {rank}: the second iteration does not end with the first one's last micro-batch"
         free = (start - issue) <= tol
         gpu = np.asarray([o.kind in _GPU_KINDS for o in ops])
-        # (a) the last micro-batch repeats: one shift, the window's length, on every rank
-        pos = np.arange(e0)
-        pos = pos[gpu[pos] & ~free[pos] & ~free[pos + c1]]
+        # (a) the boundary repeats: from the step on, one shift, the window's length, on every rank, with
+        # nothing before the step still running when it starts
+        copy = np.asarray([o.kind == "memcpy" for o in ops])
+        step = next((i for i in range(e0) if ops[i].phase == "opt"), e0)
+        if step == e0:
+            return f"rank {rank}'s first iteration has no optimizer step"
+        for at in (0, c1):
+            before = np.flatnonzero(gpu[at:at + step]) + at
+            if len(before) and float(end[before].max()) > float(start[at + step]) + tol:
+                j = int(before[int(end[before].argmax())])
+                return f"rank {rank}'s {ops[j].name!r} still runs when the step {ops[at + step].name!r} starts"
+        pos = np.arange(step, e0)
+        pos = pos[gpu[pos] & ~(copy[pos] & (free[pos] | free[pos + c1]))]
         for col in (start, end):
             gap = np.abs(col[pos + c1] - col[pos] - period)
             if len(gap) and float(gap.max()) > tol:
@@ -254,9 +264,11 @@ def check(result: SimResult, cut: Cut, full: Workload, topo: Topology, planner: 
                 dependents.setdefault(d, []).append(i)
         for i in np.flatnonzero(free[:blocked] & gpu[:blocked]).tolist():
             o = ops[i]
-            if o.kind != "memcpy":
+            if o.kind != "memcpy" and i >= e0:  # in the first iteration: the cold entry, which (a) compared
                 return f"rank {rank}'s {o.kind} {o.name!r} starts when the CPU issues it: the CPU's lead counts"
-            for d in dependents.get(i, ()) if i else ():  # the cut micro-batch's input copy is its entry
+            if o.kind != "memcpy":
+                continue
+            for d in dependents.get(i, ()) if i >= e0 else ():  # in the first iteration: the entry, as above
                 later = end[d] if ops[d].kind == "host_wait" else start[d]
                 if later <= end[i] + tol:
                     return f"rank {rank}'s {ops[d].name!r} waits for the copy {o.name!r}, which starts when issued"
