@@ -143,7 +143,7 @@ def kernel_seconds(records: pd.DataFrame) -> dict[str, float]:
 
 def steady_note(job: Job, iterations: int, result: SimResult) -> str:
     """How the reported iteration was found (see :mod:`simgpu.engine.steady`)."""
-    cut = str(result.meta.pop("steady_cut", ""))
+    cut = str(result.meta.get("steady_cut", ""))  # kept in meta: why not, where it was not used
     if iterations > 1:
         first = float(result.meta.get("first_iteration_s", 0.0))
         if cut.startswith("used"):
@@ -151,10 +151,9 @@ def steady_note(job: Job, iterations: int, result: SimResult) -> str:
                     f"last micro-batch on (its last kernel ended {first * 1e3:.3f} ms after a cold start; discarded), "
                     f"from the end of the previous iteration's last kernel to the end of its own; shortened first "
                     f"iteration {cut}, checked exact from its own run")
-        how = f"; shortened first iteration {cut}" if cut else ""
         return (f"steady: the last of {iterations} iterations simulated back to back (the first, whose last "
                 f"kernel ended {first * 1e3:.3f} ms after a cold start, discarded), from the end of the previous "
-                f"iteration's last kernel to the end of its own{how}")
+                "iteration's last kernel to the end of its own")
     w = job.workload
     if w.training is None:
         return "one iteration: a served model's iterations are independent steps"

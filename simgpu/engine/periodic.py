@@ -180,8 +180,11 @@ def extend(short: SimResult, long: SimResult, m: int, shape: PipelineShape, iter
     records = _repeat(b, start_b, q, k, n, d, r)
     links = _links(short, long, n / r)
     meta = dict(short.meta)
-    for key in ("iteration_link_bytes", "iteration_link_busy_s"):  # the short run's: the steady window takes the mean
-        meta.pop(key, None)
+    for key in ("iteration_link_bytes", "iteration_link_busy_s"):  # per iteration: grown as the totals are
+        if key in meta and key in long.meta:
+            meta[key] = _per_iteration(short, long, key, n / r, links["link"])
+        else:
+            meta.pop(key, None)
     for key in ("fold_slack_s",):
         if key in meta:
             meta[key] = float(meta[key]) + n / r * (float(long.meta[key]) - float(meta[key]))
@@ -277,6 +280,18 @@ def _repeat(b: pd.DataFrame, start_b: np.ndarray, q: np.ndarray, k: np.ndarray, 
     out["start_s"] = out["start_s"].to_numpy() + times
     out["end_s"] = out["end_s"].to_numpy() + times
     return out[list(RECORD_COLUMNS)]
+
+
+def _per_iteration(short: SimResult, long: SimResult, key: str, n: float, links: pd.Series) -> np.ndarray:
+    """``meta[key]`` (per iteration, per link of ``link_stats``) of the job: the short run's plus ``n``
+    times what the longer run added, on the links ``links``."""
+    def table(r: SimResult) -> pd.DataFrame:
+        return pd.DataFrame(np.asarray(r.meta[key]).T, index=r.link_stats["link"].to_numpy())
+
+    a, b = table(short), table(long)
+    base = a.reindex(b.index, fill_value=0.0)
+    out = base + n * (b - base)
+    return out.reindex(links.to_numpy(), fill_value=0.0).to_numpy().T
 
 
 def _links(short: SimResult, long: SimResult, n: float) -> pd.DataFrame:

@@ -62,15 +62,15 @@ def run(topo: Topology, build: Build, predict: Predict, planner: Planner, option
     runs = _Runs(topo, build, predict, planner, options, fold, say)
     runs.steady_cut = steady_cut
     if not options.periodic or options.record_links:
-        out = runs.run(None, cut=True)
+        out = runs.run(None)
         return replace(out, periodic="turned off" if not options.periodic else
                        periodic.blocker(None, True))
-    first = runs.run(_first, cut=True)  # cut only where it runs the job's count (below)
+    first = runs.run(_first)
     shape = first.workload.pipeline
     why = periodic.blocker(shape, False)
     if why:
         if shape is not None and shape.simulated != shape.micro_batches:
-            first = runs.run(None, cut=True)  # built short to try, but it does not apply
+            first = runs.run(None)  # built short to try, but it does not apply
         return replace(first, periodic=why)
     assert shape is not None
     tries = periodic.counts(shape)
@@ -92,7 +92,7 @@ def run(topo: Topology, build: Build, predict: Predict, planner: Planner, option
             return Outcome(got, long.workload, long.note, str(got.meta["periodic"]))
         why = got
     say(f"the schedule does not repeat ({why}): simulating all {shape.micro_batches} micro-batches")
-    plain = runs.run(None, cut=True)
+    plain = runs.run(None)
     return replace(plain, periodic=f"not used: {why}; all {shape.micro_batches} micro-batches simulated")
 
 
@@ -134,10 +134,9 @@ class _Runs:
         self._timed = (list(workload.kernels), timed)
         return timed
 
-    def run(self, choose: Choose | None, cut: bool = False) -> Outcome:
-        """One run of the programs ``build`` gives for ``choose``; with ``cut``, with the first of
-        two iterations shortened where that is exact and the programs run the job's own count of
-        micro-batches."""
+    def run(self, choose: Choose | None) -> Outcome:
+        """One run of the programs ``build`` gives for ``choose``, the first of two iterations
+        shortened where that is exact and the programs run the job's own count of micro-batches."""
         topo, build = self.topo, self.build
         self.say("building the programs")
         workload = build(self.fold, self.inside, choose)
@@ -152,7 +151,7 @@ class _Runs:
         while True:
             try:
                 self.say(f"simulating {len(workload.programs):,} ranks")
-                result = self._engine(workload, durations, models, cut)
+                result = self._engine(workload, durations, models)
                 return Outcome(result, workload, self.note)
             except FoldBroken as e:
                 self.note = str(e)
@@ -167,9 +166,9 @@ class _Runs:
                 durations, models = self._predict(workload)
 
 
-    def _engine(self, workload: Workload, durations: np.ndarray, models: list[str], cut: bool) -> SimResult:
-        """The run of ``workload``; of its first iteration cut to its last micro-batch where ``cut``
-        and that holds (see :mod:`simgpu.engine.steady`), else of the whole programs."""
+    def _engine(self, workload: Workload, durations: np.ndarray, models: list[str]) -> SimResult:
+        """The run of ``workload``; of its first iteration cut to its last micro-batch where that
+        holds (see :mod:`simgpu.engine.steady`), else of the whole programs."""
         topo, planner, options = self.topo, self.planner, self.options
         shape = workload.pipeline
         why = ""
@@ -177,7 +176,7 @@ class _Runs:
             return Engine(topo, workload, durations, models, planner, options).run()
         if not self.steady_cut:
             why = "turned off"
-        elif not cut or (shape is not None and shape.simulated != shape.micro_batches):
+        elif shape is not None and shape.simulated != shape.micro_batches:
             why = "a short run of the periodic shortcut"
         elif options.record_links:
             why = "link intervals are recorded for every link"
