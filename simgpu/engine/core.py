@@ -760,8 +760,9 @@ class Engine:
         meta: dict[str, Any] = {} if self.fold is None else {"fold_slack_s": self.fold_slack_s}
         if len(self.iteration_ends) > 1:
             meta["iteration_ends_s"] = list(self.iteration_ends)
-            meta["iteration_link_bytes"] = self.iteration_link_bytes[:, used]  # type: ignore[index]
-            meta["iteration_link_busy_s"] = self._window_busy(used)
+            # per iteration, per link of link_stats (lists: meta compares and serialises as plain values)
+            meta["iteration_link_bytes"] = self.iteration_link_bytes[:, used].tolist()  # type: ignore[index]
+            meta["iteration_link_busy_s"] = self._window_busy(used).tolist()
         if self.opt.op_times:
             meta["op_times"] = self.op_times
         return SimResult(records, stats, iteration, events, meta, link_records)

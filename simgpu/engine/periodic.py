@@ -282,7 +282,7 @@ def _repeat(b: pd.DataFrame, start_b: np.ndarray, q: np.ndarray, k: np.ndarray, 
     return out[list(RECORD_COLUMNS)]
 
 
-def _per_iteration(short: SimResult, long: SimResult, key: str, n: float, links: pd.Series) -> np.ndarray:
+def _per_iteration(short: SimResult, long: SimResult, key: str, n: float, links: pd.Series) -> list[list[float]]:
     """``meta[key]`` (per iteration, per link of ``link_stats``) of the job: the short run's plus ``n``
     times what the longer run added, on the links ``links``."""
     def table(r: SimResult) -> pd.DataFrame:
@@ -291,7 +291,7 @@ def _per_iteration(short: SimResult, long: SimResult, key: str, n: float, links:
     a, b = table(short), table(long)
     base = a.reindex(b.index, fill_value=0.0)
     out = base + n * (b - base)
-    return out.reindex(links.to_numpy(), fill_value=0.0).to_numpy().T
+    return out.reindex(links.to_numpy(), fill_value=0.0).to_numpy().T.tolist()
 
 
 def _links(short: SimResult, long: SimResult, n: float) -> pd.DataFrame:
