@@ -227,7 +227,8 @@ def _both(path: str, overrides: list[str]) -> tuple[SimResult, SimResult]:
 
 
 def _same(cut: SimResult, full: SimResult) -> None:
-    """The same iteration time and per-rank breakdown to 1e-9, the same bytes per link."""
+    """The same iteration time and per-rank breakdown to 1e-9, the same bytes per link, each link's busy
+    time in the window to 1e-9 of the iteration."""
     import numpy as np
 
     from simgpu.report.summary import rank_breakdown
@@ -239,6 +240,9 @@ def _same(cut: SimResult, full: SimResult) -> None:
     b = full.link_stats.set_index("link")["nbytes"]
     assert sorted(a.index) == sorted(b.index)
     np.testing.assert_allclose(a.loc[b.index].to_numpy(), b.to_numpy(), rtol=1e-12, atol=0)
+    busy_a = cut.link_stats.set_index("link")["busy_s"]
+    busy_b = full.link_stats.set_index("link")["busy_s"]
+    np.testing.assert_allclose(busy_a.loc[busy_b.index].to_numpy(), busy_b.to_numpy(), rtol=0, atol=1e-9 * t)
 
 
 @pytest.mark.parametrize("ga", [1, 4, 8])
