@@ -34,12 +34,16 @@ no flow meets another flow in one run that it does not meet in the other. The ch
   shifted by ``D``, and a host wait, a max of the CPU and its dependencies, keeps it so.
 - (issued ops) an op of the second iteration that starts when the CPU issues it would start
   earlier in F (in the first, such ops are the cold entry, which the last point compares): it
-  must be an input copy whose dependents (and the next op on its stream) start strictly after it ends, which
-  shares no link with any other transfer from the time it could start (its stream and dependencies
-  ready) to its end in C (other copies by their routes, collectives by the plans the engine
-  carries), and which ends before the window begins (in F it ends no later, shifted, as it starts
-  no later and runs alone); then where it runs in F changes no op, no flow, no link's bytes, no
-  link's busy time within the window and no rank's compute time there.
+  must be an input copy that no host wait waits for, whose dependents (and the next op on its
+  stream) start strictly after it ends, which ends before the window begins, and which shares no
+  link with any other transfer from the time it could start (its stream and dependencies ready)
+  to its end in C (other copies by their routes, collectives by the plans the engine carries): in
+  F it starts no later, shifted, and runs alone, so where it runs there changes no op, no flow, no
+  link's bytes, no link's busy time within the window and no rank's compute time there. Where F's
+  copy surely ends before any kept op can start in F (F's issue times are its CPU's launches one
+  after the other up to a host wait; a copy moves at least its links' capacities shared by every
+  rank's host route on them) and no dropped collective crosses its links, it meets only copies in
+  F, and in C it need meet no collective while it actually runs.
 - (CPU records) before the rank's first host wait that blocks (after which C's CPU and F's agree),
   the CPU issues every op before the window begins, so the window's CPU records agree too.
 - (the boundary repeats) on every rank, nothing of C's first iteration still runs when its step
@@ -220,8 +224,10 @@ def check(result: SimResult, cut: Cut, full: Workload, topo: Topology, planner: 
     if lead_cpu > lead_gpu + tol:
         return (f"the dropped micro-batches' launches ({lead_cpu * 1e3:.3f} ms) may outlast their kernels: the "
                 "full run's CPU need not be ahead of the shortened one's")
-    #: copies that start when issued: (rank, op, ready, end, (issue, ready, the CPU's extra lead in the full run))
-    copies: list[tuple[int, int, float, float, tuple[float, float, float]]] = []
+    early = _early_copies(full, cut, topo, fold, options.launch_s, share)
+    #: copies that start when issued: (rank, op, ready, end, (issue, ready, the CPU's extra lead in the full run),
+    #: whether the full run's copy surely ends before any kept op can start there)
+    copies: list[tuple[int, int, float, float, tuple[float, float, float], bool]] = []
     layouts: dict[int, _Layout | str] = {}
     for prog in cut.workload.programs:
         rank, ops = prog.rank, prog.ops
@@ -263,6 +269,8 @@ def check(result: SimResult, cut: Cut, full: Workload, topo: Topology, planner: 
                 return f"rank {rank}'s {o.kind} {o.name!r} starts when the CPU issues it: the CPU's lead counts"
             if o.kind != "memcpy":
                 continue
+            if any(ops[d].kind == "host_wait" for d in dependents.get(i, ())):
+                return f"rank {rank}'s CPU waits for the copy {o.name!r}, which starts when issued"
             for d in dependents.get(i, ()) if i >= e0 else ():  # in the first iteration: the entry, as above
                 later = end[d] if ops[d].kind == "host_wait" else start[d]
                 if later <= end[i] + tol:
@@ -272,8 +280,10 @@ def check(result: SimResult, cut: Cut, full: Workload, topo: Topology, planner: 
             ready = max(prev, default=0.0)
             if end[i] > b0 + tol:
                 return f"rank {rank}'s copy {o.name!r}, which starts when issued, runs in the steady window"
-            copies.append((rank, i, ready, float(end[i]), (float(issue[i]), ready, ahead[rank])))
-    return _alone(copies, programs, times, topo, planner, fold, tol)
+            soon = early.get(rank, {}).get(i, math.inf) <= lead_gpu - tol
+            copies.append((rank, i, ready, float(end[i]), (float(issue[i]), ready, ahead[rank]), soon))
+    return _alone(copies, programs, times, topo, planner, fold, tol,
+                  [o for p in full.programs for o in p.ops[:cut.dropped[p.rank]] if o.kind == "collective"])
 
 
 @dataclass(frozen=True)
@@ -319,16 +329,61 @@ class _Layout:
                        np.flatnonzero(np.asarray([k == "host_wait" for k in kinds])), dependents)
 
 
-def _alone(copies: list[tuple[int, int, float, float, tuple[float, float, float]]], programs: dict[int, list[Op]],
-           times: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]], topo: Topology, planner: Planner,
-           fold: FoldMap | None, tol: float) -> str:
-    """Why one of ``copies`` (started when issued, each ``(rank, op, ready, end, key)``) may share a link
-    with other traffic while it may run (from ``ready`` to ``end``), "" where none does. Copies whose
-    keys agree (issued alike, ready alike, their CPUs alike ahead in the full run) start together in
-    either run, wherever they start: sharing links among themselves they share them alike."""
+def _early_copies(full: Workload, cut: Cut, topo: Topology, fold: FoldMap | None, launch_s: float,
+                  share: float) -> dict[int, dict[int, float]]:
+    """Per rank, per kept copy (by its index in the cut program), the latest the full run's copy can
+    end, where that is known: the CPU's issue times in the full run are its launches one after the
+    other up to the first host wait; a copy without dependencies starts when issued or when the copy
+    before it on its stream ends; and, meeting only other copies on its links (each rank's stream
+    runs one at a time), it moves at least its links' capacities shared among the ranks whose host
+    routes cross them."""
+    routes: dict[int, tuple[int, ...]] = {}
+    load: dict[int, int] = {}
+    for prog in full.programs:
+        route = topo.host_route(prog.rank, to_device=True)
+        routes[prog.rank] = tuple(fold.route(route) if fold is not None else route)
+        for lid in routes[prog.rank]:
+            load[lid] = load.get(lid, 0) + 1
+    cap = topo.capacity
+    out: dict[int, dict[int, float]] = {}
+    for prog in full.programs:
+        rank, c = prog.rank, cut.dropped[prog.rank]
+        links = routes[rank]
+        rate = min((float(cap[lid]) / load[lid] for lid in links), default=math.inf)
+        latency = topo.route_latency(topo.host_route(rank, to_device=True))
+        mine = out[rank] = {}
+        t = 0.0
+        last: dict[str, float] = {}
+        for k, o in enumerate(prog.ops):
+            if o.kind == "host_wait":
+                break
+            t += (launch_s if o.cpu_s is None else o.cpu_s) * share  # its issue (a host op's end)
+            if o.kind == "host":
+                continue
+            if o.kind == "memcpy" and not o.deps and o.delay_s == 0:
+                done = max(t, last.get(o.stream, 0.0)) + latency + (o.nbytes / rate if o.nbytes > 0 else 0.0)
+                last[o.stream] = done
+                if k >= c:
+                    mine[k - c] = done
+            else:
+                last[o.stream] = math.inf
+    return out
+
+
+def _alone(copies: list[tuple[int, int, float, float, tuple[float, float, float], bool]],
+           programs: dict[int, list[Op]], times: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]],
+           topo: Topology, planner: Planner, fold: FoldMap | None, tol: float, dropped: list[Op]) -> str:
+    """Why one of ``copies`` (started when issued, each ``(rank, op, ready, end, key, soon)``) may share
+    a link with other traffic while it may run, "" where none does. Copies whose keys agree (issued
+    alike, ready alike, their CPUs alike ahead in the full run) start together in either run,
+    wherever they start: sharing links among themselves they share them alike. A copy that is
+    ``soon`` (the full run's ends before any kept op can start there, :func:`_early_copies`) runs
+    there among copies only, where no dropped collective crosses its links: it needs to meet no
+    collective in the cut run where it ran (from its start to its end), other copies aside; else
+    it may meet nothing from when it could start (``ready``) to its end."""
     if not copies:
         return ""
-    together = {(rank, i): key for rank, i, _, _, key in copies}
+    together = {(rank, i): key for rank, i, _, _, key, _ in copies}
     routes: dict[int, set[int]] = {}
 
     def host_links(rank: int) -> set[int]:
@@ -359,13 +414,25 @@ def _alone(copies: list[tuple[int, int, float, float, tuple[float, float, float]
                     planned[key] = {lid for links, b, _ in items if b > 0 for lid in links}
         return planned[key]
 
-    for rank, i, lo, hi, key in copies:
+    crossed: set[int] | None = set()  # the links the dropped collectives cross (None: not known)
+    for o in dropped:
+        got = coll_links(o)
+        if got is None or crossed is None:
+            crossed = None
+            break
+        crossed |= got
+    for rank, i, lo, hi, key, soon in copies:
         mine = host_links(rank)
+        soon = soon and crossed is not None and not (crossed & mine)
+        if soon:
+            lo = float(times[rank][1][i])
         for other, ops in programs.items():
             _, start, end = times[other]
             for j in np.flatnonzero((start < hi) & (end > lo)).tolist():
                 o = ops[j]
                 if (other, j) == (rank, i) or (o.nbytes <= 0 and o.coll is None):
+                    continue
+                if o.kind == "memcpy" and soon:
                     continue
                 if o.kind == "memcpy":
                     theirs = together.get((other, j))
