@@ -311,3 +311,20 @@ def test_the_shortened_first_iteration_is_the_full_run_on_small_jobs(layers, ga,
             f"platform.network.nic_gbps={nic}"]
     cut, full = _both(GPT, over)
     _same(cut, full)
+
+
+def test_run_command_turns_the_shortened_first_iteration_off(tmp_path):
+    """`--no-steady-cut` simulates both iterations in full; the steady_state line says which way."""
+    import json
+
+    from simgpu.run import main
+
+    over = [x for o in [*OPG, "training.grad_accumulation=4"] for x in ("--set", o)]
+    lines = {}
+    for flags in ([], ["--no-steady-cut"]):
+        out = tmp_path / str(len(flags))
+        assert main([GPT, "--out", str(out), *over, "--quiet", "--no-trace", "--records", "none", *flags]) == 0
+        lines[len(flags)] = json.loads((out / "summary.json").read_text())
+    assert "shortened first iteration used" in lines[0]["steady_state"]
+    assert "shortened" not in lines[1]["steady_state"]
+    assert lines[0]["iteration_time_ms"] == lines[1]["iteration_time_ms"]
