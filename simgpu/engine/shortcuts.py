@@ -189,6 +189,7 @@ class _Runs:
                 short = Engine(topo, got.workload, durations, models, planner, replace(options, op_times=True)).run()
                 why = steady.check(short, got, workload, topo, planner, self._durations_list(durations), options)
                 if not why:
+                    steady.restore(short, got, topo)
                     short.meta["steady_cut"] = (f"used ({sum(len(p.ops) for p in got.workload.programs):,} of "
                                                 f"{sum(len(p.ops) for p in workload.programs):,} ops simulated)")
                     return short

@@ -13,19 +13,23 @@ iteration's tail stands in for it. Link statistics are the last iteration's: the
 ops moved over each link (``meta["iteration_link_bytes"]``, counted by the engine per op's
 iteration) and each link's busy time within the window (``meta["iteration_link_busy_s"]``).
 
-**The shortened first iteration.** The first of two iterations is there for the state it leaves
-at the boundary. :func:`shorten` cuts every rank's first iteration to its last micro-batch (from
-that micro-batch's first op, its input copy, on; the earlier micro-batches are dropped) where
-nothing kept depends on a dropped op, no collective is dropped on some members and kept on others,
-and no dropped op waits on the host; the engine runs the cut programs keeping each op's issue,
-start and end times, and :func:`check` decides from that run alone whether its steady window is
-the full run's. Where it finds a reason it may not be, the full programs are run
-(:mod:`simgpu.engine.shortcuts`). The argument, for the full run F and the cut run C: the engine's
-timing is a composition of maxima (an op starts at the latest of its issue, its stream's previous
-op's end, its dependencies' ends and, for a collective, its members' arrivals), durations and
-flows, so C's ops, from the cut on, run as F's shifted by one constant ``D`` wherever every input
-each takes in F is its input in C shifted by ``D`` or is no later than that (a max ignores it) and
-no flow meets another flow in one run that it does not meet in the other. The check asks:
+**The shortened first iteration.** The first of two iterations is there for the state it leaves at
+the boundary. :func:`shorten` cuts every rank's first iteration to its last micro-batch (from that
+micro-batch's first op, its input copy, on; the earlier micro-batches are dropped) where nothing
+kept depends on a dropped op, no collective is dropped on some members and kept on others, and no
+dropped op waits on the host. The input copies after the cut one, up to the rank's first host wait,
+run there with no bytes (the full run's CPU issues them long before it reaches the last
+micro-batch's kernels, so that they run among the dropped micro-batches, not where the cut run's
+CPU issues them); their bytes are put back into the link counters afterwards (:func:`restore`). The
+engine runs the cut programs keeping each op's issue, start and end times, and :func:`check`
+decides from that run alone whether its steady window is the full run's. Where it finds a reason it
+may not be, the full programs are run (:mod:`simgpu.engine.shortcuts`). The argument, for the full
+run F and the cut run C: the engine's timing is a composition of maxima (an op starts at the latest
+of its issue, its stream's previous op's end, its dependencies' ends and, for a collective, its
+members' arrivals), durations and flows, so C's ops, from the cut on, run as F's shifted by one
+constant ``D`` wherever every input each takes in F is its input in C shifted by ``D`` or is no
+later than that (a max ignores it) and no flow meets another flow in one run that it does not meet
+in the other. The check asks:
 
 - (CPU) F's CPU is at least as far ahead of the GPU as C's: F's CPU reaches the cut after the
   dropped ops' launches (no host wait among them), F's GPU no sooner than the dropped kernels on
@@ -43,7 +47,9 @@ no flow meets another flow in one run that it does not meet in the other. The ch
   copy surely ends before any kept op can start in F (F's issue times are its CPU's launches one
   after the other up to a host wait; a copy moves at least its links' capacities shared by every
   rank's host route on them) and no dropped collective crosses its links, it meets only copies in
-  F, and in C it need meet no collective while it actually runs.
+  F, and in C it need meet no collective while it actually runs. A copy C ran with no bytes must
+  be such a copy (it then changes nothing in either run, and the bytes F's moves are its
+  iteration's, put back), and must end before the window and bind no dependent, as above.
 - (CPU records) before the rank's first host wait that blocks (after which C's CPU and F's agree),
   the CPU issues every op before the window begins, so the window's CPU records agree too.
 - (the boundary repeats) on every rank, nothing of C's first iteration still runs when its step
@@ -136,10 +142,26 @@ _GPU_KINDS: Final = ("kernel", "memcpy", "collective")
 @dataclass(frozen=True)
 class Cut:
     """The programs with every rank's first iteration cut to its last micro-batch: ``workload`` runs
-    them, ``dropped`` is, per rank, how many ops were dropped from the front of its program."""
+    them, ``dropped`` is, per rank, how many ops were dropped from the front of its program, and
+    ``off``, per rank, the input copies taken off the links (run with no bytes: see :func:`shorten`),
+    each ``(index in the cut program, bytes)``."""
 
     workload: Workload
     dropped: dict[int, int]
+    off: dict[int, list[tuple[int, int]]]
+
+
+def _take_off(ops: list[Op]) -> tuple[list[Op], list[tuple[int, int]]]:
+    """``ops`` (a cut program) with its input copies after the first, up to its first host wait,
+    moving no bytes; and which they were, with their bytes."""
+    wait = next((k for k, o in enumerate(ops) if o.kind == "host_wait"), len(ops))
+    out, off = list(ops), []
+    for k in range(1, wait):
+        o = out[k]
+        if o.kind == "memcpy" and not o.deps and o.nbytes > 0 and o.delay_s == 0:
+            out[k] = replace(o, nbytes=0)
+            off.append((k, o.nbytes))
+    return out, off
 
 
 def _micro_batches(ops: Sequence[Op], iteration: int) -> list[int]:
@@ -156,7 +178,8 @@ def shorten(workload: Workload) -> Cut | str:
     dropped: dict[int, int] = {}
     cut_keys: set[str] = set()
     kept_keys: set[str] = set()
-    shifted: dict[tuple[int, int], list[Op]] = {}  # (id(op list), cut) -> the cut list, for shared templates
+    shifted: dict[tuple[int, int], tuple[list[Op], list[tuple[int, int]]]] = {}  # (id(op list), cut) -> cut list
+    off: dict[int, list[tuple[int, int]]] = {}
     programs = []
     for prog in workload.programs:
         ops = prog.ops
@@ -176,22 +199,23 @@ def shorten(workload: Workload) -> Cut | str:
             if o.coll is not None:
                 kept_keys.add(o.coll.key)
 
-        def cut_list(lst: list[Op], c: int = c) -> list[Op]:
+        def cut_list(lst: list[Op], c: int = c) -> tuple[list[Op], list[tuple[int, int]]]:
             got = shifted.get((id(lst), c))
             if got is None:
-                got = shifted[id(lst), c] = [o if not o.deps else replace(o, deps=tuple(d - c for d in o.deps))
-                                             for o in lst[c:]]
+                got = shifted[id(lst), c] = _take_off(
+                    [o if not o.deps else replace(o, deps=tuple(d - c for d in o.deps)) for o in lst[c:]])
             return got
 
         template = prog.template if prog.template is not None and len(prog.template) == len(ops) else None
-        new_ops = cut_list(ops) if template is None or template is ops else [
-            o if not o.deps else replace(o, deps=tuple(d - c for d in o.deps)) for o in ops[c:]]
-        programs.append(Program(prog.rank, new_ops, None if template is None else cut_list(template)))
+        new_ops, taken = cut_list(ops) if template is None or template is ops else _take_off(
+            [o if not o.deps else replace(o, deps=tuple(d - c for d in o.deps)) for o in ops[c:]])
+        programs.append(Program(prog.rank, new_ops, None if template is None else cut_list(template)[0]))
         dropped[prog.rank] = c
+        off[prog.rank] = taken
     both = cut_keys & kept_keys
     if both:
         return f"collective {sorted(both)[0]!r} is dropped on some ranks and kept on others"
-    return Cut(replace(workload, programs=programs), dropped)
+    return Cut(replace(workload, programs=programs), dropped, off)
 
 
 def check(result: SimResult, cut: Cut, full: Workload, topo: Topology, planner: Planner,
@@ -226,8 +250,8 @@ def check(result: SimResult, cut: Cut, full: Workload, topo: Topology, planner: 
                 "full run's CPU need not be ahead of the shortened one's")
     early = _early_copies(full, cut, topo, fold, options.launch_s, share)
     #: copies that start when issued: (rank, op, ready, end, (issue, ready, the CPU's extra lead in the full run),
-    #: whether the full run's copy surely ends before any kept op can start there)
-    copies: list[tuple[int, int, float, float, tuple[float, float, float], bool]] = []
+    #: whether the full run's copy surely ends before any kept op can start there, whether it moved no bytes)
+    copies: list[tuple[int, int, float, float, tuple[float, float, float], bool, bool]] = []
     layouts: dict[int, _Layout | str] = {}
     for prog in cut.workload.programs:
         rank, ops = prog.rank, prog.ops
@@ -262,8 +286,9 @@ def check(result: SimResult, cut: Cut, full: Workload, topo: Topology, planner: 
         if len(late):
             return (f"rank {rank}'s CPU launches {ops[int(late[0])].name!r} inside the steady window, where its lead "
                     "counts")
-        # (b) what starts when the CPU issues it
-        for i in np.flatnonzero(free[:blocked] & gpu[:blocked]).tolist():
+        # (b) what starts when the CPU issues it, and the copies taken off the links
+        taken = {k for k, _ in cut.off.get(rank, ())}
+        for i in sorted(set(np.flatnonzero(free[:blocked] & gpu[:blocked]).tolist()) | taken):
             o = ops[i]
             if o.kind != "memcpy" and i >= e0:  # in the first iteration: the cold entry, which (a) compared
                 return f"rank {rank}'s {o.kind} {o.name!r} starts when the CPU issues it: the CPU's lead counts"
@@ -281,7 +306,10 @@ def check(result: SimResult, cut: Cut, full: Workload, topo: Topology, planner: 
             if end[i] > b0 + tol:
                 return f"rank {rank}'s copy {o.name!r}, which starts when issued, runs in the steady window"
             soon = early.get(rank, {}).get(i, math.inf) <= lead_gpu - tol
-            copies.append((rank, i, ready, float(end[i]), (float(issue[i]), ready, ahead[rank]), soon))
+            if i in taken and not soon:
+                return (f"rank {rank}'s copy {o.name!r}, run with no bytes, may not end in the full run before "
+                        "its kept ops start")
+            copies.append((rank, i, ready, float(end[i]), (float(issue[i]), ready, ahead[rank]), soon, i in taken))
     return _alone(copies, programs, times, topo, planner, fold, tol,
                   [o for p in full.programs for o in p.ops[:cut.dropped[p.rank]] if o.kind == "collective"])
 
@@ -370,7 +398,7 @@ def _early_copies(full: Workload, cut: Cut, topo: Topology, fold: FoldMap | None
     return out
 
 
-def _alone(copies: list[tuple[int, int, float, float, tuple[float, float, float], bool]],
+def _alone(copies: list[tuple[int, int, float, float, tuple[float, float, float], bool, bool]],
            programs: dict[int, list[Op]], times: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]],
            topo: Topology, planner: Planner, fold: FoldMap | None, tol: float, dropped: list[Op]) -> str:
     """Why one of ``copies`` (started when issued, each ``(rank, op, ready, end, key, soon)``) may share
@@ -383,7 +411,7 @@ def _alone(copies: list[tuple[int, int, float, float, tuple[float, float, float]
     it may meet nothing from when it could start (``ready``) to its end."""
     if not copies:
         return ""
-    together = {(rank, i): key for rank, i, _, _, key, _ in copies}
+    together = {(rank, i): key for rank, i, _, _, key, _, _ in copies}
     routes: dict[int, set[int]] = {}
 
     def host_links(rank: int) -> set[int]:
@@ -421,9 +449,14 @@ def _alone(copies: list[tuple[int, int, float, float, tuple[float, float, float]
             crossed = None
             break
         crossed |= got
-    for rank, i, lo, hi, key, soon in copies:
+    for rank, i, lo, hi, key, soon, taken in copies:
         mine = host_links(rank)
         soon = soon and crossed is not None and not (crossed & mine)
+        if taken:  # moved no bytes in the cut run; in the full run, soon, it meets copies only
+            if not soon:
+                return (f"rank {rank}'s copy {programs[rank][i].name!r}, run with no bytes, shares a link with a "
+                        "dropped collective")
+            continue
         if soon:
             lo = float(times[rank][1][i])
         for other, ops in programs.items():
@@ -447,3 +480,48 @@ def _alone(copies: list[tuple[int, int, float, float, tuple[float, float, float]
                     return (f"rank {rank}'s copy {programs[rank][i].name!r}, which starts when issued, shares a link "
                             f"with rank {other}'s {o.name!r} while it may run")
     return ""
+
+
+def restore(result: SimResult, cut: Cut, topo: Topology) -> None:
+    """Put the bytes of the copies :func:`shorten` took off the links back into ``result``'s link
+    statistics and per-iteration byte counters (on their routes, as the engine carries them), once
+    :func:`check` has found that nothing else depends on them."""
+    taken = [(rank, k, n) for rank, items in cut.off.items() for k, n in items]
+    if not taken or "iteration_link_bytes" not in result.meta:
+        return
+    reps = cut.workload.replicas
+    fold = FoldMap(topo, reps) if reps is not None else None
+    programs = {p.rank: p.ops for p in cut.workload.programs}
+    per = np.asarray(result.meta["iteration_link_bytes"], dtype=float)
+    busy = np.asarray(result.meta["iteration_link_busy_s"], dtype=float)
+    links = topo.links
+    ids = {links[i].name: i for i in range(len(links))}
+    stats = result.link_stats
+    old = [ids[str(x)] for x in stats["link"]]
+    add = np.zeros((len(per), len(links)))
+    for rank, k, n in taken:
+        route = topo.host_route(rank, to_device=True)
+        np.add.at(add[programs[rank][k].iteration], list(fold.route(route) if fold is not None else route), float(n))
+    used = sorted(set(old) | set(np.flatnonzero(add.sum(axis=0)).tolist()))
+    col = {lid: j for j, lid in enumerate(old)}
+    def grown(a: np.ndarray, extra: np.ndarray | None) -> np.ndarray:
+        out = np.zeros((len(a), len(used)))
+        for j, lid in enumerate(used):
+            if lid in col:
+                out[:, j] = a[:, col[lid]]
+            if extra is not None:
+                out[:, j] += extra[:, lid]
+        return out
+
+    per, busy = grown(per, add), grown(busy, None)
+    total = np.asarray(stats["nbytes"], dtype=float)
+    busy_total = np.asarray(stats["busy_s"], dtype=float)
+    result.link_stats = stats.__class__({
+        "link": [links[i].name for i in used],
+        "link_kind": [links[i].kind for i in used],
+        "capacity_gbytes_per_s": topo.capacity[used] / 1e9,
+        "nbytes": [(total[col[i]] if i in col else 0.0) + float(add[:, i].sum()) for i in used],
+        "busy_s": [busy_total[col[i]] if i in col else 0.0 for i in used],
+    }, columns=list(stats.columns))
+    result.meta["iteration_link_bytes"] = per.tolist()
+    result.meta["iteration_link_busy_s"] = busy.tolist()
