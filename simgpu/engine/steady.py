@@ -77,7 +77,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
+from operator import attrgetter
 from typing import Final
 
 import numpy as np
@@ -170,6 +171,26 @@ def _micro_batches(ops: Sequence[Op], iteration: int) -> list[int]:
             and (i == 0 or ops[i - 1].phase != "data" or ops[i - 1].iteration != iteration)]
 
 
+#: an Op's fields in order, read at once (a new Op from them is faster to make than dataclasses.replace)
+_FIELDS: Final = [f.name for f in fields(Op)]
+_GET: Final = attrgetter(*_FIELDS)
+_DEPS: Final = _FIELDS.index("deps")
+
+
+def _shift(o: Op, c: int) -> Op:
+    """``o`` with its dependencies renumbered from ``c`` (a new Op where it has any)."""
+    if not o.deps:
+        return o
+    v = list(_GET(o))
+    v[_DEPS] = tuple([d - c for d in o.deps])
+    return Op(*v)
+
+
+def _shifted(ops: list[Op], c: int) -> list[Op]:
+    """``ops[c:]``, each :func:`_shift`-ed."""
+    return [_shift(o, c) for o in ops[c:]]
+
+
 def shorten(workload: Workload) -> Cut | str:
     """``workload``'s programs with each rank's first iteration from its last micro-batch's first op
     on, or why they cannot be cut so (see the module docstring)."""
@@ -178,7 +199,7 @@ def shorten(workload: Workload) -> Cut | str:
     dropped: dict[int, int] = {}
     cut_keys: set[str] = set()
     kept_keys: set[str] = set()
-    shifted: dict[tuple[int, int], tuple[list[Op], list[tuple[int, int]]]] = {}  # (id(op list), cut) -> cut list
+    shifted: dict[tuple[int, int], tuple[list[Op], list[Op], list[tuple[int, int]]]] = {}  # by (id(list), cut)
     off: dict[int, list[tuple[int, int]]] = {}
     programs = []
     for prog in workload.programs:
@@ -194,22 +215,27 @@ def shorten(workload: Workload) -> Cut | str:
             if o.coll is not None:
                 cut_keys.add(o.coll.key)
         for o in ops[c:]:
-            if any(d < c for d in o.deps):
+            if o.deps and min(o.deps) < c:
                 return f"rank {prog.rank}'s op {o.name!r} depends on an op of an earlier micro-batch"
             if o.coll is not None:
                 kept_keys.add(o.coll.key)
 
-        def cut_list(lst: list[Op], c: int = c) -> tuple[list[Op], list[tuple[int, int]]]:
+        def cut_list(lst: list[Op], c: int = c) -> tuple[list[Op], list[Op], list[tuple[int, int]]]:
+            """``lst`` cut at ``c``: shifted, and shifted with its copies taken off, and which those are."""
             got = shifted.get((id(lst), c))
             if got is None:
-                got = shifted[id(lst), c] = _take_off(
-                    [o if not o.deps else replace(o, deps=tuple(d - c for d in o.deps)) for o in lst[c:]])
+                moved = _shifted(lst, c)
+                got = shifted[id(lst), c] = (moved, *_take_off(moved))
             return got
 
         template = prog.template if prog.template is not None and len(prog.template) == len(ops) else None
-        new_ops, taken = cut_list(ops) if template is None or template is ops else _take_off(
-            [o if not o.deps else replace(o, deps=tuple(d - c for d in o.deps)) for o in ops[c:]])
-        programs.append(Program(prog.rank, new_ops, None if template is None else cut_list(template)[0]))
+        if template is None or template is ops:
+            _, new_ops, taken = cut_list(ops)
+        else:  # the template's cut ops where the rank shares its Op objects, its own shifted elsewhere
+            base = cut_list(template)[0]
+            new_ops, taken = _take_off([b if o is t else _shift(o, c)
+                                        for o, t, b in zip(ops[c:], template[c:], base, strict=True)])
+        programs.append(Program(prog.rank, new_ops, None if template is None else cut_list(template)[1]))
         dropped[prog.rank] = c
         off[prog.rank] = taken
     both = cut_keys & kept_keys
