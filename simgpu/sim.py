@@ -119,14 +119,19 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
 
 def kernel_seconds(records: pd.DataFrame) -> dict[str, float]:
     """Simulated kernel seconds per model name (sorted by name): ``records``' kernel rows grouped by
-    ``model``, their durations summed. The kernel rows' columns are read, not copied as rows, and
-    an Arrow-backed ``model`` column is grouped by its dictionary codes rather than its strings."""
+    ``model``, their durations summed. The kernel rows' columns are read, not copied as rows; a
+    categorical ``model`` column (the engine's) is grouped by its codes, an Arrow-backed one by its
+    dictionary codes, rather than by its strings."""
     kernel = (records["kind"] == "kernel").to_numpy()
     d = pd.Series(records["end_s"].to_numpy()[kernel] - records["start_s"].to_numpy()[kernel])
     model = records["model"]
     arrow = getattr(model.array, "__arrow_array__", None)
-    if arrow is None:
-        key: Any = model.to_numpy()[kernel]
+    if isinstance(model.dtype, pd.CategoricalDtype):
+        cat = model.array
+        key: Any = pd.Categorical.from_codes(cat.codes[kernel], dtype=cat.dtype)
+        key = key.reorder_categories(sorted(cat.categories))  # groups in the order of their names
+    elif arrow is None:
+        key = model.to_numpy()[kernel]
     else:
         import pyarrow.compute as pc
 

@@ -172,6 +172,11 @@ _NO_TIMES = _view(np.zeros(0))
 _NO_COUNTS = _view(np.zeros(0, dtype=np.int32))
 _EMPTY_TIMES = np.zeros((4, 0, 0))
 _EMPTY_COUNTS = np.zeros((0, 0), dtype=np.int32)
+#: the records' string columns, in the order of :attr:`_Columns.codes`
+_CODED = ("stream", "name", "category", "phase", "kind", "model")
+#: about how many records :meth:`Engine._records` sorts at once (its scratch arrays: some 60 bytes a
+#: record), whole ranks at a time
+_SORT_ROWS = 1 << 21
 
 
 class _Call:
@@ -652,9 +657,12 @@ class Engine:
         ``sort_values(["rank", "stream", "start_s", "end_s"], kind="stable")`` over the records as
         they happened: within a rank's stream, records happen in program order (a stream runs its
         ops in issue order; the CPU thread walks the program, an op's launch before its host_wait).
-        Each template's columns are worked out once, as codes into one table of strings; its ranks'
-        records are sorted in one go, each rank's on their own (the times are then let go), and the
-        table is filled a column at a time. Called once, after the run."""
+        Each template's columns are worked out once, as codes into one table of strings; the string
+        columns are categoricals (per column, the strings it holds in sorted order, and one small
+        integer code per record), ``rank`` is int32, the times float64 and ``nbytes`` int64. The
+        columns are allocated once and filled a template at a time, a bounded number of its ranks
+        at a time: their records sorted in one go, each rank's on their own; a template's times are
+        let go once its ranks' rows are filled. Called once, after the run."""
         strings: dict[str, int] = {}
 
         def code(x: str) -> int:
@@ -673,37 +681,58 @@ class Engine:
         for r in sorted(self._ranks.values(), key=lambda r: r.rank):
             offset[r.rank] = total
             total += rows[id(self._shape_of[r.rank])]
-        if not total:
-            return pd.DataFrame.from_records([], columns=list(RECORD_COLUMNS))
         table = list(strings)
-        place = np.argsort(np.argsort(np.asarray(table, dtype=object))).astype(np.int32)  # sorted position
-        rank = np.empty(total, dtype=np.int64)
+        # per string column: its categories (the strings it holds, sorted) and each table code's
+        # place among them, in the smallest integer type that holds them
+        cats: list[list[str]] = []
+        remaps: list[np.ndarray] = []
+        for c in range(len(_CODED)):
+            used = np.unique(np.concatenate([t.codes[c] for t in tables])) if tables else np.zeros(0, dtype=np.int32)
+            names = sorted({table[u] for u in used.tolist() if table[u] is not None})
+            place = {s: i for i, s in enumerate(names)}
+            dtype = _code_dtype(len(names))
+            remap = np.full(len(table), -1, dtype=dtype)
+            for u in used.tolist():
+                if table[u] is not None:
+                    remap[u] = place[table[u]]
+            cats.append(names)
+            remaps.append(remap)
+        rank = np.empty(total, dtype=np.int32)
         start, end = np.empty(total), np.empty(total)
-        sorts: list[tuple[_Columns, np.ndarray, np.ndarray]] = []
+        nbytes = np.empty(total, dtype=np.int64)
+        coded = [np.empty(total, dtype=remap.dtype) for remap in remaps]
         for shape, t in zip(shapes, tables, strict=True):
-            k, n = len(shape.ranks), len(t.seq)
+            n = len(t.seq)
+            local_codes = [remap[t.codes[c]] for c, remap in enumerate(remaps)]  # this template's records
+            stream_place = local_codes[0].astype(np.int64)  # sorted position of the stream's name
             times = shape.times
-            first = np.concatenate([times[0], times[2][:, t.second]], axis=1).ravel()
-            last = np.concatenate([times[1], times[3][:, t.second]], axis=1).ravel()
-            for r in shape.ranks:
+            ranks = shape.ranks
+            step = max(1, _SORT_ROWS // max(1, n))
+            for a in range(0, len(ranks), step):
+                part = ranks[a:a + step]
+                k = len(part)
+                first = np.concatenate([times[0, a:a + k], times[2, a:a + k][:, t.second]], axis=1).ravel()
+                last = np.concatenate([times[1, a:a + k], times[3, a:a + k][:, t.second]], axis=1).ravel()
+                # every rank's records sorted on their own: the rank (its row of the block) first
+                perm = np.lexsort((np.tile(t.seq, k), last, first, np.tile(stream_place, k),
+                                   np.repeat(np.arange(k), n)))
+                where = _rows(np.asarray([offset[r.rank] for r in part], dtype=np.int64), n)
+                rank[where] = np.repeat(np.asarray([r.rank for r in part], dtype=np.int32), n)
+                start[where] = first[perm]
+                end[where] = last[perm]
+                del first, last
+                local = perm % n
+                del perm
+                for out, values in zip(coded, local_codes, strict=True):
+                    out[where] = values[local]
+                nbytes[where] = t.codes[len(_CODED)][local]
+                del local, where
+            for r in ranks:
                 r.launch = r.issue = r.start = r.end = _NO_TIMES  # the records hold them now
             shape.times = times = _EMPTY_TIMES
-            # every rank's records sorted on their own: the rank (its row of the block) first
-            perm = np.lexsort((np.tile(t.seq, k), last, first, np.tile(place[t.codes[0]], k),
-                               np.repeat(np.arange(k), n)))
-            firsts = np.asarray([offset[r.rank] for r in shape.ranks], dtype=np.int64)
-            where = _rows(firsts, n)
-            rank[where] = np.repeat(np.asarray([r.rank for r in shape.ranks], dtype=np.int64), n)
-            start[where] = first[perm]
-            end[where] = last[perm]
-            sorts.append((t, firsts, (perm % n).astype(np.int32)))
-            del first, last, perm, where
-        columns: dict[str, Any] = {"rank": rank}
-        for c, col in enumerate(("stream", "name", "category", "phase", "kind")):
-            columns[col] = _strings(table, _gather(sorts, total, c, np.int32))
-        columns["start_s"], columns["end_s"] = start, end
-        columns["nbytes"] = _gather(sorts, total, 6, np.int64)
-        columns["model"] = _strings(table, _gather(sorts, total, 5, np.int32))
+        columns: dict[str, Any] = {"rank": rank, "start_s": start, "end_s": end, "nbytes": nbytes}
+        for col, codes, names in zip(_CODED, coded, cats, strict=True):
+            columns[col] = pd.Categorical.from_codes(codes, categories=names, validate=False)
         return pd.DataFrame(columns, columns=list(RECORD_COLUMNS), copy=False)
 
     def _result(self) -> SimResult:
@@ -773,23 +802,6 @@ def _rows(firsts: np.ndarray, n: int) -> np.ndarray:
     return np.repeat(firsts, n) + np.tile(np.arange(n, dtype=np.int64), len(firsts))
 
 
-def _gather(sorts: list[tuple[_Columns, np.ndarray, np.ndarray]], total: int, c: int, dtype: Any) -> np.ndarray:
-    """Column ``c`` of every rank's records in their sorted order: per template, its ranks' first
-    rows and which of its records goes to each row."""
-    out = np.empty(total, dtype=dtype)
-    for t, firsts, local in sorts:
-        out[_rows(firsts, len(t.seq))] = t.codes[c][local]
-    return out
-
-
-def _strings(table: list[str], codes: np.ndarray) -> Any:
-    """The column of ``table[c]`` for each code, in the dtype pandas gives a column of Python strings
-    (``str``, backed by Arrow, where pandas infers strings so; else ``object``)."""
-    dtype = pd.Series(["x"]).dtype
-    if getattr(dtype, "storage", None) == "pyarrow":
-        import pyarrow as pa
-
-        values = pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32, copy=False)),
-                                                pa.array(table, pa.large_string()))
-        return pd.array(values.cast(pa.large_string()), dtype=dtype)
-    return np.asarray(table, dtype=object)[codes]
+def _code_dtype(n: int) -> Any:
+    """The smallest signed integer type that holds the codes of ``n`` categories (and -1)."""
+    return np.int8 if n < 2**7 else np.int16 if n < 2**15 else np.int32
