@@ -117,13 +117,25 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
     return result
 
 
+#: rows :func:`kernel_seconds` reads at a time
+_CHUNK = 1 << 20
+
+
 def kernel_seconds(records: pd.DataFrame) -> dict[str, float]:
     """Simulated kernel seconds per model name (sorted by name): ``records``' kernel rows grouped by
     ``model``, their durations summed. The kernel rows' columns are read, not copied as rows; a
     categorical ``model`` column (the engine's) is grouped by its codes, an Arrow-backed one by its
     dictionary codes, rather than by its strings."""
     kernel = (records["kind"] == "kernel").to_numpy()
-    d = pd.Series(records["end_s"].to_numpy()[kernel] - records["start_s"].to_numpy()[kernel])
+    start, end = records["start_s"].to_numpy(), records["end_s"].to_numpy()
+    durations = np.empty(int(kernel.sum()))
+    at = 0
+    for a in range(0, len(kernel), _CHUNK):  # a chunk of rows at a time: no full-length copies
+        mask = kernel[a:a + _CHUNK]
+        part = end[a:a + _CHUNK][mask] - start[a:a + _CHUNK][mask]
+        durations[at:at + len(part)] = part
+        at += len(part)
+    d = pd.Series(durations)
     model = records["model"]
     arrow = getattr(model.array, "__arrow_array__", None)
     if isinstance(model.dtype, pd.CategoricalDtype):
