@@ -135,7 +135,7 @@ def kernel_seconds(records: pd.DataFrame) -> dict[str, float]:
         part = end[a:a + _CHUNK][mask] - start[a:a + _CHUNK][mask]
         durations[at:at + len(part)] = part
         at += len(part)
-    d = pd.Series(durations)
+    d = pd.Series(durations, copy=False)  # pandas copies an array by default
     model = records["model"]
     arrow = getattr(model.array, "__arrow_array__", None)
     if isinstance(model.dtype, pd.CategoricalDtype):
