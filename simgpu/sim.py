@@ -114,6 +114,11 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
         fold=1 if reps is None else reps.factor, fold_note=note, run=run_info(job, topo),
         steady_state=steady_note(job, workload.iterations, result), periodic=outcome.periodic,
     )
+    pp = job.workload.parallelism.pp
+    if job.workload.model.kind == "transformer_inference" and pp > 1:
+        result.meta["pipeline_note"] = (
+            f"one batch passes the {pp} stages one after another, so each stage is idle about {pp - 1}/{pp} of "
+            f"the iteration; `simgpu serve` keeps {pp} batches in flight per replica (vLLM's virtual engines)")
     return result
 
 
