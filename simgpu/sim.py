@@ -117,19 +117,41 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
         fold=1 if reps is None else reps.factor, fold_note=note, run=run_info(job, topo),
         steady_state=steady_note(job, workload.iterations, result), periodic=outcome.periodic,
     )
+    pp = job.workload.parallelism.pp
+    if job.workload.model.kind == "transformer_inference" and pp > 1:
+        result.meta["pipeline_note"] = (
+            f"one batch passes the {pp} stages one after another, so each stage is idle about {pp - 1}/{pp} of "
+            f"the iteration; `simgpu serve` keeps {pp} batches in flight per replica (vLLM's virtual engines)")
     return result
+
+
+#: rows :func:`kernel_seconds` reads at a time
+_CHUNK = 1 << 20
 
 
 def kernel_seconds(records: pd.DataFrame) -> dict[str, float]:
     """Simulated kernel seconds per model name (sorted by name): ``records``' kernel rows grouped by
-    ``model``, their durations summed. The kernel rows' columns are read, not copied as rows, and
-    an Arrow-backed ``model`` column is grouped by its dictionary codes rather than its strings."""
+    ``model``, their durations summed. The kernel rows' columns are read, not copied as rows; a
+    categorical ``model`` column (the engine's) is grouped by its codes, an Arrow-backed one by its
+    dictionary codes, rather than by its strings."""
     kernel = (records["kind"] == "kernel").to_numpy()
-    d = pd.Series(records["end_s"].to_numpy()[kernel] - records["start_s"].to_numpy()[kernel])
+    start, end = records["start_s"].to_numpy(), records["end_s"].to_numpy()
+    durations = np.empty(int(kernel.sum()))
+    at = 0
+    for a in range(0, len(kernel), _CHUNK):  # a chunk of rows at a time: no full-length copies
+        mask = kernel[a:a + _CHUNK]
+        part = end[a:a + _CHUNK][mask] - start[a:a + _CHUNK][mask]
+        durations[at:at + len(part)] = part
+        at += len(part)
+    d = pd.Series(durations, copy=False)  # pandas copies an array by default
     model = records["model"]
     arrow = getattr(model.array, "__arrow_array__", None)
-    if arrow is None:
-        key: Any = model.to_numpy()[kernel]
+    if isinstance(model.dtype, pd.CategoricalDtype):
+        cat = model.array
+        key: Any = pd.Categorical.from_codes(cat.codes[kernel], dtype=cat.dtype)
+        key = key.reorder_categories(sorted(cat.categories))  # groups in the order of their names
+    elif arrow is None:
+        key = model.to_numpy()[kernel]
     else:
         import pyarrow.compute as pc
 

@@ -54,6 +54,24 @@ def test_run_and_timer_agree_and_repeat() -> None:
     assert timer.time([spec_step(job.workload.serve)])[0] == pytest.approx(a.iteration_time_s, rel=1e-9)
 
 
+def test_a_pipelined_iteration_is_one_batch_through_the_stages_and_says_so(tmp_path: Path, capsys) -> None:
+    """PP2 x TP4: the iteration is one batch through both stages (their shares from the timer sum
+    to it), and the summary says that serving keeps two batches in flight."""
+    path = ROOT / "workloads" / "inference" / "llama2_70b_dgx_h100_tp4.yaml"
+    assert run.main([str(path), "--set", "parallelism.pp=2", "--out", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert "2 stages one after another" in summary["pipeline"] and "2 batches in flight" in summary["pipeline"]
+    assert "pipeline  one batch passes the 2 stages" in capsys.readouterr().out
+    job = load_job(path, ["parallelism.pp=2"])
+    from simgpu.workload.inference.builder import spec_step
+    stages = EngineTimer(job, exact=True).stage_times([spec_step(job.workload.serve)])[0]
+    assert stages.sum() * 1e3 == pytest.approx(summary["iteration_time_ms"], rel=1e-3)
+    assert 0.8 < stages[0] / stages[1] < 1.25
+    assert run.main([str(path), "--out", str(tmp_path / "tp4")]) == 0
+    tp4 = json.loads((tmp_path / "tp4" / "summary.json").read_text())
+    assert "pipeline" not in tp4
+
+
 def test_kv_cache_per_token_is_gqa_aware() -> None:
     """Llama-2-70B: 80 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes = 320 KiB per token over the
     model, a quarter on each of 4 GPUs, an eighth (one KV head) on each of 8."""

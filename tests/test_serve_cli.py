@@ -121,3 +121,25 @@ def test_mlperf_server_rows_are_read(tmp_path):
     rows = server_rows(DATA)
     assert len(rows) >= 1 and (rows.tp.notna()).all() and (rows.total_accelerators == 8).all()
     assert server_rows(DATA, every=True).shape[0] > len(rows)
+
+
+@needs_llama
+def test_the_shipped_pipeline_parallel_example_runs(tmp_path, capsys):
+    """``llama2_70b_2x_dgx_h100_pp2.yaml`` (two PP2 x TP4 replicas) as shipped, on its first 300
+    requests: every request served on 16 GPUs with as many output tokens/s as the four TP4 replicas
+    of ``llama2_70b_2x_dgx_h100_10k.yaml`` give the same requests (both keep up with the load)."""
+    from conftest import DATA
+
+    if not (DATA / "inference" / "azure-llm-trace-2023").is_dir():
+        pytest.skip("no Azure LLM trace in ../shared/data")
+    out = {}
+    for name in ("llama2_70b_2x_dgx_h100_pp2", "llama2_70b_2x_dgx_h100_10k"):
+        assert main([str(SERVING / f"{name}.yaml"), "--set", "requests.count=300", "--out", str(tmp_path / name),
+                     "--quiet"]) == 0
+        out[name] = json.loads((tmp_path / name / "summary.json").read_text())
+        assert (tmp_path / name / "timeline.png").is_file()
+    pp, tp = out["llama2_70b_2x_dgx_h100_pp2"], out["llama2_70b_2x_dgx_h100_10k"]
+    assert pp["requests"] == 300 and pp["gpus"] == 16 and "2 x 8 GPUs" in pp["deployment"]
+    assert pp["goodput"]["p99_meets_slo"]
+    rate = pp["throughput"]["output_tokens_per_s"]
+    assert rate == pytest.approx(tp["throughput"]["output_tokens_per_s"], rel=0.05)

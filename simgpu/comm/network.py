@@ -25,12 +25,14 @@ computed again.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
 from itertools import chain
 from typing import Any
 
 import numpy as np
 import simpy
+from simpy.events import NORMAL
 
 from .parts import Incidence, PartGroups, part_anchors
 from .plan import TransferTable
@@ -41,17 +43,59 @@ _EPS_S = 1e-12  # flows within this many seconds of completion are complete
 _CHECK_TOL = 1e-8
 #: the fewest transfers started together that are grouped into aggregates (fewer cost less one by one)
 AGGREGATE_FROM = 64
+_ONES = tuple(np.array([k]) for k in range(AGGREGATE_FROM))
+for _a in _ONES:
+    _a.flags.writeable = False
 #: the most (group, link) counters the aggregates' links are counted in at once (beyond: sorted)
 _DENSE_BINS = 1 << 26
 
 
+class _Soon:
+    """An event on SimPy's queue that calls ``fn(arg)`` when processed: scheduled directly, as a
+    ``Timeout`` or a succeeded event would be, without an event of SimPy's or a closure (the engine's
+    loop calls ``fn`` itself; SimPy's ``step`` calls it through ``callbacks``)."""
+
+    __slots__ = ("arg", "callbacks", "fn")
+    _ok = True
+
+    def __init__(self, fn: Any, arg: Any) -> None:
+        self.fn, self.arg, self.callbacks = fn, arg, _FIRE
+
+
+def _fire(event: _Soon) -> None:
+    event.fn(event.arg)
+
+
+_FIRE = [_fire]
+
+
+def soon(env: simpy.Environment, t: float, fn: Any, arg: Any) -> None:
+    """Call ``fn(arg)`` at simulated time ``t`` (now if ``t`` has passed), at the place in SimPy's
+    queue that ``env.timeout(max(t - now, 0))`` would take."""
+    now = env._now
+    delay = t - now
+    queue: list[Any] = env._queue  # (time, priority, id, event)
+    heapq.heappush(queue, (now + (delay if delay > 0 else 0.0), NORMAL, next(env._eid), _Soon(fn, arg)))
+
+
 class _Join:
-    """Fires ``event`` once ``left`` member transfers have ended."""
+    """Fires ``event`` once ``left`` member transfers have ended (or, without an event, schedules
+    ``fn(arg)`` now, where ``event.succeed()`` would schedule the event)."""
 
-    __slots__ = ("event", "left")
+    __slots__ = ("arg", "env", "event", "fn", "left")
 
-    def __init__(self, event: simpy.Event, left: int) -> None:
-        self.event, self.left = event, left
+    def __init__(self, event: simpy.Event | None, left: int, env: simpy.Environment | None = None,
+                 fn: Any = None, arg: Any = None) -> None:
+        self.event, self.left, self.env, self.fn, self.arg = event, left, env, fn, arg
+
+    def fire(self) -> None:
+        if self.event is not None:
+            self.event.succeed()
+            return
+        env = self.env
+        assert env is not None
+        queue: list[Any] = env._queue
+        heapq.heappush(queue, (env._now, NORMAL, next(env._eid), _Soon(self.fn, self.arg)))
 
 
 class _Batch:
@@ -97,7 +141,7 @@ class _Batch:
         if self.shared is not None:
             self.shared.left -= len(idx) if count is None else count
             if self.shared.left == 0:
-                self.shared.event.succeed()
+                self.shared.fire()
             return
         for i in idx.tolist():
             if self.targets[i] is not None:
@@ -106,7 +150,9 @@ class _Batch:
     def flow_ended(self, f: _Flow) -> None:
         """The members of ``f`` have ended."""
         if self.shared is not None:
-            self.ended(np.zeros(0, dtype=np.int64), f.count)
+            self.shared.left -= f.count
+            if self.shared.left == 0:
+                self.shared.fire()
         else:
             self.ended(f.idx)
 
@@ -136,12 +182,14 @@ class _Flow:
     with; ``active`` whether it is on the network."""
 
     __slots__ = ("_idx", "active", "batch", "block", "cap", "common", "count", "finish", "group", "last", "links",
-                 "rate", "remaining", "serial", "w")
+                 "rate", "remaining", "route", "serial", "w")
 
     def __init__(self, links: np.ndarray, w: np.ndarray, nbytes: float, batch: _Batch, idx: np.ndarray | None,
                  cap: float = float("inf"), common: np.ndarray | None = None, serial: int = 0,
-                 group: tuple[PartGroups, int] | None = None) -> None:
+                 group: tuple[PartGroups, int] | None = None, route: _Route | None = None) -> None:
         self.links, self.w, self.remaining, self.rate, self.cap = links, w, nbytes, 0.0, cap
+        #: a single route's facts (:meth:`FlowNetwork._route`), where it came from a list of transfers
+        self.route = route
         self.batch, self._idx, self.common, self.group = batch, idx, common, group
         self.count = len(idx) if idx is not None else int(group[0].size[group[1]]) if group is not None else 0
         self.serial, self.last, self.finish = serial, 0.0, float("inf")
@@ -175,6 +223,16 @@ class _Block:
         self.members, self.links, self.serial, self.live = members, links, serial, len(members)
         for f in members:
             f.block = self
+
+
+#: one route's distinct links and edges crossing each (as arrays and as lists), and its rate alone on
+#: the network (its slowest link's share)
+_Route = tuple[np.ndarray, np.ndarray, list[int], list[float], float]
+
+
+def _one(k: int) -> np.ndarray:
+    """``np.array([k])``, shared (read only) for the first few ``k``."""
+    return _ONES[k] if k < len(_ONES) else np.array([k])
 
 
 def _single(batch: _Batch, i: int, nbytes: float, cap: float) -> _Flow:
@@ -371,8 +429,9 @@ class FlowNetwork:
             raise ValueError("link capacities must be positive")
         self.env = env
         self.capacity = np.asarray(capacity, dtype=float)
-        self.link_bytes = np.zeros(len(capacity))
-        self.link_busy_s = np.zeros(len(capacity))
+        # bytes and busy seconds per link, as Python floats (added to one link at a time)
+        self._bytes = [0.0] * len(capacity)
+        self._busy = [0.0] * len(capacity)
         self.transfers = 0
         self.reschedules = 0
         #: aggregates split because their members would part, and aggregates started
@@ -390,6 +449,18 @@ class FlowNetwork:
         self._record = record
         self._busy_since: dict[int, float] = {}
         self.intervals: list[tuple[int, float, float]] = []
+        #: link tuple -> its route's facts (:meth:`_route`): the same routes come again and again
+        self._routes: dict[tuple[int, ...], _Route] = {}
+
+    @property
+    def link_bytes(self) -> np.ndarray:
+        """Bytes each link has carried, up to its last settling (all of them after :meth:`finish`)."""
+        return np.array(self._bytes)
+
+    @property
+    def link_busy_s(self) -> np.ndarray:
+        """Seconds each link has carried traffic, as :attr:`link_bytes`."""
+        return np.array(self._busy)
 
     @property
     def flows(self) -> list[_Flow]:
@@ -443,16 +514,57 @@ class FlowNetwork:
                        ) -> simpy.Event:
         """Like :meth:`transfer_all`, but one event that fires when the last of them has ended."""
         done = self.env.event()
+        self._group(items, _Join(done, 0))
+        return done
+
+    def transfer_group_then(self, items: Sequence[tuple[Sequence[int], float, float]] | TransferTable,
+                            fn: Any, arg: Any) -> None:
+        """Like :meth:`transfer_group`, but ``fn(arg)`` is called where the event's callback would
+        be, at the same place in SimPy's queue, without the event."""
+        self._group(items, _Join(None, 0, self.env, fn, arg))
+
+    def _group(self, items: Sequence[tuple[Sequence[int], float, float]] | TransferTable, join: _Join) -> None:
+        if not isinstance(items, TransferTable) and (len(items) < max(2, self._aggregate_from)
+                                                     or self._aggregate_from <= 0):
+            # a few transfers (the edges of a ring, a pipeline's send): flows one by one, each
+            # from its route's facts worked out once (what _start_items and _flows_of do for them)
+            moving = [k for k, (links, b, _) in enumerate(items) if b > 0 and len(links) > 0]
+            self.transfers += len(items)
+            join.left = len(moving)
+            if not moving:
+                join.fire()
+                return
+            batch = _Batch([t[0] for t in items], (), join)
+            flows = []
+            for k in moving:
+                links, b, c = items[k]
+                route = self._route(links)
+                flows.append(_Flow(route[0], route[1], float(b), batch, _one(k), float(c), route=route))
+            self._start(flows)
+            return
         if isinstance(items, TransferTable):
-            join = _Join(done, int(np.count_nonzero(_moving(items))))
+            join.left = int(np.count_nonzero(_moving(items)))
         else:
-            join = _Join(done, sum(1 for links, b, _ in items if b > 0 and len(links) > 0))
+            join.left = sum(1 for links, b, _ in items if b > 0 and len(links) > 0)
         if join.left == 0:
             self.transfers += len(items)
-            done.succeed()
-            return done
+            join.fire()
+            return
         self._start_items(_Batch.of(items, shared=join), items)
-        return done
+
+    def _route(self, links: Sequence[int]) -> _Route:
+        """The route ``links``'s distinct links and the edges crossing each (as :func:`_single` finds
+        them), as lists too, and its rate alone on the network (as :meth:`_start_alone` finds it)."""
+        key = links if type(links) is tuple else tuple(links)
+        got = self._routes.get(key)
+        if got is None:
+            if len(set(key)) == len(key):  # a route: each link once
+                ids, w = np.array(key, dtype=np.int64), np.ones(len(key))
+            else:  # a coflow: a link once per edge crossing it
+                ids, mult = np.unique(np.asarray(key, dtype=np.int64), return_counts=True)
+                w = mult.astype(float)
+            got = self._routes[key] = (ids, w, ids.tolist(), w.tolist(), float(np.min(self.capacity[ids] / w)))
+        return got
 
     def finish(self) -> None:
         """Close the busy intervals still open and bring link counters up to date (call once the
@@ -524,7 +636,7 @@ class FlowNetwork:
             if f.block is not None:
                 blocks[f.block.serial] = f.block
                 continue
-            uniq = f.links.tolist()
+            uniq = f.links.tolist() if f.route is None else f.route[2]
             for lid in uniq:
                 self._on_link.setdefault(lid, {})[f.serial] = f
             seeds.update(uniq)
@@ -538,7 +650,7 @@ class FlowNetwork:
     def _alone(self, f: _Flow) -> bool:
         """Whether no active flow crosses any link of ``f`` (a flow not on the network yet)."""
         on = self._on_link
-        return not any(on.get(lid) for lid in f.links.tolist())
+        return not any(on.get(lid) for lid in (f.links.tolist() if f.route is None else f.route[2]))
 
     def _start_alone(self, f: _Flow, now: float) -> None:
         """Start ``f``, which shares no link with an active flow: :meth:`_reschedule` of its links,
@@ -549,21 +661,31 @@ class FlowNetwork:
             self._serial += 1
             f.serial = self._serial
         f.last, f.active = now, True
-        links = f.links.tolist()
+        route = f.route
+        if route is None:
+            links = f.links.tolist()
+            rate = min(float(np.min(self.capacity[f.links] / f.w)), f.cap)
+            loads = (f.w * rate).tolist()
+        else:
+            links = route[2]
+            rate = min(route[4], f.cap)
+            loads = [w * rate for w in route[3]]
+        on = self._on_link
+        serial = f.serial
         for lid in links:
-            self._on_link[lid] = {f.serial: f}
-        rate = min(float(np.min(self.capacity[f.links] / f.w)), f.cap)
+            on[lid] = {serial: f}
         if rate != f.rate:
             f.rate = rate
             f.finish = now + max(f.remaining / rate, 0.0)
-            heapq.heappush(self._heap, (f.finish, f.serial, f))
-        for lid, load in zip(links, (f.w * rate).tolist(), strict=True):
+            heapq.heappush(self._heap, (f.finish, serial, f))
+        link_rate, link_last = self._link_rate, self._link_last
+        for lid, load in zip(links, loads, strict=True):
             if load > 0:  # its links carried nothing before: no bytes to settle
-                self._link_rate[lid] = load
-                self._link_last[lid] = now
+                link_rate[lid] = load
+                link_last[lid] = now
             else:
-                self._link_rate.pop(lid, None)
-                self._link_last.pop(lid, None)
+                link_rate.pop(lid, None)
+                link_last.pop(lid, None)
             if self._record:
                 if load > 0:
                     self._busy_since.setdefault(lid, now)
@@ -610,8 +732,8 @@ class FlowNetwork:
         last = self._link_last.get(lid, now)
         rate = self._link_rate.get(lid, 0.0)
         if now > last and rate > 0:
-            self.link_bytes[lid] += rate * (now - last)
-            self.link_busy_s[lid] += now - last
+            self._bytes[lid] += rate * (now - last)
+            self._busy[lid] += now - last
         self._link_last[lid] = now
 
     def _split(self, flows: list[_Flow], broken: list[int], now: float) -> list[_Flow]:
@@ -644,18 +766,27 @@ class FlowNetwork:
         self.reschedules += 1
         now = self.env.now
         on = self._on_link
+        link_rate, link_last = self._link_rate, self._link_last
+        link_bytes, link_busy = self._bytes, self._busy
         if not any(on.get(lid) for lid in seeds):  # no flow left on them (a lone flow ended): all idle
-            for lid in seeds:
-                self._settle_link(lid, now)
-                self._link_rate.pop(lid, None)
-                self._link_last.pop(lid, None)
+            for lid in seeds:  # settled (as _settle_link does) and idled
+                rate = link_rate.pop(lid, 0.0)
+                last = link_last.pop(lid, now)
+                if now > last and rate > 0:
+                    link_bytes[lid] += rate * (now - last)
+                    link_busy[lid] += now - last
                 if self._record and lid in self._busy_since:
                     self.intervals.append((lid, self._busy_since.pop(lid), now))
             self._arm()
             return
         flows, touched = self._component(seeds)
-        for lid in touched:
-            self._settle_link(lid, now)
+        for lid in touched:  # _settle_link, inline
+            last = link_last.get(lid, now)
+            rate = link_rate.get(lid, 0.0)
+            if now > last and rate > 0:
+                link_bytes[lid] += rate * (now - last)
+                link_busy[lid] += now - last
+            link_last[lid] = now
         if flows:
             while True:
                 rates, ids, load, broken = _fair(flows, self.capacity)
@@ -702,8 +833,7 @@ class FlowNetwork:
         if t < self._wake_at:
             self._wake_at = t
             self._gen += 1
-            gen = self._gen
-            self.env.timeout(max(t - self.env.now, 0.0)).callbacks.append(lambda _e: self._wake(gen))
+            soon(self.env, t, self._wake, self._gen)  # where env.timeout(max(t - now, 0)) would go
 
     def _wake(self, gen: int) -> None:
         if gen != self._gen:
@@ -737,7 +867,7 @@ class FlowNetwork:
                     seeds.update(f.block.links.tolist())
                 self._retire(f.block)
                 continue
-            uniq = f.links.tolist()
+            uniq = f.links.tolist() if f.route is None else f.route[2]
             for lid in uniq:
                 on = self._on_link[lid]
                 del on[f.serial]
@@ -852,6 +982,10 @@ def _fair(flows: Sequence[_Flow], capacity: np.ndarray) -> tuple[np.ndarray, np.
         f = flows[0]
         rate = min(float(np.min(capacity[f.links] / f.w)), f.cap)
         return np.array([rate]), f.links, f.w * rate, []
+    if all(f.common is None and f.group is None for f in flows):
+        pairs = sum(len(f.links) for f in flows)
+        if pairs <= _SMALL_FILL:
+            return (*_fill_small(flows, capacity), [])
     pair_flow, pair_link, ids, pair_w = _incidence(flows, len(capacity))
     rates, link_rate = _fill(pair_flow, pair_link, pair_w, caps, capacity[ids])
     aggs = np.array([k for k, f in enumerate(flows) if f.common is not None], dtype=np.int64)
@@ -871,6 +1005,73 @@ def _fair(flows: Sequence[_Flow], capacity: np.ndarray) -> tuple[np.ndarray, np.
     ok = saturated[c] & (rates[aggs][owner] >= top[c] * (1 - _CHECK_TOL))
     held = np.bincount(owner[ok], minlength=len(aggs))
     return rates, ids, link_rate, aggs[held == 0].tolist()
+
+
+#: the most (flow, link) pairs of a component without aggregates whose rates are filled in plain Python
+#: (:func:`_fill_small`); beyond, numpy's per-call cost is the smaller
+_SMALL_FILL = 256
+
+
+def _fill_small(flows: Sequence[_Flow], capacity: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`_incidence` and :func:`_fill` for a few flows, in plain Python, with the same
+    operations in the same order (the same floats): each flow's rate, the links in use (sorted) and
+    the total rate on each."""
+    raw: list[int] = []
+    pf: list[int] = []
+    pw: list[float] = []
+    for k, f in enumerate(flows):
+        lids = f.links.tolist() if f.route is None else f.route[2]
+        raw += lids
+        pf += [k] * len(lids)
+        pw += f.w.tolist() if f.route is None else f.route[3]
+    ids = sorted(set(raw))
+    pos = {lid: j for j, lid in enumerate(ids)}
+    pl = [pos[lid] for lid in raw]
+    n, nl = len(flows), len(ids)
+    caps = [f.cap for f in flows]
+    capped = any(math.isfinite(c) for c in caps)
+    cap_l = capacity[ids].tolist()
+    cap_left = list(cap_l)
+    tol = [c * 1e-9 for c in cap_l]
+    rates = [0.0] * n
+    active = [True] * n
+    shrink = 1 - 1e-9
+    a_f, a_l, a_w = pf, pl, pw  # the pairs of unfrozen flows, in order
+    while True:
+        load = [0.0] * nl
+        for lk, w in zip(a_l, a_w, strict=True):  # np.bincount: summed in pair order
+            load[lk] += w
+        inc = math.inf
+        for lk in range(nl):
+            if load[lk] > 0:
+                x = cap_left[lk] / load[lk]
+                if x < inc:
+                    inc = x
+        if inc == math.inf:  # no link in use
+            break
+        if capped:
+            inc = min(inc, min(caps[k] - rates[k] for k in range(n) if active[k]))
+        for k in range(n):
+            if active[k]:
+                rates[k] += inc
+        for lk in range(nl):
+            cap_left[lk] -= inc * load[lk]
+        for fk, lk in zip(a_f, a_l, strict=True):
+            if load[lk] > 0 and cap_left[lk] <= tol[lk]:
+                active[fk] = False
+        if capped:
+            for k in range(n):
+                if active[k] and not rates[k] < caps[k] * shrink:
+                    active[k] = False
+        if not any(active):
+            break
+        if not all(active[fk] for fk in a_f):
+            keep = [j for j, fk in enumerate(a_f) if active[fk]]
+            a_f, a_l, a_w = [a_f[j] for j in keep], [a_l[j] for j in keep], [a_w[j] for j in keep]
+    link_rate = [0.0] * nl
+    for fk, lk, w in zip(pf, pl, pw, strict=True):
+        link_rate[lk] += w * rates[fk]
+    return np.array(rates), np.array(ids, dtype=np.int64), np.array(link_rate)
 
 
 def _incidence(flows: Sequence[_Flow], L: int) -> Incidence:

@@ -39,7 +39,7 @@ import pandas as pd
 import simpy
 from simpy.events import NORMAL
 
-from ..comm.network import AGGREGATE_FROM, FlowNetwork
+from ..comm.network import AGGREGATE_FROM, FlowNetwork, _Soon, soon
 from ..comm.plan import CollectiveRequest, TransferTable
 from ..comm.planner import Planner
 from ..errors import SimulationError
@@ -77,7 +77,7 @@ class EngineOptions:
     op_times: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class _Rendezvous:
     call: CollectiveCall
     needed: int  # members that arrive (the representatives among them, when folded)
@@ -98,7 +98,7 @@ class _Shape:
     """What the ranks of one template share (:attr:`Program.template`; a program without one is its
     own): each op's dependents and count of distinct dependencies."""
 
-    __slots__ = ("counts", "dependents", "deps_left", "left", "ops", "ranks", "times")
+    __slots__ = ("counts", "dependents", "deps_left", "ends_on", "left", "ops", "ranks", "starts_on", "times")
 
     def __init__(self, ops: list[Op]) -> None:
         n = len(ops)
@@ -111,6 +111,12 @@ class _Shape:
         self.counts = np.zeros((0, n), dtype=np.int32)
         self.deps_left = [0] * n
         self.dependents: list[list[int]] = [[] for _ in range(n)]
+        #: per op, the stream whose queue its end frees (kernels, copies, collectives), else None
+        self.ends_on: list[str | None] = [o.stream if o.kind in ("kernel", "memcpy", "collective") else None
+                                          for o in ops]
+        #: per op, the stream its last dependency's end may start it on (every kind but host work and
+        #: host_wait), else None
+        self.starts_on: list[str | None] = [None if o.kind in ("host", "host_wait") else o.stream for o in ops]
         for i, op in enumerate(ops):
             deps = set(op.deps)
             self.deps_left[i] = len(deps)
@@ -138,12 +144,14 @@ class _Rank:
         "deps_left",
         "done",
         "end",
+        "ends_on",
         "issue",
         "launch",
         "launch_scale",
         "ops",
         "rank",
         "start",
+        "starts_on",
         "streams",
         "wait_since",
         "waiting",
@@ -158,6 +166,7 @@ class _Rank:
         self.deps_left = _view(shape.counts[k])
         self.done = bytearray(len(ops))
         self.dependents = shape.dependents
+        self.ends_on, self.starts_on = shape.ends_on, shape.starts_on
         self.streams: dict[str, _Stream] = {}
         self.cursor = 0
         self.cpu_time = 0.0
@@ -175,6 +184,11 @@ _NO_TIMES = _view(np.zeros(0))
 _NO_COUNTS = _view(np.zeros(0, dtype=np.int32))
 _EMPTY_TIMES = np.zeros((4, 0, 0))
 _EMPTY_COUNTS = np.zeros((0, 0), dtype=np.int32)
+#: the records' string columns, in the order of :attr:`_Columns.codes`
+_CODED = ("stream", "name", "category", "phase", "kind", "model")
+#: about how many records :meth:`Engine._records` sorts at once (its scratch arrays: some 60 bytes a
+#: record), whole ranks at a time
+_SORT_ROWS = 1 << 21
 
 
 class _Call:
@@ -186,6 +200,28 @@ class _Call:
 
     def __init__(self, callbacks: list[Any], r: _Rank, i: int) -> None:
         self.callbacks, self.r, self.i = callbacks, r, i
+
+
+class _Ends:
+    """A SimPy event for a provisional memory-bound kernel's end (``engine._end(rank, op, token)``),
+    scheduled as :class:`_Call` is."""
+
+    __slots__ = ("callbacks", "i", "r", "token")
+    _ok = True
+
+    def __init__(self, callbacks: list[Any], r: _Rank, i: int, token: int) -> None:
+        self.callbacks, self.r, self.i, self.token = callbacks, r, i, token
+
+
+class _Wakes:
+    """A SimPy event that wakes a stream whose next op is issued later (``engine._wake(rank, stream)``),
+    scheduled as :class:`_Call` is."""
+
+    __slots__ = ("callbacks", "r", "stream")
+    _ok = True
+
+    def __init__(self, callbacks: list[Any], r: _Rank, stream: _Stream) -> None:
+        self.callbacks, self.r, self.stream = callbacks, r, stream
 
 
 class Engine:
@@ -219,7 +255,13 @@ class Engine:
         self._queue: list[Any] = self.env._queue  # SimPy's event heap: (time, priority, id, event)
         self._eid = self.env._eid
         self._calls: list[Any] = [self._call]
+        self._ends: list[Any] = [lambda ev: self._end(ev.r, ev.i, ev.token)]
+        self._wakes: list[Any] = [lambda ev: self._wake(ev.r, ev.stream)]
         self._rv: dict[str, _Rendezvous] = {}
+        self._needed: dict[tuple[int, ...], int] = {}  # a folded group -> its representative members
+        #: a collective (op, group, bytes, root, communicator size; not an all-to-all) -> its plan's
+        #: latency, the transfers it moves and its latency slack (folded): planned once
+        self._plans: dict[tuple[Any, ...], tuple[float, Sequence[tuple[Sequence[int], float, float]], float]] = {}
         self._comm_active = [0] * topo.world
         self._by_op = dict(options.overlap_slowdown_by_op)
         self._ops_active: dict[int, dict[str, int]] = {}  # rank -> collective op -> running (by_op only)
@@ -258,6 +300,17 @@ class Engine:
             return 0.0
         end = float(np.fmax.reduce(np.concatenate(ends)))  # ignores NaN: ops without a second record
         return 0.0 if math.isnan(end) else end
+
+    def run_rank_ends(self) -> dict[int, float]:
+        """Simulate the programs and return when each simulated rank's last record ends, s (where
+        the stages of a pipelined inference iteration hand over: one end per stage's rank)."""
+        self._simulate()
+        out: dict[int, float] = {}
+        for rank, r in self._ranks.items():
+            ends = [np.frombuffer(a) for a in (r.issue, r.end) if len(a)]
+            end = float(np.fmax.reduce(np.concatenate(ends))) if ends else 0.0
+            out[rank] = 0.0 if math.isnan(end) else end
+        return out
 
     def _simulate(self) -> None:
         topo = self.topo
@@ -313,11 +366,21 @@ class Engine:
         """SimPy's ``env.run()`` until no event is left, each event processed as ``env.step()`` does
         (the clock set to its time, its callbacks called in order), the engine's own :class:`_Call`
         events called directly."""
-        env, queue, finish = self.env, self._queue, self._finish
+        env, queue, finish, end, wake = self.env, self._queue, self._finish, self._end, self._wake
         while queue:
             env._now, _, _, event = heappop(queue)
-            if event.__class__ is _Call:
+            cls = event.__class__
+            if cls is _Call:
                 finish(event.r, event.i)
+                continue
+            if cls is _Soon:
+                event.fn(event.arg)
+                continue
+            if cls is _Ends:
+                end(event.r, event.i, event.token)
+                continue
+            if cls is _Wakes:
+                wake(event.r, event.stream)
                 continue
             callbacks, event.callbacks = event.callbacks, None
             for callback in callbacks:
@@ -331,43 +394,53 @@ class Engine:
         """Issue ops from the cursor on, until the program ends or a host_wait must block."""
         default = self.opt.launch_s
         ops, n = r.ops, len(r.ops)
-        streams = r.streams
-        while r.cursor < n:
-            i = r.cursor
+        streams, launch, issue, scale = r.streams, r.launch, r.issue, r.launch_scale
+        # the cursor and the thread's time as locals, written back before anything else may read them
+        cursor, cpu = r.cursor, r.cpu_time
+        while cursor < n:
+            i = cursor
             op = ops[i]
             kind = op.kind
             if r.waiting != i:  # not resuming after a wait: spend the launch
-                t0 = r.cpu_time
-                r.launch[i] = t0
-                r.cpu_time = t0 + (default if op.cpu_s is None else op.cpu_s) * r.launch_scale
-                r.issue[i] = r.cpu_time
+                launch[i] = cpu
+                cpu = cpu + (default if op.cpu_s is None else op.cpu_s) * scale
+                issue[i] = cpu
                 if kind == "host":
-                    r.cursor += 1
-                    self._finish_at(r.cpu_time, r, i)
+                    cursor += 1
+                    self._finish_at(cpu, r, i)
                     continue
             if kind == "host_wait":
                 if r.deps_left[i] > 0:
                     if r.waiting != i:
-                        r.waiting, r.wait_since = i, r.cpu_time
+                        r.waiting, r.wait_since = i, cpu
+                    r.cursor, r.cpu_time = cursor, cpu
                     return  # the last dependency's end resumes the walk
-                r.start[i] = r.wait_since if r.waiting == i else r.cpu_time
-                r.end[i] = r.cpu_time
+                r.start[i] = r.wait_since if r.waiting == i else cpu
+                r.end[i] = cpu
                 r.waiting = -1
-                r.cursor += 1
-                self._finish_at(r.cpu_time, r, i)
+                cursor += 1
+                self._finish_at(cpu, r, i)
                 continue
             stream = streams.get(op.stream)
             if stream is None:
                 stream = streams[op.stream] = _Stream()
-            stream.queue.append(i)
-            r.cursor += 1
-            if len(stream.queue) == 1:
+            queue = stream.queue
+            queue.append(i)
+            cursor += 1
+            if len(queue) == 1:
+                r.cursor, r.cpu_time = cursor, cpu
                 self._try_start(r, stream)
+        r.cursor, r.cpu_time = cursor, cpu
 
     def _at(self, t: float, fn: Any) -> None:
         """Call ``fn(event)`` at simulated time ``t`` (now if ``t`` has passed)."""
         delay = t - self.env.now
         self.env.timeout(delay if delay > 0 else 0.0).callbacks.append(fn)
+        self.events += 1
+
+    def _soon(self, t: float, fn: Any, arg: Any) -> None:
+        """``fn(arg)`` at simulated time ``t``: the event ``_at`` would schedule, without a closure."""
+        soon(self.env, t, fn, arg)
         self.events += 1
 
     def _finish_at(self, t: float, r: _Rank, i: int) -> None:
@@ -393,11 +466,10 @@ class Engine:
         now = self.env._now
         if issue > now:
             stream.waking = True
-
-            def wake(_e: object) -> None:
-                stream.waking = False
-                self._try_start(r, stream)
-            self._at(issue, wake)
+            delay = issue - now  # where _at(issue) would schedule it
+            heappush(self._queue, (now + (delay if delay > 0 else 0.0), NORMAL, next(self._eid),
+                                   _Wakes(self._wakes, r, stream)))
+            self.events += 1
             return
         stream.queue.popleft()
         stream.busy = True
@@ -418,6 +490,10 @@ class Engine:
             self.events += 1
         else:
             self._start(r, i)
+
+    def _wake(self, r: _Rank, stream: _Stream) -> None:
+        stream.waking = False
+        self._try_start(r, stream)
 
     def _start(self, r: _Rank, i: int) -> None:
         op = r.ops[i]
@@ -460,13 +536,27 @@ class Engine:
         a compute-bound kernel's, the largest op figure of those running (an NCCL kernel waiting for
         its peers holds its SMs too); a memory-bound kernel's, the largest HBM share of those moving
         bytes (all members arrived), within a node or across nodes, and none beside waiting ones."""
+        best: float | None = None  # the largest figure, as max() finds it
         if self._mem_bound is not None and self._mem_bound[kernel]:
             moving = self._moving.get(rank)
-            return max((self._mem[a] for a, n in moving.items() if n), default=0.0) if moving else 0.0
-        if not self._by_op:
-            return self.opt.overlap_slowdown
+            if moving:
+                mem = self._mem
+                for a, n in moving.items():
+                    if n and (best is None or mem[a] > best):
+                        best = mem[a]
+            return 0.0 if best is None else best
         default = self.opt.overlap_slowdown
-        return max(self._by_op.get(op, default) for op, n in self._ops_active[rank].items() if n)
+        if not self._by_op:
+            return default
+        by_op = self._by_op
+        for op, n in self._ops_active[rank].items():
+            if n:
+                v = by_op.get(op, default)
+                if best is None or v > best:
+                    best = v
+        if best is None:
+            raise ValueError(f"rank {rank}: no collective running beside its kernel")
+        return best
 
     def _provisional(self, r: _Rank, i: int, dur: float) -> None:
         """Start memory-bound kernel ``i`` beside a collective that waits for members, who may arrive at
@@ -480,7 +570,15 @@ class Engine:
             started = self._started[r.rank] = (now, [])
         started[1].append((i, dur, slow, token))
         self._live[r.rank, i] = token
-        self._at(now + dur * (1.0 + slow), lambda _e: self._end(r, i, token))
+        self._end_at(now + dur * (1.0 + slow), r, i, token)
+
+    def _end_at(self, t: float, r: _Rank, i: int, token: int) -> None:
+        """``_end(r, i, token)`` at simulated time ``t``, as ``_at`` would schedule it."""
+        now = self.env._now
+        delay = t - now
+        heappush(self._queue, (now + (delay if delay > 0 else 0.0), NORMAL, next(self._eid),
+                               _Ends(self._ends, r, i, token)))
+        self.events += 1
 
     def _end(self, r: _Rank, i: int, token: int) -> None:
         """The end of a provisional kernel, unless a later end replaced it."""
@@ -503,7 +601,7 @@ class Engine:
                     token = self._token = self._token + 1
                     self._live[rank, i] = token
                     started[1][j] = (i, dur, new, token)
-                    self._at(now + dur * (1.0 + new), lambda _e, r=r, i=i, t=token: self._end(r, i, t))
+                    self._end_at(now + dur * (1.0 + new), r, i, token)
 
     def _waiting(self, rank: int) -> bool:
         """Whether a collective ``rank`` has reached still waits for members (moves no bytes yet)."""
@@ -520,33 +618,46 @@ class Engine:
             moving[rv.across] = moving.get(rv.across, 0) + step
 
     def _finish(self, r: _Rank, i: int) -> None:
-        op = r.ops[i]
         r.done[i] = 1
         now = self.env._now
-        kind = op.kind
-        if kind == "kernel" or kind == "memcpy" or kind == "collective":
+        name = r.ends_on[i]  # a kernel's, copy's or collective's stream
+        if name is not None:
             r.end[i] = now
-            stream = r.streams[op.stream]
+            stream = r.streams[name]
             stream.busy = False
         else:
             stream = None
         deps_left = r.deps_left
+        starts_on = r.starts_on
         for d in r.dependents[i]:
             left = deps_left[d] - 1
             deps_left[d] = left
             if not left:
-                dep_op = r.ops[d]
-                dep_kind = dep_op.kind
-                if dep_kind == "host_wait":
-                    if r.waiting == d:
-                        r.cpu_time = max(r.cpu_time, now)
-                        self._walk(r)
-                elif dep_kind != "host":
-                    dep_stream = r.streams.get(dep_op.stream)
-                    if dep_stream is not None:
-                        self._try_start(r, dep_stream)
-        if stream is not None:
-            self._try_start(r, stream)
+                name = starts_on[d]
+                if name is not None:
+                    s = r.streams.get(name)
+                    # _try_start, where it would not return at once
+                    if s is not None and not s.busy and not s.waking and s.queue and deps_left[s.queue[0]] <= 0:
+                        self._try_start(r, s)
+                elif r.waiting == d:  # the host_wait the CPU thread is blocked on
+                    r.cpu_time = max(r.cpu_time, now)
+                    self._walk(r)
+        if stream is not None and not stream.busy and not stream.waking and stream.queue:
+            j = stream.queue[0]
+            if deps_left[j] <= 0:
+                op = r.ops[j]
+                if op.kind == "kernel" and not op.delay_s > 0 and not op.sm_taken and r.issue[j] <= now and \
+                        not self._comm_active[r.rank]:
+                    # _try_start's kernel case, inline: the next kernel on the stream starts now
+                    stream.queue.popleft()
+                    stream.busy = True
+                    r.start[j] = now
+                    wait = now + self._durations[op.kernel] - now  # as _finish_at(now + dur) computes it
+                    heappush(self._queue, (now + (wait if wait > 0 else 0.0), NORMAL, next(self._eid),
+                                           _Call(self._calls, r, j)))
+                    self.events += 1
+                else:
+                    self._try_start(r, stream)
 
     # -- collectives ------------------------------------------------------------------------------
 
@@ -559,11 +670,15 @@ class Engine:
             raise SimulationError(f"rank {rank} issues collective {call.key!r} but is not in its group")
         rv = self._rv.get(call.key)
         if rv is None:
-            needed = len(call.group) if self.fold is None else sum(
-                1 for m in call.group if self.fold.replicas.is_rep(m))
+            if self.fold is None:
+                needed = len(call.group)
+            else:
+                needed = self._needed.get(call.group, -1)
+                if needed < 0:
+                    needed = self._needed[call.group] = sum(1 for m in call.group if self.fold.replicas.is_rep(m))
             rv = self._rv[call.key] = _Rendezvous(call, needed)
-        elif (rv.call.op, rv.call.group) != (call.op, call.group) or (
-                call.send_bytes is None and rv.call.nbytes != call.nbytes):
+        elif rv.call is not call and ((rv.call.op, rv.call.group) != (call.op, call.group) or (
+                call.send_bytes is None and rv.call.nbytes != call.nbytes)):  # members sharing a call agree
             raise SimulationError(f"collective {call.key!r}: rank {rank} issues {call.op} of "
                                   f"{call.nbytes} B over {len(call.group)} ranks, another member "
                                   f"{rv.call.op} of {rv.call.nbytes} B over {len(rv.call.group)}")
@@ -578,27 +693,38 @@ class Engine:
             self._moves(rv, 1)
             self._recheck(rv)
         if rv.call.duration_s is not None:
-            self._at(self.env.now + rv.call.duration_s, lambda _e: self._complete(rv))
+            self._soon(self.env.now + rv.call.duration_s, self._complete, rv)
             return
-        req = self._request(rv)
-        plan = self.planner.plan(req)
-        items: Sequence[tuple[Sequence[int], float, float]]
-        if self.fold is None:
-            items = plan.transfers  # (links, nbytes, max_rate) each
-        else:
-            items = self.fold.transfers(self.planner, req, plan)
-            self.fold_slack_s += self.fold.latency_slack(self.planner, req, plan)
+        c = rv.call
+        key = None if c.op == "all_to_all" else (c.op, c.group, c.nbytes, c.root, c.comm_size)
+        got = self._plans.get(key) if key is not None else None
+        if got is None:  # (the request is one of the same fields where the op is not an all-to-all)
+            req = self._request(rv)
+            plan = self.planner.plan(req)
+            items: Sequence[tuple[Sequence[int], float, float]]
+            if self.fold is None:
+                items, slack = plan.transfers, 0.0  # (links, nbytes, max_rate) each
+            else:
+                items = self.fold.transfers(self.planner, req, plan)
+                slack = self.fold.latency_slack(self.planner, req, plan)
+            got = (plan.latency_s, items, slack)
+            if key is not None:
+                self._plans[key] = got
+        latency, items, slack = got
+        if self.fold is not None:
+            self.fold_slack_s += slack
         if self.iteration_link_bytes is not None:
             self._count_bytes(items, op.iteration)
 
-        def move(_e: object) -> None:
-            if not items:
-                self._complete(rv)
-                return
-            self.net.transfer_group(items).callbacks.append(lambda _e: self._complete(rv))
-
         # through the event queue even without latency, so a collective never ends inside the walk
-        self._at(self.env.now + plan.latency_s, move)
+        self._soon(self.env.now + latency, self._move, (rv, items))
+
+    def _move(self, arg: tuple[_Rendezvous, Sequence[tuple[Sequence[int], float, float]]]) -> None:
+        rv, items = arg
+        if not items:
+            self._complete(rv)
+            return
+        self.net.transfer_group_then(items, self._complete, rv)
 
     def _count_bytes(self, items: Sequence[tuple[Sequence[int], float, float]], iteration: int) -> None:
         """Add the bytes ``items`` move over each link to ``iteration``'s (each transfer its bytes on
@@ -682,9 +808,12 @@ class Engine:
         ``sort_values(["rank", "stream", "start_s", "end_s"], kind="stable")`` over the records as
         they happened: within a rank's stream, records happen in program order (a stream runs its
         ops in issue order; the CPU thread walks the program, an op's launch before its host_wait).
-        Each template's columns are worked out once, as codes into one table of strings; its ranks'
-        records are sorted in one go, each rank's on their own (the times are then let go), and the
-        table is filled a column at a time. Called once, after the run."""
+        Each template's columns are worked out once, as codes into one table of strings; the string
+        columns are categoricals (per column, the strings it holds in sorted order, and one small
+        integer code per record), ``rank`` is int32, the times float64 and ``nbytes`` int64. The
+        columns are allocated once and filled a template at a time, a bounded number of its ranks
+        at a time: their records sorted in one go, each rank's on their own; a template's times are
+        let go once its ranks' rows are filled. Called once, after the run."""
         strings: dict[str, int] = {}
 
         def code(x: str) -> int:
@@ -703,40 +832,61 @@ class Engine:
         for r in sorted(self._ranks.values(), key=lambda r: r.rank):
             offset[r.rank] = total
             total += rows[id(self._shape_of[r.rank])]
-        if not total:
-            return pd.DataFrame.from_records([], columns=list(RECORD_COLUMNS))
         table = list(strings)
-        place = np.argsort(np.argsort(np.asarray(table, dtype=object))).astype(np.int32)  # sorted position
-        rank = np.empty(total, dtype=np.int64)
+        # per string column: its categories (the strings it holds, sorted) and each table code's
+        # place among them, in the smallest integer type that holds them
+        cats: list[list[str]] = []
+        remaps: list[np.ndarray] = []
+        for c in range(len(_CODED)):
+            used = np.unique(np.concatenate([t.codes[c] for t in tables])) if tables else np.zeros(0, dtype=np.int32)
+            names = sorted({table[u] for u in used.tolist() if table[u] is not None})
+            place = {s: i for i, s in enumerate(names)}
+            dtype = _code_dtype(len(names))
+            remap = np.full(len(table), -1, dtype=dtype)
+            for u in used.tolist():
+                if table[u] is not None:
+                    remap[u] = place[table[u]]
+            cats.append(names)
+            remaps.append(remap)
+        rank = np.empty(total, dtype=np.int32)
         start, end = np.empty(total), np.empty(total)
-        sorts: list[tuple[_Columns, np.ndarray, np.ndarray]] = []
+        nbytes = np.empty(total, dtype=np.int64)
+        coded = [np.empty(total, dtype=remap.dtype) for remap in remaps]
         for shape, t in zip(shapes, tables, strict=True):
-            k, n = len(shape.ranks), len(t.seq)
+            n = len(t.seq)
+            local_codes = [remap[t.codes[c]] for c, remap in enumerate(remaps)]  # this template's records
+            stream_place = local_codes[0].astype(np.int64)  # sorted position of the stream's name
             times = shape.times
-            first = np.concatenate([times[0], times[2][:, t.second]], axis=1).ravel()
-            last = np.concatenate([times[1], times[3][:, t.second]], axis=1).ravel()
             if self.opt.op_times:  # the block is kept for the check that asked for it
                 for k_, r in enumerate(shape.ranks):
                     self.op_times[r.rank] = (times[1][k_], times[2][k_], times[3][k_])
-            for r in shape.ranks:
+            ranks = shape.ranks
+            step = max(1, _SORT_ROWS // max(1, n))
+            for a in range(0, len(ranks), step):
+                part = ranks[a:a + step]
+                k = len(part)
+                first = np.concatenate([times[0, a:a + k], times[2, a:a + k][:, t.second]], axis=1).ravel()
+                last = np.concatenate([times[1, a:a + k], times[3, a:a + k][:, t.second]], axis=1).ravel()
+                # every rank's records sorted on their own: the rank (its row of the block) first
+                perm = np.lexsort((np.tile(t.seq, k), last, first, np.tile(stream_place, k),
+                                   np.repeat(np.arange(k), n)))
+                where = _rows(np.asarray([offset[r.rank] for r in part], dtype=np.int64), n)
+                rank[where] = np.repeat(np.asarray([r.rank for r in part], dtype=np.int32), n)
+                start[where] = first[perm]
+                end[where] = last[perm]
+                del first, last
+                local = perm % n
+                del perm
+                for out, values in zip(coded, local_codes, strict=True):
+                    out[where] = values[local]
+                nbytes[where] = t.codes[len(_CODED)][local]
+                del local, where
+            for r in ranks:
                 r.launch = r.issue = r.start = r.end = _NO_TIMES  # the records hold them now
             shape.times = times = _EMPTY_TIMES
-            # every rank's records sorted on their own: the rank (its row of the block) first
-            perm = np.lexsort((np.tile(t.seq, k), last, first, np.tile(place[t.codes[0]], k),
-                               np.repeat(np.arange(k), n)))
-            firsts = np.asarray([offset[r.rank] for r in shape.ranks], dtype=np.int64)
-            where = _rows(firsts, n)
-            rank[where] = np.repeat(np.asarray([r.rank for r in shape.ranks], dtype=np.int64), n)
-            start[where] = first[perm]
-            end[where] = last[perm]
-            sorts.append((t, firsts, (perm % n).astype(np.int32)))
-            del first, last, perm, where
-        columns: dict[str, Any] = {"rank": rank}
-        for c, col in enumerate(("stream", "name", "category", "phase", "kind")):
-            columns[col] = _strings(table, _gather(sorts, total, c, np.int32))
-        columns["start_s"], columns["end_s"] = start, end
-        columns["nbytes"] = _gather(sorts, total, 6, np.int64)
-        columns["model"] = _strings(table, _gather(sorts, total, 5, np.int32))
+        columns: dict[str, Any] = {"rank": rank, "start_s": start, "end_s": end, "nbytes": nbytes}
+        for col, codes, names in zip(_CODED, coded, cats, strict=True):
+            columns[col] = pd.Categorical.from_codes(codes, categories=names, validate=False)
         return pd.DataFrame(columns, columns=list(RECORD_COLUMNS), copy=False)
 
     def _result(self) -> SimResult:
@@ -830,23 +980,6 @@ def _rows(firsts: np.ndarray, n: int) -> np.ndarray:
     return np.repeat(firsts, n) + np.tile(np.arange(n, dtype=np.int64), len(firsts))
 
 
-def _gather(sorts: list[tuple[_Columns, np.ndarray, np.ndarray]], total: int, c: int, dtype: Any) -> np.ndarray:
-    """Column ``c`` of every rank's records in their sorted order: per template, its ranks' first
-    rows and which of its records goes to each row."""
-    out = np.empty(total, dtype=dtype)
-    for t, firsts, local in sorts:
-        out[_rows(firsts, len(t.seq))] = t.codes[c][local]
-    return out
-
-
-def _strings(table: list[str], codes: np.ndarray) -> Any:
-    """The column of ``table[c]`` for each code, in the dtype pandas gives a column of Python strings
-    (``str``, backed by Arrow, where pandas infers strings so; else ``object``)."""
-    dtype = pd.Series(["x"]).dtype
-    if getattr(dtype, "storage", None) == "pyarrow":
-        import pyarrow as pa
-
-        values = pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32, copy=False)),
-                                                pa.array(table, pa.large_string()))
-        return pd.array(values.cast(pa.large_string()), dtype=dtype)
-    return np.asarray(table, dtype=object)[codes]
+def _code_dtype(n: int) -> Any:
+    """The smallest signed integer type that holds the codes of ``n`` categories (and -1)."""
+    return np.int8 if n < 2**7 else np.int16 if n < 2**15 else np.int32

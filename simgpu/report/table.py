@@ -40,6 +40,8 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     periodic = str(summary.get("periodic") or "")
     if periodic.startswith("periodic"):
         lines.append(f"repeated  {periodic.removeprefix('periodic: ')}")
+    if summary.get("pipeline"):
+        lines.append(f"pipeline  {summary['pipeline']}")
     fold = summary.get("fold") or {}
     if fold.get("replicas", 1) > 1:
         lines.append(f"folded  each simulated rank stands for {fold['replicas']} identical ranks; the timeline "

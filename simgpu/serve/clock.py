@@ -12,6 +12,11 @@ its own table: the forward's attention kernels run one after another with the GE
 stream and depend only on their own sizes. A serving run then asks the engine for hundreds of
 shapes, not one per iteration; ``tests/test_serve_timing.py`` measures what it costs against
 ``direct``.
+
+Under pipeline parallelism a pool has one clock per stage (``stage``), each reading its own tables
+of that stage's share of a step (:meth:`~simgpu.workload.inference.timer.EngineTimer.stage_times`);
+a shape missing from one stage's table is timed once for all stages. The interpolation is linear,
+so the stages' clocks sum to what one clock of whole steps gives.
 """
 
 from __future__ import annotations
@@ -62,10 +67,12 @@ def around(n: int, per_octave: int, exact_below: int, align: int = 1) -> tuple[i
 
 
 class Clock:
-    """Times steps of one pool; ``cache`` (shape -> seconds) is the pool's, shared across runs."""
+    """Times steps of one pool; ``cache`` (shape -> seconds) is the pool's, shared across runs.
+    With ``stage``, the share of pipeline stage ``stage`` of each step (the pool's stage tables)."""
 
-    def __init__(self, pool: Pool, timing: TimingSpec) -> None:
-        self.pool, self.cache = pool, pool.cache
+    def __init__(self, pool: Pool, timing: TimingSpec, stage: int | None = None) -> None:
+        self.pool, self.stage = pool, stage
+        self.cache = pool.cache if stage is None else pool.stage_table(stage)
         self.additive = timing.mode == "additive"
         self.per_octave = timing.grid_per_octave
         self.ref = timing.context_bucket_tokens
@@ -75,12 +82,26 @@ class Clock:
         key = (pf, nd, m)
         t = self.cache.get(key)
         if t is None:
+            if self.stage is not None:
+                return self._stage_timed(key)
             t = float(self.pool.timer.time([Step(pf, (m,) * nd)])[0])
             if not t > 0 or not math.isfinite(t):
                 raise SimulationError(f"the {self.pool.name} pool's timer gave {t} s for a step; expected a "
                                       "positive time")
             self.cache[key] = t
         return t
+
+    def _stage_timed(self, key: Shape) -> float:
+        """One shape timed on the engine stage by stage, kept in every stage's table."""
+        pf, nd, m = key
+        row = self.pool.timer.stage_times([Step(pf, (m,) * nd)])[0]  # type: ignore[attr-defined]
+        if not row.sum() > 0 or not math.isfinite(row.sum()) or (row < 0).any():
+            raise SimulationError(f"the {self.pool.name} pool's timer gave stage times {list(row)} s for a step; "
+                                  "expected times >= 0 with a positive sum")
+        for k, t in enumerate(row):
+            self.pool.stage_table(k)[key] = float(t)
+        self.pool.cache[key] = float(row.sum())
+        return self.cache[key]
 
     def grid(self, fn: Callable[[int, int], Shape], x: int, y: int, ex: int, ey: int) -> float:
         """``timed(*fn(x, y))`` interpolated bilinearly between the grid points around ``x`` and ``y``

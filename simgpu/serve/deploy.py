@@ -36,7 +36,7 @@ def check_memory(serving: Serving, deployment: Deployment) -> None:
     keys = ["prefill", "decode"] if serving.spec.disaggregated else ["deployment"]
     for key, pool in zip(keys, deployment.pools, strict=True):
         mem = pool.timer.memory
-        if mem.kv_blocks < 1:
+        if mem.kv_blocks // pool.stages < 1:  # each virtual engine needs a block (pipeline parallel)
             gib = 2 ** 30
             need = mem.weights_bytes + mem.activation_bytes + mem.workspace_bytes
             raise ConfigError(
@@ -90,7 +90,9 @@ class Deployment:
 
     @property
     def label(self) -> str:
-        return " + ".join(f"{p.name} {p.timer.replicas} x {p.timer.replica_gpus} GPUs" for p in self.pools)
+        return " + ".join(f"{p.name} {p.timer.replicas} x {p.timer.replica_gpus} GPUs"
+                          + (f" ({p.stages} stages, {p.stages} batches in flight)" if p.stages > 1 else "")
+                          for p in self.pools)
 
 
 def build(serving: Serving, make_timer: Callable[[Job], Any] = _timer) -> Deployment:

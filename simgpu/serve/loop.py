@@ -10,6 +10,19 @@ reserved KV blocks for the request's whole output, its KV cache crosses the topo
 fairly with the other transfers in flight (:class:`~simgpu.comm.network.FlowNetwork`); the prefill
 replica frees the request's blocks when the last byte has arrived.
 
+A replica of ``pp > 1`` pipeline stages keeps ``pp`` batches in flight, as vLLM (v0) does with
+``pipeline_parallel_size`` virtual engines (``vllm/engine/llm_engine.py``: one ``Scheduler`` per
+``virtual_engine``, each stepping its own requests; a new request goes to the scheduler with the
+fewest unfinished ones, ``_add_processed_request``): each virtual engine is a :class:`Replica` of
+the scheduler's with its own queues and ``1 / pp`` of the replica's KV blocks (vLLM's
+``Scheduler.__init__`` and ``CacheEngine`` take ``num_gpu_blocks // pipeline_parallel_size``).
+A virtual engine forms its next batch once its previous one has left the last stage; the batch
+then passes the stages in order, each stage taking the batches in the order they reach it, one
+at a time, for its share of the step (the timer's ``stage_times``: its blocks and the send of the
+activations to the next stage). The stages serve in arrival order and every batch enters them in
+the same order, so a batch's times through all stages are known when it enters the first.
+A request's token is out when its batch leaves the last stage.
+
 The loop costs O(requests x iterations) cheap Python operations; each pool's :class:`Clock`
 asks the timer only for step shapes it has not seen.
 """
@@ -24,7 +37,7 @@ import numpy as np
 import simpy
 
 from ..errors import ConfigError, SimulationError
-from ..workload.inference.api import IterationTimer
+from ..workload.inference.api import IterationTimer, stages_of
 from .clock import Clock
 from .kv import BlockManager
 from .requests import Requests
@@ -42,10 +55,22 @@ class Pool:
     role: str = "both"
     first_gpu: int = 0
     cache: dict[Any, float] = field(default_factory=dict)
+    #: pipeline parallel: per stage, shape -> that stage's seconds of the step
+    stage_caches: list[dict[Any, float]] = field(default_factory=list)
 
     @property
     def gpus(self) -> int:
         return self.timer.replica_gpus * self.timer.replicas
+
+    @property
+    def stages(self) -> int:
+        """Pipeline stages of a replica: as many batches in flight (vLLM's virtual engines)."""
+        return stages_of(self.timer)
+
+    def stage_table(self, stage: int) -> dict[Any, float]:
+        while len(self.stage_caches) <= stage:
+            self.stage_caches.append({})
+        return self.stage_caches[stage]
 
 
 @dataclass
@@ -76,20 +101,29 @@ class ServeResult:
     distinct_steps: int = 0
     events: int = 0
     meta: dict[str, Any] = field(default_factory=dict)
+    #: pipeline parallel: (pool, replica, virtual engine, (start, end) of each stage in turn, prefill
+    #: tokens, decodes) per batch; its ``iterations`` row runs from the first stage's start to the
+    #: last stage's end
+    stage_spans: list[tuple[int, int, int, tuple[float, ...], int, int]] = field(default_factory=list)
 
 
 def check_fits(requests: Requests, pools: Sequence[Pool], key: str = "requests") -> None:
-    """Refuse a request whose KV cache can never fit on a replica of the pool that must hold it."""
+    """Refuse a request whose KV cache can never fit on a replica of the pool that must hold it
+    (on one of its virtual engines under pipeline parallelism: a ``1 / pp`` share of its blocks)."""
     for pool in pools:
         mem = pool.timer.memory
         need = requests.prompt if pool.role == "prefill" else requests.prompt + requests.output - 1
-        cap = mem.kv_tokens
+        pp = pool.stages
+        blocks = mem.kv_blocks // pp
+        cap = blocks * mem.block_tokens
         big = np.flatnonzero(need > cap)
         if len(big):
             i = int(big[0])
+            where = f"a replica of the {pool.name} pool holds" if pp == 1 else \
+                f"each of the {pp} virtual engines of a replica of the {pool.name} pool holds"
             raise ConfigError(
-                f"request {i} needs KV for {int(need[i]):,} tokens but a replica of the {pool.name} pool holds "
-                f"{cap:,} ({mem.kv_blocks:,} blocks of {mem.block_tokens}); {len(big)} such request(s); expected "
+                f"request {i} needs KV for {int(need[i]):,} tokens but {where} "
+                f"{cap:,} ({blocks:,} blocks of {mem.block_tokens}); {len(big)} such request(s); expected "
                 "shorter requests or a deployment with more KV-cache memory (more GPUs per replica)", key=key)
 
 
@@ -117,21 +151,30 @@ def simulate_serving(requests: Requests, pools: Sequence[Pool], sched: Scheduler
     in_system: list[tuple[float, int]] = [(0.0, 0)]
     counts = {"in": 0, "done": 0}
     all_done = env.event()
+    # per pool, its replicas' virtual engines (one per pipeline stage; index i * pp + v is virtual
+    # engine v of replica i, whose ``unit`` is i), and per replica when each of its stages is free
     reps: list[list[Replica]] = []
+    units: list[list[list[Replica]]] = []
+    stage_free: list[list[list[float]]] = []
     wake: dict[tuple[int, int], simpy.Event | None] = {}
     for p, pool in enumerate(pools):
         mem = pool.timer.memory
-        mode = pool.role
-        reps.append([Replica(i, BlockManager(mem.kv_blocks, mem.block_tokens), mode)
-                     for i in range(pool.timer.replicas)])
-        for i in range(pool.timer.replicas):
-            wake[(p, i)] = None
+        mode, pp = pool.role, pool.stages
+        reps.append([Replica(i * pp + v, BlockManager(mem.kv_blocks // pp, mem.block_tokens), mode, unit=i)
+                     for i in range(pool.timer.replicas) for v in range(pp)])
+        units.append([reps[p][i * pp:(i + 1) * pp] for i in range(pool.timer.replicas)])
+        stage_free.append([[0.0] * pp for _ in range(pool.timer.replicas)])
+        for rep in reps[p]:
+            wake[(p, rep.index)] = None
+    where = np.full(n, -1, dtype=np.int64)  # the prefilling virtual engine (index in reps[0])
     incoming: list[list[int]] = [[] for _ in reps[-1]]  # decode replicas: requests waiting for blocks
     from ..comm.network import FlowNetwork
 
     net = FlowNetwork(env, network.capacity) if disagg and network is not None else None
     cb, pb = timing.context_bucket_tokens, timing.prefill_bucket_tokens
     clocks = [Clock(pool, timing) for pool in pools]
+    stage_clocks = [[Clock(pool, timing, k) for k in range(pool.stages)] if pool.stages > 1 else []
+                    for pool in pools]
     kind, max_batch, max_tokens = sched.kind, sched.max_batch, sched.max_tokens
     rr = [0]
 
@@ -140,12 +183,28 @@ def simulate_serving(requests: Requests, pools: Sequence[Pool], sched: Scheduler
         if ev is not None and not ev.triggered:
             ev.succeed()
 
-    def step_time(p: int, batch: Batch) -> float:
+    def step_key(batch: Batch) -> tuple[tuple[tuple[int, int], ...], int, int]:
+        kv = st.kv
+        pf = tuple(sorted((-(-c // pb) * pb, -(-kv[r] // cb) * cb if kv[r] else 0) for r, c in batch.prefill))
+        nd = len(batch.decode)
+        m = -(-sum(kv[r] for r in batch.decode) // (nd * cb)) * cb if nd else 0
+        return pf, nd, m
+
+    def step_time(p: int, batch: Batch) -> float:  # step_key inlined: once per iteration
         kv = st.kv
         pf = tuple(sorted((-(-c // pb) * pb, -(-kv[r] // cb) * cb if kv[r] else 0) for r, c in batch.prefill))
         nd = len(batch.decode)
         m = -(-sum(kv[r] for r in batch.decode) // (nd * cb)) * cb if nd else 0
         return clocks[p].time(pf, nd, m)
+
+    memo: list[dict[Any, tuple[float, ...]]] = [{} for _ in pools]
+
+    def stage_times(p: int, batch: Batch) -> tuple[float, ...]:
+        key = step_key(batch)
+        t = memo[p].get(key)
+        if t is None:
+            t = memo[p][key] = tuple(c.time(*key) for c in stage_clocks[p])
+        return t
 
     def leave(r: int) -> None:
         finish[r] = env.now
@@ -171,9 +230,9 @@ def simulate_serving(requests: Requests, pools: Sequence[Pool], sched: Scheduler
         assert net is not None and network is not None
         pool_p, pool_d = pools[0], pools[1]
         src0 = pool_p.first_gpu + int(home[r]) * pool_p.timer.replica_gpus
-        dst0 = pool_d.first_gpu + d * pool_d.timer.replica_gpus
+        dst0 = pool_d.first_gpu + reps[1][d].unit * pool_d.timer.replica_gpus
         gp, gd = pool_p.timer.replica_gpus, pool_d.timer.replica_gpus
-        total = pool_p.timer.memory.kv_bytes_per_token * gp * st.kv[r]
+        total = pool_p.timer.memory.kv_bytes_per_token * gp * st.kv[r]  # per GPU x every GPU of the replica
         pairs = max(gp, gd)
         t0 = env.now
         events = []
@@ -182,8 +241,8 @@ def simulate_serving(requests: Requests, pools: Sequence[Pool], sched: Scheduler
             events.append(net.transfer(route, total / pairs, network.route_latency(route)))
         yield env.all_of(events)
         xfer[r] = env.now - t0
-        transfers.append((d, t0, env.now, total))
-        prep = reps[0][int(home[r])]
+        transfers.append((reps[1][d].unit, t0, env.now, total))
+        prep = reps[0][int(where[r])]
         prep.kv.release(r)
         poke(0, prep.index)
         reps[1][d].ready.append(r)
@@ -206,7 +265,7 @@ def simulate_serving(requests: Requests, pools: Sequence[Pool], sched: Scheduler
             elif rep.mode == "prefill":
                 rep.outstanding -= 1
                 gone = True
-                d = min(range(len(reps[1])), key=lambda j: (reps[1][j].outstanding, j))
+                d = pick(1, False).index
                 reps[1][d].outstanding += 1
                 dest[r] = d
                 incoming[d].append(r)
@@ -241,28 +300,66 @@ def simulate_serving(requests: Requests, pools: Sequence[Pool], sched: Scheduler
             iterations.append((p, rep.index, start, env.now, sum(c for _, c in batch.prefill), len(batch.decode)))
             complete(p, rep, batch)
 
+    def virtual_engine(p: int, rep: Replica) -> Any:
+        """A virtual engine of a pipelined replica: its batches pass the replica's stages in turn."""
+        free = stage_free[p][rep.unit]
+        mine = units[p][rep.unit]
+        while True:
+            batch = schedule(rep, st, kind, max_batch, max_tokens)
+            if not batch:
+                ev = env.event()
+                wake[(p, rep.index)] = ev
+                yield ev
+                wake[(p, rep.index)] = None
+                continue
+            now = env.now
+            kv_samples.append((now, p, rep.unit, sum(v.kv.used for v in mine)))
+            end = now
+            bounds: list[float] = []
+            for k, d in enumerate(stage_times(p, batch)):
+                s = end if end > free[k] else free[k]  # the stage takes it once free of the batch before
+                end = free[k] = s + d
+                bounds += (s, end)
+            yield env.timeout(end - now)
+            pf = sum(c for _, c in batch.prefill)
+            stage_spans.append((p, rep.unit, rep.index % len(free), tuple(bounds), pf, len(batch.decode)))
+            iterations.append((p, rep.unit, bounds[0], end, pf, len(batch.decode)))
+            complete(p, rep, batch)
+
+    def pick(p: int, round_robin: bool) -> Replica:
+        """Where a request goes in pool ``p``: the replica by round robin or with the fewest requests
+        (a replica's over its virtual engines), then its virtual engine with the fewest (vLLM's
+        ``min_cost_scheduler``)."""
+        us = units[p]
+        if round_robin:
+            i = rr[0] % len(us)
+            rr[0] += 1
+        elif len(us[0]) == 1:
+            i = min(range(len(us)), key=lambda j: (us[j][0].outstanding, j))
+        else:
+            i = min(range(len(us)), key=lambda j: (sum(v.outstanding for v in us[j]), j))
+        ves = us[i]
+        return ves[0] if len(ves) == 1 else min(ves, key=lambda v: (v.outstanding, v.index))
+
     def arrivals() -> Any:
         arr = requests.arrival_s
-        front = reps[0]
+        rrobin = sched.routing == "round_robin"
         for r in range(n):
             if arr[r] > env.now:
                 yield env.timeout(float(arr[r]) - env.now)
-            if sched.routing == "round_robin":
-                i = rr[0] % len(front)
-                rr[0] += 1
-            else:
-                i = min(range(len(front)), key=lambda j: (front[j].outstanding, j))
-            rep = front[i]
-            home[r] = i
+            rep = pick(0, rrobin)
+            home[r] = rep.unit
+            where[r] = rep.index
             rep.outstanding += 1
             rep.waiting.append(r)
             counts["in"] += 1
             in_system.append((env.now, counts["in"]))
-            poke(0, i)
+            poke(0, rep.index)
 
-    for p in range(len(pools)):
+    stage_spans: list[tuple[int, int, int, tuple[float, ...], int, int]] = []
+    for p, pool in enumerate(pools):
         for rep in reps[p]:
-            env.process(replica(p, rep))
+            env.process(replica(p, rep) if pool.stages == 1 else virtual_engine(p, rep))
     env.process(arrivals())
     try:
         env.run(until=all_done)
@@ -271,6 +368,9 @@ def simulate_serving(requests: Requests, pools: Sequence[Pool], sched: Scheduler
                               "expected every request to fit the KV cache") from None
     if progress is not None:
         progress(n, n)
+    if disagg and pools[1].stages > 1:  # the decode replica, not its virtual engine
+        dest = np.array([reps[1][d].unit if d >= 0 else -1 for d in dest.tolist()], dtype=np.int64)
     return ServeResult(requests, first, finish, np.asarray(st.preemptions), home, dest, xfer, iterations,
                        transfers, kv_samples, in_system, list(pools),
-                       distinct_steps=sum(len(p.cache) for p in pools), events=len(iterations) + 2 * n)
+                       distinct_steps=sum(len(p.cache) for p in pools), events=len(iterations) + 2 * n,
+                       stage_spans=stage_spans)

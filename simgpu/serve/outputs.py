@@ -3,8 +3,9 @@ pictures (latency CDFs, KV-cache occupancy over time, the Gantt chart of a windo
 and, with a rate sweep, throughput and latency against load).
 
 The Gantt chart is drawn by :mod:`simgpu.report.gantt`: one row per replica (its iterations on the
-``compute`` stream, coloured prefill / decode / mixed) and, disaggregated, the KV transfers
-arriving at each decode replica on its ``comm`` stream.
+``compute`` stream, coloured prefill / decode / mixed; under pipeline parallelism one row per
+stage of a replica, the batches of its virtual engines passing them) and, disaggregated, the KV
+transfers arriving at each decode replica on its ``comm`` stream.
 """
 
 from __future__ import annotations
@@ -97,21 +98,33 @@ def gantt_result(res: ServeResult, iterations: int, name: str, platform: str) ->
     mid = max(0, len(it) // 2 - iterations // 2)
     window = it[mid:mid + iterations]
     t0, t1 = window[0][2], max(x[3] for x in window)
-    base = np.cumsum([0] + [p.timer.replicas for p in res.pools])
+    stages = [p.stages for p in res.pools]
+    base = np.cumsum([0] + [p.timer.replicas * k for p, k in zip(res.pools, stages, strict=True)])
     rows: list[tuple[Any, ...]] = []
+
+    def kind(pf: int, dec: int) -> str:
+        return "prefill" if pf and not dec else "decode" if dec and not pf else "mixed"
+
     for p, r, s, e, pf, dec in it:
-        if e > t0 and s < t1:
-            cat = "prefill" if pf and not dec else "decode" if dec and not pf else "mixed"
+        if e > t0 and s < t1 and stages[p] == 1:
             rows.append((int(base[p] + r), "compute", f"{res.pools[p].name}{r}: {pf} prompt tokens, {dec} decodes",
-                         cat, "fwd", "kernel", max(s, t0) - t0, min(e, t1) - t0, 0, "timer"))
+                         kind(pf, dec), "fwd", "kernel", max(s, t0) - t0, min(e, t1) - t0, 0, "timer"))
+    for p, r, v, bounds, pf, dec in res.stage_spans:  # pipeline parallel: one row per stage
+        for k in range(stages[p]):
+            s, e = bounds[2 * k], bounds[2 * k + 1]
+            if e > t0 and s < t1:
+                rows.append((int(base[p] + r * stages[p] + k), "compute",
+                             f"{res.pools[p].name}{r} stage {k}, engine {v}: {pf} prompt tokens, {dec} decodes",
+                             kind(pf, dec), "fwd", "kernel", max(s, t0) - t0, min(e, t1) - t0, 0, "timer"))
     for d, s, e, nbytes in res.transfers:
         if e > t0 and s < t1:
-            rows.append((int(base[1] + d), "comm", "kv transfer", "kv_transfer", "fwd", "collective",
+            rows.append((int(base[1] + d * stages[1]), "comm", "kv transfer", "kv_transfer", "fwd", "collective",
                          max(s, t0) - t0, min(e, t1) - t0, nbytes, "network"))
     rec = pd.DataFrame(rows, columns=list(RECORD_COLUMNS))
+    row = "row = replica" if max(stages) == 1 else "row = replica, or its stage under pipeline parallelism"
     links = pd.DataFrame(columns=["link", "link_kind", "capacity_gbytes_per_s", "nbytes", "busy_s"])
     return SimResult(rec, links, t1 - t0, len(rows),
-                     meta={"workload": f"{name} (iterations {mid}-{mid + len(window)} from {t0:.3f} s; row = replica)",
+                     meta={"workload": f"{name} (iterations {mid}-{mid + len(window)} from {t0:.3f} s; {row})",
                            "platform": platform})
 
 

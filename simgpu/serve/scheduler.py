@@ -61,7 +61,8 @@ class Batch:
 @dataclass
 class Replica:
     """One replica's queues: ``waiting`` (not admitted, or preempted: at the front), ``running``
-    (admitted, holding KV; in admission order) and, on a decode replica, ``ready`` (KV received)."""
+    (admitted, holding KV; in admission order) and, on a decode replica, ``ready`` (KV received).
+    Under pipeline parallelism, one virtual engine of replica ``unit``, with its share of the blocks."""
 
     index: int
     kv: BlockManager
@@ -70,6 +71,12 @@ class Replica:
     running: list[int] = field(default_factory=list)
     ready: deque[int] = field(default_factory=deque)
     outstanding: int = 0             # requests routed here and not yet finished (or sent on)
+    unit: int = -1                   # the model replica it runs on (pipeline parallel: one of its
+                                     # virtual engines); -1: ``index``
+
+    def __post_init__(self) -> None:
+        if self.unit < 0:
+            self.unit = self.index
 
 
 def _preempt(rep: Replica, st: State, keep: set[int]) -> int | None:

@@ -12,6 +12,12 @@ the two (exact once the CPU thread and the GPU streams settle into their per-blo
 they do within the first block; ``tests/test_inference_timer.py`` compares it with the whole
 model); identical tensor-parallel ranks inside a node are folded as the training engine folds them
 (:mod:`simgpu.engine.fold`). ``exact=True`` simulates every block, unrounded.
+
+Under pipeline parallelism (``pp > 1``) a shape's run also gives each stage's share of the step
+(:meth:`EngineTimer.stage_times`): stage ``k``'s share is from when stage ``k - 1``'s last record
+ends (its send of the activations received) to when stage ``k``'s does, stage 0's from the start;
+the shares sum to the step's time, and each is extrapolated from the two probes as the whole is.
+The serving loop keeps ``pp`` batches in flight with them (:mod:`simgpu.serve.loop`).
 """
 
 from __future__ import annotations
@@ -73,6 +79,9 @@ class EngineTimer:
         self._durations = np.zeros(0)
         self._models: list[str] = []
         self._cache: dict[Shape, float] = {}
+        #: pipeline stages of a replica, and per shape each stage's share of the step (pp > 1)
+        self.stages: int = dep.setup.layout.pp
+        self._stage_cache: dict[Shape, tuple[float, ...]] = {}
         self.fold = self._fold()
         self.simulated = 0  # shapes simulated so far
 
@@ -95,6 +104,17 @@ class EngineTimer:
         self.time_shapes([s for s in dict.fromkeys(shapes) if s not in self._cache])
         return np.array([self._cache[s] for s in shapes], dtype=float)
 
+    def stage_times(self, steps: Sequence[Step]) -> np.ndarray:
+        """Seconds of each step on each pipeline stage, one row per step (``len(steps) x stages``):
+        stage ``k``'s share from when it has the activations to when it has passed them on (the
+        last stage: the sampled tokens); a row sums to :meth:`time`'s figure of the step."""
+        if self.stages == 1:
+            return self.time(steps)[:, None]
+        key: Callable[[Step], Shape] = (lambda s: shape_of(s, exact=True)) if self.exact else canonical
+        shapes = [key(s) for s in steps]
+        self.time_shapes([s for s in dict.fromkeys(shapes) if s not in self._cache])
+        return np.array([self._stage_cache[s] for s in shapes], dtype=float).reshape(len(shapes), self.stages)
+
     def time_shapes(self, shapes: Sequence[Shape]) -> None:
         """Simulate ``shapes`` (not yet cached) in bulk and cache their times."""
         if not shapes:
@@ -105,13 +125,21 @@ class EngineTimer:
         self._predict()
         for i, (sh, progs) in enumerate(zip(shapes, built, strict=True)):
             try:
-                times = [self._run(p) for p in progs]
+                if self.stages == 1:
+                    times = [self._run(p) for p in progs]
+                else:
+                    shares = [self._run_stages(p) for p in progs]
             except FoldBroken:  # a collective planned differently seen from another rank: unfold
                 self.fold = None
                 self.time_shapes(shapes[i:])
                 return
-            t = times[0] if len(times) == 1 else times[0] + (per - PROBE_LAYERS) * (times[1] - times[0])
-            self._cache[sh] = float(t)
+            if self.stages == 1:
+                t = times[0] if len(times) == 1 else times[0] + (per - PROBE_LAYERS) * (times[1] - times[0])
+                self._cache[sh] = float(t)
+            else:
+                d = shares[0] if len(shares) == 1 else shares[0] + (per - PROBE_LAYERS) * (shares[1] - shares[0])
+                self._stage_cache[sh] = tuple(float(x) for x in d)
+                self._cache[sh] = float(d.sum())
             self.simulated += 1
 
     def kernel_times(self, step: Step) -> dict[tuple[str, str, str], float]:
@@ -146,12 +174,28 @@ class EngineTimer:
             self._durations = np.concatenate([self._durations, np.asarray(secs, dtype=float)])
             self._models += list(who)
 
-    def _run(self, programs: dict[int, Program]) -> float:
+    def _engine(self, programs: dict[int, Program]) -> Engine:
         g = self.replica_gpus
         wl = Workload(name=self.job.workload.name, programs=[programs[r] for r in sorted(programs)],
                       kernels=self.kernels.specs[:len(self._durations)], memory=[MemoryEstimate()] * g,
                       samples=1, replicas=self.fold)
-        return Engine(self.topo, wl, self._durations, self._models, self.planner, self.options).run_time()
+        return Engine(self.topo, wl, self._durations, self._models, self.planner, self.options)
+
+    def _run(self, programs: dict[int, Program]) -> float:
+        return self._engine(programs).run_time()
+
+    def _run_stages(self, programs: dict[int, Program]) -> np.ndarray:
+        """Each stage's share of one run: from the end of the stage before (0 for the first) to
+        the end of its own last record, the end of a stage the latest over its ranks."""
+        ends = self._engine(programs).run_rank_ends()
+        per = self.replica_gpus // self.stages
+        stage_end = np.zeros(self.stages)
+        for rank, end in ends.items():
+            k = rank // per
+            stage_end[k] = max(stage_end[k], end)
+        # a share never negative, and the shares summing to the run's end (the latest of all ranks)
+        reached = np.maximum.accumulate(stage_end)
+        return np.diff(reached, prepend=0.0)
 
 
 def make_timer(job: Job, **kwargs: object) -> EngineTimer:
