@@ -51,6 +51,9 @@ def parser() -> ArgParser:
                     help="simulate every rank, even where identical ranks could be simulated once")
     ap.add_argument("--no-periodic", action="store_true",
                     help="simulate every micro-batch, even where a pipeline's steady state could be repeated")
+    ap.add_argument("--no-steady-cut", action="store_true",
+                    help="simulate both iterations of a steady state in full, even where the first could be cut "
+                         "to its last micro-batch")
     ap.add_argument("--max-link-rows", type=int_at_least(0), default=24, help=argparse.SUPPRESS)
     return ap
 
@@ -85,6 +88,7 @@ def _main(argv: Sequence[str] | None) -> int:
     with Progress() as progress:
         t0 = time.perf_counter()
         result = simulate(job, record_links=args.links, fold=not args.no_fold, periodic=not args.no_periodic,
+                          steady_cut=not args.no_steady_cut,
                           on_stage=lambda what: progress.set(f"{job.workload.name}: {what}"))
         wall = time.perf_counter() - t0
         paths = write_outputs(result, out, links=args.links, records_format=records, trace=not args.no_trace,

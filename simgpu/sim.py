@@ -63,7 +63,7 @@ DEFAULT_KERNEL_MODEL = ("learned", "analytical")
 
 
 def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MODEL,
-             record_links: bool = False, fold: bool = True, periodic: bool = True,
+             record_links: bool = False, fold: bool = True, periodic: bool = True, steady_cut: bool = True,
              on_stage: Callable[[str], None] | None = None) -> SimResult:
     """Simulate one training iteration of ``job``; ``kernel_model`` names a model or a chain of them.
 
@@ -78,7 +78,10 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
     it is not exact, every rank is simulated and ``meta["fold_note"]`` says why. With ``periodic``
     (the default), a pipeline's identical middle micro-batches are simulated once where the schedule
     is found to repeat (see :mod:`simgpu.engine.periodic`); ``meta["periodic"]`` says how, or why
-    not. ``on_stage`` is told what is being done (for a progress line).
+    not. With ``steady_cut`` (the default), the first of two iterations is simulated from each rank's
+    last micro-batch on where a check on that run finds it exact (see :mod:`simgpu.engine.steady`);
+    the ``steady_state`` note says which way the steady iteration was found. ``on_stage`` is told
+    what is being done (for a progress line).
     """
     say = on_stage or (lambda _: None)
     say("building the topology")
@@ -114,7 +117,7 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
 
     try:
         outcome = shortcuts.run(topo, built, lambda w: predictor().predict(w.kernels), planner, options, fold=fold,
-                                say=say)
+                                steady_cut=steady_cut, say=say)
     finally:
         if freeze:
             gc.unfreeze()
@@ -142,16 +145,33 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
     return result
 
 
+#: rows :func:`kernel_seconds` reads at a time
+_CHUNK = 1 << 20
+
+
 def kernel_seconds(records: pd.DataFrame) -> dict[str, float]:
     """Simulated kernel seconds per model name (sorted by name): ``records``' kernel rows grouped by
-    ``model``, their durations summed. The kernel rows' columns are read, not copied as rows, and
-    an Arrow-backed ``model`` column is grouped by its dictionary codes rather than its strings."""
+    ``model``, their durations summed. The kernel rows' columns are read, not copied as rows; a
+    categorical ``model`` column (the engine's) is grouped by its codes, an Arrow-backed one by its
+    dictionary codes, rather than by its strings."""
     kernel = (records["kind"] == "kernel").to_numpy()
-    d = pd.Series(records["end_s"].to_numpy()[kernel] - records["start_s"].to_numpy()[kernel])
+    start, end = records["start_s"].to_numpy(), records["end_s"].to_numpy()
+    durations = np.empty(int(kernel.sum()))
+    at = 0
+    for a in range(0, len(kernel), _CHUNK):  # a chunk of rows at a time: no full-length copies
+        mask = kernel[a:a + _CHUNK]
+        part = end[a:a + _CHUNK][mask] - start[a:a + _CHUNK][mask]
+        durations[at:at + len(part)] = part
+        at += len(part)
+    d = pd.Series(durations, copy=False)  # pandas copies an array by default
     model = records["model"]
     arrow = getattr(model.array, "__arrow_array__", None)
-    if arrow is None:
-        key: Any = model.to_numpy()[kernel]
+    if isinstance(model.dtype, pd.CategoricalDtype):
+        cat = model.array
+        key: Any = pd.Categorical.from_codes(cat.codes[kernel], dtype=cat.dtype)
+        key = key.reorder_categories(sorted(cat.categories))  # groups in the order of their names
+    elif arrow is None:
+        key = model.to_numpy()[kernel]
     else:
         import pyarrow.compute as pc
 
@@ -165,8 +185,14 @@ def kernel_seconds(records: pd.DataFrame) -> dict[str, float]:
 
 def steady_note(job: Job, iterations: int, result: SimResult) -> str:
     """How the reported iteration was found (see :mod:`simgpu.engine.steady`)."""
+    cut = str(result.meta.get("steady_cut", ""))  # kept in meta: why not, where it was not used
     if iterations > 1:
         first = float(result.meta.get("first_iteration_s", 0.0))
+        if cut.startswith("used"):
+            return (f"steady: the last of {iterations} iterations simulated back to back, the first from each rank's "
+                    f"last micro-batch on (its last kernel ended {first * 1e3:.3f} ms after a cold start; discarded), "
+                    f"from the end of the previous iteration's last kernel to the end of its own; shortened first "
+                    f"iteration {cut}, checked exact from its own run")
         return (f"steady: the last of {iterations} iterations simulated back to back (the first, whose last "
                 f"kernel ended {first * 1e3:.3f} ms after a cold start, discarded), from the end of the previous "
                 "iteration's last kernel to the end of its own")

@@ -130,3 +130,61 @@ def test_run_time_is_the_last_record_end():
     t = engine.run_time()
     again, _ = _engine("gpt zero-1", own_copies=False)
     assert t == float(again.run().records["end_s"].max())
+
+
+def test_records_are_compact_columns(dgx_a100):
+    """The string columns are categoricals whose categories are the strings each holds, sorted (so
+    sorting by them sorts by the strings), with small integer codes and none missing; the rank is
+    int32, the times float64 and the bytes int64."""
+    engine, _ = _engine("gpt-3 pp2", own_copies=False)
+    rec = engine.run().records
+    assert rec["rank"].dtype == np.int32
+    assert (rec["start_s"].dtype, rec["end_s"].dtype, rec["nbytes"].dtype) == (np.float64, np.float64, np.int64)
+    for col in ("stream", "name", "category", "phase", "kind", "model"):
+        values = rec[col]
+        assert isinstance(values.dtype, pd.CategoricalDtype), col
+        cats = [str(c) for c in values.cat.categories]
+        assert cats == sorted(cats) and set(cats) == set(values.astype(str)), col
+        assert values.cat.codes.dtype.itemsize <= 2 and (values.cat.codes >= 0).all(), col
+    plain = rec.astype({c: str for c in ("stream", "name", "category", "phase", "kind", "model")})
+    again = plain.sort_values(["rank", "stream", "start_s", "end_s"], kind="stable").reset_index(drop=True)
+    pd.testing.assert_frame_equal(plain, again)
+
+
+def test_readers_give_the_same_with_string_columns():
+    """Every reader of the records (breakdowns, categories, exposed communication, kernel seconds,
+    the steady window's records, the trace and the written table) gives the same from the engine's
+    categorical columns as from the same records with plain string columns."""
+    from dataclasses import replace
+
+    from simgpu.report.chrome_trace import chrome_trace
+    from simgpu.report.outputs import records_table
+    from simgpu.report.summary import category_times, exposed_by_kind, rank_breakdown, summarize
+    from simgpu.sim import kernel_seconds, simulate
+
+    path, overrides = CASES["gpt zero-1"]
+    res = simulate(load_job(ROOT / path, overrides), fold=False)
+    rec = res.records
+    assert isinstance(rec["name"].dtype, pd.CategoricalDtype)
+    strings = rec.astype({c: str for c in ("stream", "name", "category", "phase", "kind", "model")})
+    plain = replace(res, records=strings)
+    pd.testing.assert_frame_equal(rank_breakdown(res), rank_breakdown(plain))
+    pd.testing.assert_series_equal(category_times(res), category_times(plain))
+    pd.testing.assert_series_equal(exposed_by_kind(res), exposed_by_kind(plain))
+    assert kernel_seconds(rec) == kernel_seconds(strings)
+    assert summarize(res) == summarize(plain)
+    assert chrome_trace(res) == chrome_trace(plain)
+    pd.testing.assert_frame_equal(records_table(res).astype(strings.dtypes.drop(["start_s", "end_s"]).to_dict()),
+                                  records_table(plain))
+
+
+def test_a_missing_category_reads_as_other():
+    """A categorical category column with a missing value reads as "other" where the report groups
+    by category, as a column of strings does."""
+    from simgpu.report.summary import or_other
+
+    col = pd.Series(pd.Categorical(["gemm", None, "gemm"]))
+    assert or_other(col).astype(str).tolist() == ["gemm", "other", "gemm"]
+    assert or_other(pd.Series(["gemm", None], dtype=object)).tolist() == ["gemm", "other"]
+    full = pd.Series(pd.Categorical(["gemm"]))
+    assert or_other(full) is full

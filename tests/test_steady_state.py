@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_report import make_result, rec
 
 from simgpu import load_job, simulate
@@ -212,3 +214,119 @@ def test_the_steady_window_does_not_depend_on_the_first_iterations_earlier_micro
     assert short.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-9)
     a, b = rank_breakdown(full), rank_breakdown(short)
     np.testing.assert_allclose(b.to_numpy(), a.to_numpy(), rtol=0, atol=1e-9 * full.iteration_time_s)
+
+
+# -- the shortened first iteration (simgpu.engine.steady.shorten / check) against both iterations in full --
+
+OPG = [*ZERO1, "parallelism.overlap_param_gather=true"]
+
+
+def _both(path: str, overrides: list[str]) -> tuple[SimResult, SimResult]:
+    job = load_job(path, overrides)
+    return simulate(job), simulate(job, steady_cut=False)
+
+
+def _same(cut: SimResult, full: SimResult) -> None:
+    """The same iteration time and per-rank breakdown to 1e-9, the same bytes per link, each link's busy
+    time in the window to 1e-9 of the iteration."""
+    import numpy as np
+
+    from simgpu.report.summary import rank_breakdown
+
+    t = full.iteration_time_s
+    assert cut.iteration_time_s == pytest.approx(t, rel=1e-9, abs=0)
+    np.testing.assert_allclose(rank_breakdown(cut).to_numpy(), rank_breakdown(full).to_numpy(), rtol=0, atol=1e-9 * t)
+    a = cut.link_stats.set_index("link")["nbytes"]
+    b = full.link_stats.set_index("link")["nbytes"]
+    assert sorted(a.index) == sorted(b.index)
+    np.testing.assert_allclose(a.loc[b.index].to_numpy(), b.to_numpy(), rtol=1e-12, atol=0)
+    busy_a = cut.link_stats.set_index("link")["busy_s"]
+    busy_b = full.link_stats.set_index("link")["busy_s"]
+    np.testing.assert_allclose(busy_a.loc[busy_b.index].to_numpy(), busy_b.to_numpy(), rtol=0, atol=1e-9 * t)
+
+
+@pytest.mark.parametrize("ga,job", [(1, OPG), (4, OPG), (8, OPG), (8, OPG[3:])], ids=["1", "4", "8", "8-workload"])
+def test_the_shortened_first_iteration_gives_the_full_runs_steady_iteration(ga, job):
+    """ZeRO-1 with overlap_param_gather: with one micro-batch there is nothing to drop; with 4 and 8 the
+    cut is used and agrees with both iterations simulated in full. Also on the workload's own model at
+    8, where the second iteration's input copies would meet the first's reduce-scatters in the cut
+    run if they moved their bytes there (the full run's run long before any kept op)."""
+    cut, full = _both(GPT, [*job, f"training.grad_accumulation={ga}"])
+    _same(cut, full)
+    note = summarize(cut)["steady_state"]
+    if ga == 1:
+        assert cut.meta["steady_cut"].startswith("not used: rank 0's first iteration has 1 micro-batch")
+        assert note == summarize(full)["steady_state"]
+    else:
+        assert cut.meta["steady_cut"].startswith("used (") and "shortened first iteration used" in note
+        assert cut.events < 0.75 * full.events
+    assert full.meta["steady_cut"] == "not used: turned off"
+    assert "shortened" not in summarize(full)["steady_state"]
+
+
+def test_the_full_runs_link_statistics_are_its_second_iterations():
+    """Link bytes are what the second iteration's ops move (each iteration moves the same here, so they
+    are half the run's), busy times what lies within the window."""
+    job = load_job(GPT, [*OPG, "training.grad_accumulation=2"])
+    r = simulate(job, steady_cut=False)
+    from simgpu.sim import build as build_programs
+
+    assert build_programs(job).iterations == 2
+    assert (r.link_stats["nbytes"] > 0).all()
+    assert (r.link_stats["busy_s"] <= r.iteration_time_s * (1 + 1e-12)).all()
+
+
+def test_the_shortened_first_iteration_on_an_interleaved_pipeline():
+    """An interleaved pipeline under overlap_param_gather: Megatron's host syncs between pipeline steps
+    keep the cut from being tried (the CPU's position in the full run would be unknown), and the
+    steady iteration is the full run's."""
+    pp = [*PP, "parallelism.zero=1", "parallelism.overlap_param_gather=true"]
+    cut, full = _both(GPT, pp)
+    _same(cut, full)
+    assert cut.meta["steady_cut"].startswith("not used: rank 0 waits on the host ('pp.sync')")
+
+
+PCIE = "workloads/gpt2_small_pcie_4gpu.yaml"
+
+
+def test_the_shortened_first_iteration_refuses_where_the_copies_share_links():
+    """On a PCIe box with tensor parallelism the forward's all-reduces between the GPUs cross the link
+    into each GPU that its input copies take. The second iteration's copies, issued by the CPU far
+    ahead, run in the full run among the dropped micro-batches' all-reduces: the check cannot rule
+    out that they meet there, refuses, and both iterations are simulated in full."""
+    over = ["parallelism.zero=1", "training.framework=megatron", "parallelism.overlap_param_gather=true",
+            "training.grad_accumulation=4", "parallelism.tp=2", "parallelism.dp=2"]
+    cut, full = _both(PCIE, over)
+    want = "not used: rank 0's copy 'batch.h2d', run with no bytes, shares a link with a dropped collective"
+    assert cut.meta["steady_cut"].startswith(want), cut.meta["steady_cut"]
+    _same(cut, full)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layers=st.integers(1, 3), ga=st.integers(2, 5), batch=st.sampled_from([2, 4, 8]),
+       tp=st.sampled_from([1, 2]), nic=st.sampled_from([100, 400]))
+def test_the_shortened_first_iteration_is_the_full_run_on_small_jobs(layers, ga, batch, tp, nic):
+    """Whichever way the check decides, the steady iteration is the full run's."""
+    over = ["model.vocab=1024", "parallelism.zero=1", "training.framework=megatron",
+            "parallelism.overlap_param_gather=true", f"model.layers={layers}", f"training.grad_accumulation={ga}",
+            f"training.batch_per_gpu={batch}", f"parallelism.tp={tp}", f"parallelism.dp={16 // tp}",
+            f"platform.network.nic_gbps={nic}"]
+    cut, full = _both(GPT, over)
+    _same(cut, full)
+
+
+def test_run_command_turns_the_shortened_first_iteration_off(tmp_path):
+    """`--no-steady-cut` simulates both iterations in full; the steady_state line says which way."""
+    import json
+
+    from simgpu.run import main
+
+    over = [x for o in [*OPG, "training.grad_accumulation=4"] for x in ("--set", o)]
+    lines = {}
+    for flags in ([], ["--no-steady-cut"]):
+        out = tmp_path / str(len(flags))
+        assert main([GPT, "--out", str(out), *over, "--quiet", "--no-trace", "--records", "none", *flags]) == 0
+        lines[len(flags)] = json.loads((out / "summary.json").read_text())
+    assert "shortened first iteration used" in lines[0]["steady_state"]
+    assert "shortened" not in lines[1]["steady_state"]
+    assert lines[0]["iteration_time_ms"] == lines[1]["iteration_time_ms"]

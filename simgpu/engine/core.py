@@ -40,7 +40,7 @@ import simpy
 from simpy.events import NORMAL
 
 from ..comm.network import AGGREGATE_FROM, FlowNetwork, _Soon, soon
-from ..comm.plan import CollectiveRequest
+from ..comm.plan import CollectiveRequest, TransferTable
 from ..comm.planner import Planner
 from ..errors import SimulationError
 from ..graph import CollectiveCall, Op, Workload
@@ -72,6 +72,9 @@ class EngineOptions:
     #: try the periodic shortcut for a pipeline's identical middle micro-batches (exact where it is
     #: used, see simgpu.engine.periodic); off: every micro-batch simulated
     periodic: bool = True
+    #: keep every op's issue, start and end times (``meta["op_times"]``: rank -> three arrays in program
+    #: order), for the check of the shortened first iteration (simgpu.engine.steady)
+    op_times: bool = False
 
 
 @dataclass(slots=True)
@@ -181,6 +184,11 @@ _NO_TIMES = _view(np.zeros(0))
 _NO_COUNTS = _view(np.zeros(0, dtype=np.int32))
 _EMPTY_TIMES = np.zeros((4, 0, 0))
 _EMPTY_COUNTS = np.zeros((0, 0), dtype=np.int32)
+#: the records' string columns, in the order of :attr:`_Columns.codes`
+_CODED = ("stream", "name", "category", "phase", "kind", "model")
+#: about how many records :meth:`Engine._records` sorts at once (its scratch arrays: some 60 bytes a
+#: record), whole ranks at a time
+_SORT_ROWS = 1 << 21
 
 
 class _Call:
@@ -234,8 +242,14 @@ class Engine:
         self._durations = self.durations.tolist()  # Python floats: the clock stays a Python float
         self.models = models
         self.env = simpy.Environment()
-        self.net = FlowNetwork(self.env, topo.capacity, record=options.record_links,
+        iterations = max(1, workload.iterations)
+        # programs of several iterations: busy intervals kept to count each iteration's busy time
+        self.net = FlowNetwork(self.env, topo.capacity, record=options.record_links or iterations > 1,
                                aggregate_from=AGGREGATE_FROM if options.aggregate else 0)
+        #: programs of several iterations: the bytes each iteration's ops move over each link
+        self.iteration_link_bytes = np.zeros((iterations, len(topo.capacity))) if iterations > 1 else None
+        self._link_sums: dict[int, tuple[object, np.ndarray, np.ndarray]] = {}  # id(transfers) -> links, bytes
+        self.op_times: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._shapes: list[_Shape] = []
         self._shape_of: dict[int, _Shape] = {}
         self._queue: list[Any] = self.env._queue  # SimPy's event heap: (time, priority, id, event)
@@ -270,7 +284,7 @@ class Engine:
         #: folded: the sum of latency differences between replicas met so far (see simgpu.engine.fold)
         self.fold_slack_s = 0.0
         #: per training iteration of the programs, when its last kernel ended (over every rank)
-        self.iteration_ends = [0.0] * max(1, workload.iterations)
+        self.iteration_ends = [0.0] * iterations
 
     def run(self) -> SimResult:
         """Simulate the programs and return their records and link statistics."""
@@ -496,6 +510,8 @@ class Engine:
             latency = self.topo.route_latency(route)
             if self.fold is not None:
                 route = self.fold.route(route)
+            if self.iteration_link_bytes is not None and op.nbytes > 0:
+                np.add.at(self.iteration_link_bytes[op.iteration], list(route), float(op.nbytes))
             self.net.transfer(route, op.nbytes, latency).callbacks.append(
                 lambda _e: self._finish(r, i))
         elif op.kind == "collective":
@@ -697,6 +713,8 @@ class Engine:
         latency, items, slack = got
         if self.fold is not None:
             self.fold_slack_s += slack
+        if self.iteration_link_bytes is not None:
+            self._count_bytes(items, op.iteration)
 
         # through the event queue even without latency, so a collective never ends inside the walk
         self._soon(self.env.now + latency, self._move, (rv, items))
@@ -707,6 +725,23 @@ class Engine:
             self._complete(rv)
             return
         self.net.transfer_group_then(items, self._complete, rv)
+
+    def _count_bytes(self, items: Sequence[tuple[Sequence[int], float, float]], iteration: int) -> None:
+        """Add the bytes ``items`` move over each link to ``iteration``'s (each transfer its bytes on
+        every link of its route, as the network counts them); per set of transfers, worked out once."""
+        got = self._link_sums.get(id(items))
+        if got is None or got[0] is not items:
+            if isinstance(items, TransferTable):
+                flat = np.asarray(items.flat, dtype=np.int64)
+                weights = np.repeat(np.asarray(items.nbytes, dtype=float), np.asarray(items.lens, dtype=np.int64))
+            else:
+                flat = np.asarray([lid for links, _, _ in items for lid in links], dtype=np.int64)
+                weights = np.asarray([b for links, b, _ in items for _ in links], dtype=float)
+            keep = weights > 0
+            sums = np.bincount(flat[keep], weights[keep], minlength=len(self.topo.capacity))
+            used = np.flatnonzero(sums)
+            got = self._link_sums[id(items)] = (items, used, sums[used])
+        self.iteration_link_bytes[iteration, got[1]] += got[2]  # type: ignore[index]
 
     def _complete(self, rv: _Rendezvous) -> None:
         del self._rv[rv.call.key]  # done: only the rendezvous not yet complete are kept
@@ -773,9 +808,12 @@ class Engine:
         ``sort_values(["rank", "stream", "start_s", "end_s"], kind="stable")`` over the records as
         they happened: within a rank's stream, records happen in program order (a stream runs its
         ops in issue order; the CPU thread walks the program, an op's launch before its host_wait).
-        Each template's columns are worked out once, as codes into one table of strings; its ranks'
-        records are sorted in one go, each rank's on their own (the times are then let go), and the
-        table is filled a column at a time. Called once, after the run."""
+        Each template's columns are worked out once, as codes into one table of strings; the string
+        columns are categoricals (per column, the strings it holds in sorted order, and one small
+        integer code per record), ``rank`` is int32, the times float64 and ``nbytes`` int64. The
+        columns are allocated once and filled a template at a time, a bounded number of its ranks
+        at a time: their records sorted in one go, each rank's on their own; a template's times are
+        let go once its ranks' rows are filled. Called once, after the run."""
         strings: dict[str, int] = {}
 
         def code(x: str) -> int:
@@ -794,37 +832,61 @@ class Engine:
         for r in sorted(self._ranks.values(), key=lambda r: r.rank):
             offset[r.rank] = total
             total += rows[id(self._shape_of[r.rank])]
-        if not total:
-            return pd.DataFrame.from_records([], columns=list(RECORD_COLUMNS))
         table = list(strings)
-        place = np.argsort(np.argsort(np.asarray(table, dtype=object))).astype(np.int32)  # sorted position
-        rank = np.empty(total, dtype=np.int64)
+        # per string column: its categories (the strings it holds, sorted) and each table code's
+        # place among them, in the smallest integer type that holds them
+        cats: list[list[str]] = []
+        remaps: list[np.ndarray] = []
+        for c in range(len(_CODED)):
+            used = np.unique(np.concatenate([t.codes[c] for t in tables])) if tables else np.zeros(0, dtype=np.int32)
+            names = sorted({table[u] for u in used.tolist() if table[u] is not None})
+            place = {s: i for i, s in enumerate(names)}
+            dtype = _code_dtype(len(names))
+            remap = np.full(len(table), -1, dtype=dtype)
+            for u in used.tolist():
+                if table[u] is not None:
+                    remap[u] = place[table[u]]
+            cats.append(names)
+            remaps.append(remap)
+        rank = np.empty(total, dtype=np.int32)
         start, end = np.empty(total), np.empty(total)
-        sorts: list[tuple[_Columns, np.ndarray, np.ndarray]] = []
+        nbytes = np.empty(total, dtype=np.int64)
+        coded = [np.empty(total, dtype=remap.dtype) for remap in remaps]
         for shape, t in zip(shapes, tables, strict=True):
-            k, n = len(shape.ranks), len(t.seq)
+            n = len(t.seq)
+            local_codes = [remap[t.codes[c]] for c, remap in enumerate(remaps)]  # this template's records
+            stream_place = local_codes[0].astype(np.int64)  # sorted position of the stream's name
             times = shape.times
-            first = np.concatenate([times[0], times[2][:, t.second]], axis=1).ravel()
-            last = np.concatenate([times[1], times[3][:, t.second]], axis=1).ravel()
-            for r in shape.ranks:
+            if self.opt.op_times:  # the block is kept for the check that asked for it
+                for k_, r in enumerate(shape.ranks):
+                    self.op_times[r.rank] = (times[1][k_], times[2][k_], times[3][k_])
+            ranks = shape.ranks
+            step = max(1, _SORT_ROWS // max(1, n))
+            for a in range(0, len(ranks), step):
+                part = ranks[a:a + step]
+                k = len(part)
+                first = np.concatenate([times[0, a:a + k], times[2, a:a + k][:, t.second]], axis=1).ravel()
+                last = np.concatenate([times[1, a:a + k], times[3, a:a + k][:, t.second]], axis=1).ravel()
+                # every rank's records sorted on their own: the rank (its row of the block) first
+                perm = np.lexsort((np.tile(t.seq, k), last, first, np.tile(stream_place, k),
+                                   np.repeat(np.arange(k), n)))
+                where = _rows(np.asarray([offset[r.rank] for r in part], dtype=np.int64), n)
+                rank[where] = np.repeat(np.asarray([r.rank for r in part], dtype=np.int32), n)
+                start[where] = first[perm]
+                end[where] = last[perm]
+                del first, last
+                local = perm % n
+                del perm
+                for out, values in zip(coded, local_codes, strict=True):
+                    out[where] = values[local]
+                nbytes[where] = t.codes[len(_CODED)][local]
+                del local, where
+            for r in ranks:
                 r.launch = r.issue = r.start = r.end = _NO_TIMES  # the records hold them now
             shape.times = times = _EMPTY_TIMES
-            # every rank's records sorted on their own: the rank (its row of the block) first
-            perm = np.lexsort((np.tile(t.seq, k), last, first, np.tile(place[t.codes[0]], k),
-                               np.repeat(np.arange(k), n)))
-            firsts = np.asarray([offset[r.rank] for r in shape.ranks], dtype=np.int64)
-            where = _rows(firsts, n)
-            rank[where] = np.repeat(np.asarray([r.rank for r in shape.ranks], dtype=np.int64), n)
-            start[where] = first[perm]
-            end[where] = last[perm]
-            sorts.append((t, firsts, (perm % n).astype(np.int32)))
-            del first, last, perm, where
-        columns: dict[str, Any] = {"rank": rank}
-        for c, col in enumerate(("stream", "name", "category", "phase", "kind")):
-            columns[col] = _strings(table, _gather(sorts, total, c, np.int32))
-        columns["start_s"], columns["end_s"] = start, end
-        columns["nbytes"] = _gather(sorts, total, 6, np.int64)
-        columns["model"] = _strings(table, _gather(sorts, total, 5, np.int32))
+        columns: dict[str, Any] = {"rank": rank, "start_s": start, "end_s": end, "nbytes": nbytes}
+        for col, codes, names in zip(_CODED, coded, cats, strict=True):
+            columns[col] = pd.Categorical.from_codes(codes, categories=names, validate=False)
         return pd.DataFrame(columns, columns=list(RECORD_COLUMNS), copy=False)
 
     def _result(self) -> SimResult:
@@ -848,7 +910,31 @@ class Engine:
         meta: dict[str, Any] = {} if self.fold is None else {"fold_slack_s": self.fold_slack_s}
         if len(self.iteration_ends) > 1:
             meta["iteration_ends_s"] = list(self.iteration_ends)
+            # per iteration, per link of link_stats (lists: meta compares and serialises as plain values)
+            meta["iteration_link_bytes"] = self.iteration_link_bytes[:, used].tolist()  # type: ignore[index]
+            meta["iteration_link_busy_s"] = self._window_busy(used).tolist()
+        if self.opt.op_times:
+            meta["op_times"] = self.op_times
         return SimResult(records, stats, iteration, events, meta, link_records)
+
+
+    def _window_busy(self, used: np.ndarray) -> np.ndarray:
+        """Per iteration (the window from the previous iteration's end, 0 for the first, to its own),
+        each of the links ``used``'s busy time within it, from the network's busy intervals."""
+        ends = np.asarray(self.iteration_ends, dtype=float)
+        out = np.zeros((len(ends), len(used)))
+        if not self.net.intervals or not len(used):
+            return out
+        spans = np.asarray(self.net.intervals, dtype=float)
+        col = np.full(len(self.topo.capacity), -1, dtype=np.int64)
+        col[used] = np.arange(len(used))
+        where = col[spans[:, 0].astype(np.int64)]
+        spans, where = spans[where >= 0], where[where >= 0]
+        lo = np.concatenate([[0.0], ends[:-1]])
+        for k in range(len(ends)):
+            d = np.clip(np.minimum(spans[:, 2], ends[k]) - np.maximum(spans[:, 1], lo[k]), 0.0, None)
+            out[k] = np.bincount(where, d, minlength=len(used))
+        return out
 
 
 class _Columns:
@@ -894,23 +980,6 @@ def _rows(firsts: np.ndarray, n: int) -> np.ndarray:
     return np.repeat(firsts, n) + np.tile(np.arange(n, dtype=np.int64), len(firsts))
 
 
-def _gather(sorts: list[tuple[_Columns, np.ndarray, np.ndarray]], total: int, c: int, dtype: Any) -> np.ndarray:
-    """Column ``c`` of every rank's records in their sorted order: per template, its ranks' first
-    rows and which of its records goes to each row."""
-    out = np.empty(total, dtype=dtype)
-    for t, firsts, local in sorts:
-        out[_rows(firsts, len(t.seq))] = t.codes[c][local]
-    return out
-
-
-def _strings(table: list[str], codes: np.ndarray) -> Any:
-    """The column of ``table[c]`` for each code, in the dtype pandas gives a column of Python strings
-    (``str``, backed by Arrow, where pandas infers strings so; else ``object``)."""
-    dtype = pd.Series(["x"]).dtype
-    if getattr(dtype, "storage", None) == "pyarrow":
-        import pyarrow as pa
-
-        values = pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32, copy=False)),
-                                                pa.array(table, pa.large_string()))
-        return pd.array(values.cast(pa.large_string()), dtype=dtype)
-    return np.asarray(table, dtype=object)[codes]
+def _code_dtype(n: int) -> Any:
+    """The smallest signed integer type that holds the codes of ``n`` categories (and -1)."""
+    return np.int8 if n < 2**7 else np.int16 if n < 2**15 else np.int32

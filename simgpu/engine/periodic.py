@@ -40,6 +40,7 @@ from typing import Final
 
 import numpy as np
 import pandas as pd
+from pandas.api.types import union_categoricals
 
 from ..graph import PipelineShape
 from .result import RECORD_COLUMNS, SimResult
@@ -180,6 +181,11 @@ def extend(short: SimResult, long: SimResult, m: int, shape: PipelineShape, iter
     records = _repeat(b, start_b, q, k, n, d, r)
     links = _links(short, long, n / r)
     meta = dict(short.meta)
+    for key in ("iteration_link_bytes", "iteration_link_busy_s"):  # per iteration: grown as the totals are
+        if key in meta and key in long.meta:
+            meta[key] = _per_iteration(short, long, key, n / r, links["link"])
+        else:
+            meta.pop(key, None)
     for key in ("fold_slack_s",):
         if key in meta:
             meta[key] = float(meta[key]) + n / r * (float(long.meta[key]) - float(meta[key]))
@@ -199,13 +205,21 @@ def extend(short: SimResult, long: SimResult, m: int, shape: PipelineShape, iter
 def _groups(a: pd.DataFrame, b: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """A number per record of ``a`` and of ``b`` for its (rank, stream), the same in both, in the
     order the records are sorted (rank, then stream)."""
-    codes, names = pd.factorize(pd.concat([a["stream"], b["stream"]], ignore_index=True))
+    codes, names = pd.factorize(_both(a["stream"], b["stream"]))
     order = np.empty(len(names), dtype=np.int64)
     order[np.argsort(np.asarray(names, dtype=object))] = np.arange(len(names))
     code = order[codes]
     ranks = np.concatenate([a["rank"].to_numpy(dtype=np.int64), b["rank"].to_numpy(dtype=np.int64)])
     g = ranks * len(names) + code
     return g[:len(a)], g[len(a):]
+
+
+def _both(a: pd.Series, b: pd.Series) -> pd.Series:
+    """``a`` then ``b`` as one column; two categorical columns (the engine's records) stay one
+    categorical, over the union of their categories, rather than a column of strings."""
+    if isinstance(a.dtype, pd.CategoricalDtype) and isinstance(b.dtype, pd.CategoricalDtype):
+        return pd.Series(union_categoricals([a.array, b.array]))
+    return pd.concat([a, b], ignore_index=True)
 
 
 def _runs(g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -218,10 +232,9 @@ def _runs(g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def _codes(a: pd.DataFrame, b: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """The columns of :data:`_SAME` as one integer per record, comparable between ``a`` and ``b``."""
-    both = pd.concat([a[list(_SAME)], b[list(_SAME)]], ignore_index=True)
-    code = np.zeros(len(both), dtype=np.int64)
+    code = np.zeros(len(a) + len(b), dtype=np.int64)
     for col in _SAME:
-        c, uniques = pd.factorize(both[col])
+        c, uniques = pd.factorize(_both(a[col], b[col]))
         code = pd.factorize(code * (len(uniques) + 1) + c)[0]
     return code[:len(a)], code[len(a):]
 
@@ -275,6 +288,18 @@ def _repeat(b: pd.DataFrame, start_b: np.ndarray, q: np.ndarray, k: np.ndarray, 
     out["start_s"] = out["start_s"].to_numpy() + times
     out["end_s"] = out["end_s"].to_numpy() + times
     return out[list(RECORD_COLUMNS)]
+
+
+def _per_iteration(short: SimResult, long: SimResult, key: str, n: float, links: pd.Series) -> list[list[float]]:
+    """``meta[key]`` (per iteration, per link of ``link_stats``) of the job: the short run's plus ``n``
+    times what the longer run added, on the links ``links``."""
+    def table(r: SimResult) -> pd.DataFrame:
+        return pd.DataFrame(np.asarray(r.meta[key]).T, index=r.link_stats["link"].to_numpy())
+
+    a, b = table(short), table(long)
+    base = a.reindex(b.index, fill_value=0.0)
+    out = base + n * (b - base)
+    return out.reindex(links.to_numpy(), fill_value=0.0).to_numpy().T.tolist()
 
 
 def _links(short: SimResult, long: SimResult, n: float) -> pd.DataFrame:

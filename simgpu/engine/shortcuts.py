@@ -9,9 +9,14 @@ shortcut (:mod:`simgpu.engine.periodic`): a pipeline's identical middle micro-ba
 once. Where :func:`periodic.blocker` finds nothing against it, the programs are built and run with
 two short counts of micro-batches (each with the fold as it stands), and where the two runs repeat
 one period the job's iteration is extended from them; else the job's own count is simulated.
-The caller gives the stages it owns as functions (building the programs, timing their kernels)
-and gets back the result, the programs it came from, why the fold was given up, if it was, and
-how the periodic shortcut went.
+The steady shortcut (:mod:`simgpu.engine.steady`): programs of two iterations run with every
+rank's first iteration cut to its last micro-batch, where :func:`steady.shorten` finds them fit
+and :func:`steady.check` finds the cut run's steady window the full run's from the cut run's own
+times; else the full programs. It is tried on a run of the job's own count of micro-batches (not
+on the periodic shortcut's short runs) and not where link intervals are recorded; the result's
+``meta["steady_cut"]`` says how it went. The caller gives the stages it owns as functions
+(building the programs, timing their kernels) and gets back the result, the programs it came
+from, why the fold was given up, if it was, and how the periodic shortcut went.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import numpy as np
 from ..comm.planner import Planner
 from ..graph import PipelineShape, Workload
 from ..platform.topology import Topology
-from . import periodic
+from . import periodic, steady
 from .core import Engine, EngineOptions
 from .fold import FoldBroken, fold_blocker
 from .result import SimResult
@@ -51,10 +56,11 @@ class Outcome:
 
 
 def run(topo: Topology, build: Build, predict: Predict, planner: Planner, options: EngineOptions, *,
-        fold: bool = True, say: Callable[[str], None] = lambda _: None) -> Outcome:
+        fold: bool = True, steady_cut: bool = True, say: Callable[[str], None] = lambda _: None) -> Outcome:
     """Simulate the programs ``build`` gives, folded where the fold holds and with the periodic
     shortcut where it holds (see the module docstring)."""
     runs = _Runs(topo, build, predict, planner, options, fold, say)
+    runs.steady_cut = steady_cut
     if not options.periodic or options.record_links:
         out = runs.run(None)
         return replace(out, periodic="turned off" if not options.periodic else
@@ -113,6 +119,7 @@ class _Runs:
             fold, self.note = False, "link intervals are recorded for every link"
         self.fold, self.inside = fold, True  # fold at all; fold ranks inside nodes too
         self._timed: tuple[list[object], tuple[np.ndarray, list[str]]] | None = None
+        self.steady_cut = True  # try the shortened first iteration (simgpu.engine.steady)
 
     @property
     def state(self) -> tuple[bool, bool, str]:
@@ -128,6 +135,8 @@ class _Runs:
         return timed
 
     def run(self, choose: Choose | None) -> Outcome:
+        """One run of the programs ``build`` gives for ``choose``, the first of two iterations
+        shortened where that is exact and the programs run the job's own count of micro-batches."""
         topo, build = self.topo, self.build
         self.say("building the programs")
         workload = build(self.fold, self.inside, choose)
@@ -142,7 +151,7 @@ class _Runs:
         while True:
             try:
                 self.say(f"simulating {len(workload.programs):,} ranks")
-                result = Engine(topo, workload, durations, models, self.planner, self.options).run()
+                result = self._engine(workload, durations, models)
                 return Outcome(result, workload, self.note)
             except FoldBroken as e:
                 self.note = str(e)
@@ -155,6 +164,43 @@ class _Runs:
                         self.fold = False
                         workload = build(False, False, choose)
                 durations, models = self._predict(workload)
+
+
+    def _engine(self, workload: Workload, durations: np.ndarray, models: list[str]) -> SimResult:
+        """The run of ``workload``; of its first iteration cut to its last micro-batch where that
+        holds (see :mod:`simgpu.engine.steady`), else of the whole programs."""
+        topo, planner, options = self.topo, self.planner, self.options
+        shape = workload.pipeline
+        why = ""
+        if workload.iterations < 2:
+            return Engine(topo, workload, durations, models, planner, options).run()
+        if not self.steady_cut:
+            why = "turned off"
+        elif shape is not None and shape.simulated != shape.micro_batches:
+            why = "a short run of the periodic shortcut"
+        elif options.record_links:
+            why = "link intervals are recorded for every link"
+        if not why:
+            got = steady.shorten(workload)
+            if isinstance(got, str):
+                why = got
+            else:
+                self.say("simulating the first iteration from its last micro-batch")
+                short = Engine(topo, got.workload, durations, models, planner, replace(options, op_times=True)).run()
+                why = steady.check(short, got, workload, topo, planner, self._durations_list(durations), options)
+                if not why:
+                    steady.restore(short, got, topo)
+                    short.meta["steady_cut"] = (f"used ({sum(len(p.ops) for p in got.workload.programs):,} of "
+                                                f"{sum(len(p.ops) for p in workload.programs):,} ops simulated)")
+                    return short
+                self.say(f"the shortened first iteration may differ ({why}): simulating both in full")
+        result = Engine(topo, workload, durations, models, planner, options).run()
+        result.meta["steady_cut"] = f"not used: {why}"
+        return result
+
+    @staticmethod
+    def _durations_list(durations: np.ndarray) -> list[float]:
+        return np.asarray(durations, dtype=float).tolist()
 
 
 def slack_note(result: SimResult, note: str) -> str:

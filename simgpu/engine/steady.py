@@ -9,18 +9,92 @@ those of the iteration before that end within :data:`TAIL_FRACTION` of an iterat
 window stay (at negative times), so the timeline shows the previous iteration's tail. What runs
 past the window's end (the last iteration's own all-gathers, the next iteration's head in a
 longer run) is kept too; the summary clips every interval to the window, where the previous
-iteration's tail stands in for it. Link statistics are the mean over the iterations run.
+iteration's tail stands in for it. Link statistics are the last iteration's: the bytes its own
+ops moved over each link (``meta["iteration_link_bytes"]``, counted by the engine per op's
+iteration) and each link's busy time within the window (``meta["iteration_link_busy_s"]``).
+
+**The shortened first iteration.** The first of two iterations is there for the state it leaves at
+the boundary. :func:`shorten` cuts every rank's first iteration to its last micro-batch (from that
+micro-batch's first op, its input copy, on; the earlier micro-batches are dropped) where nothing
+kept depends on a dropped op, no collective is dropped on some members and kept on others, and no
+dropped op waits on the host. The input copies after the cut one, up to the rank's first host wait,
+run there with no bytes (the full run's CPU issues them long before it reaches the last
+micro-batch's kernels, so that they run among the dropped micro-batches, not where the cut run's
+CPU issues them); their bytes are put back into the link counters afterwards (:func:`restore`). The
+engine runs the cut programs keeping each op's issue, start and end times, and :func:`check`
+decides from that run alone whether its steady window is the full run's. Where it finds a reason it
+may not be, the full programs are run (:mod:`simgpu.engine.shortcuts`). The argument, for the full
+run F and the cut run C: the engine's timing is a composition of maxima (an op starts at the latest
+of its issue, its stream's previous op's end, its dependencies' ends and, for a collective, its
+members' arrivals), durations and flows, so C's ops, from the cut on, run as F's shifted by one
+constant ``D`` wherever every input each takes in F is its input in C shifted by ``D`` or is no
+later than that (a max ignores it) and no flow meets another flow in one run that it does not meet
+in the other. The check asks:
+
+- (CPU) F's CPU is at least as far ahead of the GPU as C's: F's CPU reaches the cut after the
+  dropped ops' launches (no host wait among them), F's GPU no sooner than the dropped kernels on
+  the compute stream take, less where C starts its first kernel on it (a lower bound on ``D``); the
+  first must not exceed the second on any rank. Then each op is issued in F no later than in C
+  shifted by ``D``, and a host wait, a max of the CPU and its dependencies, keeps it so.
+- (issued ops) an op of the second iteration that starts when the CPU issues it would start
+  earlier in F (in the first, such ops are the cold entry, which the last point compares): it
+  must be an input copy that no host wait waits for, whose dependents (and the next op on its
+  stream) start strictly after it ends, which ends before the window begins, and which shares no
+  link with any other transfer from the time it could start (its stream and dependencies ready)
+  to its end in C (other copies by their routes, collectives by the plans the engine carries): in
+  F it starts no later, shifted, and runs alone, so where it runs there changes no op, no flow, no
+  link's bytes, no link's busy time within the window and no rank's compute time there. Where F's
+  copy surely ends before any kept op can start in F (F's issue times are its CPU's launches one
+  after the other up to a host wait; a copy moves at least its links' capacities shared by every
+  rank's host route on them) and no dropped collective crosses its links, it meets only copies in
+  F, and in C it need meet no collective while it actually runs. A copy C ran with no bytes must
+  be such a copy (it then changes nothing in either run, and the bytes F's moves are its
+  iteration's, put back), and must end before the window and bind no dependent, as above.
+- (CPU records) before the rank's first host wait that blocks (after which C's CPU and F's agree),
+  the CPU issues every op before the window begins, so the window's CPU records agree too.
+- (the boundary repeats) on every rank, nothing of C's first iteration still runs when its step
+  starts, nor of its second iteration when that one's starts, and the ops from the step on (the
+  step, the parameter all-gathers after it: all of the first iteration that the window can see)
+  start and end one iteration (the window's length) apart in the two iterations, within
+  :data:`TOLERANCE` of the run, the issued copies aside. In C the second iteration's last
+  micro-batch follows its earlier micro-batches, as the dropped ones precede F's first
+  iteration's; the cut one follows nothing. Both entries leave the same state at the boundary, so
+  the state the earlier micro-batches hand to the last one is not what sets it (a maximum of
+  inputs is set by the largest only), and F's first iteration hands it the same ops' state.
+
+The last point is the premise the others stand on: that the earlier micro-batches of F's first
+iteration (entered from a cold start) leave the boundary as those of C's second one do (entered
+from a step), up to the shift; the repeat shows it for two entries, it is not a proof for every
+entry. (The last micro-batch itself need not repeat: on ``workloads/gpt_2x_dgx_h100.yaml`` under
+ZeRO-1, Megatron and ``overlap_param_gather`` at 8 micro-batches, two of its reduce-scatters end
+1.1 us apart in the cut run's two iterations, and yet the cut run's window is the full run's to
+1e-13.) Tests compare the shortcut with the full run
+on every case they build (iteration time and per-rank breakdown to 1e-9, link bytes equal),
+including cases it must refuse.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from operator import attrgetter
 from typing import Final
 
+import numpy as np
+
+from ..comm.plan import CollectiveRequest, TransferTable
+from ..comm.planner import Planner
+from ..graph import Op, Program, Workload
+from ..platform.topology import Topology
+from .core import EngineOptions
+from .fold import FoldMap
 from .result import SimResult
 
 #: How much of the iteration before the steady one the records keep, as a fraction of an iteration.
 TAIL_FRACTION: Final = 0.25
+#: The shortened run's times must repeat within this fraction of the run (as the periodic shortcut's).
+TOLERANCE: Final = 1e-9
 
 
 def steady_window(result: SimResult) -> SimResult:
@@ -37,10 +111,16 @@ def steady_window(result: SimResult) -> SimResult:
     records["start_s"] -= b0
     records["end_s"] -= b0
     records = records.reset_index(drop=True)
-    n = len(ends)
+    meta = dict(result.meta)
+    per_bytes, per_busy = meta.pop("iteration_link_bytes", None), meta.pop("iteration_link_busy_s", None)
     links = result.link_stats.copy()
-    for col in ("nbytes", "busy_s"):
-        links[col] = links[col] / n
+    if per_bytes is not None and per_busy is not None and len(per_bytes) == len(ends):
+        links["nbytes"] = np.asarray(per_bytes)[-1]
+        links["busy_s"] = np.asarray(per_busy)[-1]
+        links = links.loc[links["nbytes"] > 0].reset_index(drop=True)
+    else:  # a run extended from others (the periodic shortcut): the mean over the iterations
+        for col in ("nbytes", "busy_s"):
+            links[col] = links[col] / len(ends)
     link_records = result.link_records
     if link_records is not None:
         lk = (link_records["end_s"] > b0 - TAIL_FRACTION * t) & (link_records["start_s"] < b1)
@@ -48,8 +128,426 @@ def steady_window(result: SimResult) -> SimResult:
         link_records["start_s"] -= b0
         link_records["end_s"] -= b0
         link_records = link_records.reset_index(drop=True)
-    meta = dict(result.meta)
     meta["iteration_ends_s"] = ends
     meta["first_iteration_s"] = ends[0]
     return replace(result, records=records, link_stats=links, iteration_time_s=t, meta=meta,
                    link_records=link_records)
+
+
+# -- the shortened first iteration -----------------------------------------------------------------
+
+#: Kinds of op that run on a stream (a host_wait and a host op run on the CPU thread).
+_GPU_KINDS: Final = ("kernel", "memcpy", "collective")
+
+
+@dataclass(frozen=True)
+class Cut:
+    """The programs with every rank's first iteration cut to its last micro-batch: ``workload`` runs
+    them, ``dropped`` is, per rank, how many ops were dropped from the front of its program, and
+    ``off``, per rank, the input copies taken off the links (run with no bytes: see :func:`shorten`),
+    each ``(index in the cut program, bytes)``."""
+
+    workload: Workload
+    dropped: dict[int, int]
+    off: dict[int, list[tuple[int, int]]]
+
+
+def _take_off(ops: list[Op]) -> tuple[list[Op], list[tuple[int, int]]]:
+    """``ops`` (a cut program) with its input copies after the first, up to its first host wait,
+    moving no bytes; and which they were, with their bytes."""
+    wait = next((k for k, o in enumerate(ops) if o.kind == "host_wait"), len(ops))
+    out, off = list(ops), []
+    for k in range(1, wait):
+        o = out[k]
+        if o.kind == "memcpy" and not o.deps and o.nbytes > 0 and o.delay_s == 0:
+            out[k] = replace(o, nbytes=0)
+            off.append((k, o.nbytes))
+    return out, off
+
+
+def _micro_batches(ops: Sequence[Op], iteration: int) -> list[int]:
+    """Where each micro-batch of ``iteration`` begins: the first op of each run of ``data`` ops."""
+    return [i for i, o in enumerate(ops) if o.iteration == iteration and o.phase == "data"
+            and (i == 0 or ops[i - 1].phase != "data" or ops[i - 1].iteration != iteration)]
+
+
+#: an Op's fields in order, read at once (a new Op from them is faster to make than dataclasses.replace)
+_FIELDS: Final = [f.name for f in fields(Op)]
+_GET: Final = attrgetter(*_FIELDS)
+_DEPS: Final = _FIELDS.index("deps")
+
+
+def _shift(o: Op, c: int) -> Op:
+    """``o`` with its dependencies renumbered from ``c`` (a new Op where it has any)."""
+    if not o.deps:
+        return o
+    v = list(_GET(o))
+    v[_DEPS] = tuple([d - c for d in o.deps])
+    return Op(*v)
+
+
+def _shifted(ops: list[Op], c: int) -> list[Op]:
+    """``ops[c:]``, each :func:`_shift`-ed."""
+    return [_shift(o, c) for o in ops[c:]]
+
+
+def shorten(workload: Workload) -> Cut | str:
+    """``workload``'s programs with each rank's first iteration from its last micro-batch's first op
+    on, or why they cannot be cut so (see the module docstring)."""
+    if workload.iterations != 2:
+        return f"programs of {workload.iterations} iterations (two expected)"
+    dropped: dict[int, int] = {}
+    cut_keys: set[str] = set()
+    kept_keys: set[str] = set()
+    shifted: dict[tuple[int, int], tuple[list[Op], list[Op], list[tuple[int, int]]]] = {}  # by (id(list), cut)
+    off: dict[int, list[tuple[int, int]]] = {}
+    programs = []
+    for prog in workload.programs:
+        ops = prog.ops
+        starts = _micro_batches(ops, 0)
+        if len(starts) < 2:
+            return (f"rank {prog.rank}'s first iteration has {len(starts)} micro-batch(es) that begin with "
+                    "data ops: nothing to drop (two or more expected)")
+        c = starts[-1]
+        for o in ops[:c]:
+            if o.kind == "host_wait":
+                return f"rank {prog.rank} waits on the host ({o.name!r}) before its last micro-batch"
+            if o.coll is not None:
+                cut_keys.add(o.coll.key)
+        for o in ops[c:]:
+            if o.deps and min(o.deps) < c:
+                return f"rank {prog.rank}'s op {o.name!r} depends on an op of an earlier micro-batch"
+            if o.coll is not None:
+                kept_keys.add(o.coll.key)
+
+        def cut_list(lst: list[Op], c: int = c) -> tuple[list[Op], list[Op], list[tuple[int, int]]]:
+            """``lst`` cut at ``c``: shifted, and shifted with its copies taken off, and which those are."""
+            got = shifted.get((id(lst), c))
+            if got is None:
+                moved = _shifted(lst, c)
+                got = shifted[id(lst), c] = (moved, *_take_off(moved))
+            return got
+
+        template = prog.template if prog.template is not None and len(prog.template) == len(ops) else None
+        if template is None or template is ops:
+            _, new_ops, taken = cut_list(ops)
+        else:  # the template's cut ops where the rank shares its Op objects, its own shifted elsewhere
+            base = cut_list(template)[0]
+            new_ops, taken = _take_off([b if o is t else _shift(o, c)
+                                        for o, t, b in zip(ops[c:], template[c:], base, strict=True)])
+        programs.append(Program(prog.rank, new_ops, None if template is None else cut_list(template)[1]))
+        dropped[prog.rank] = c
+        off[prog.rank] = taken
+    both = cut_keys & kept_keys
+    if both:
+        return f"collective {sorted(both)[0]!r} is dropped on some ranks and kept on others"
+    return Cut(replace(workload, programs=programs), dropped, off)
+
+
+def check(result: SimResult, cut: Cut, full: Workload, topo: Topology, planner: Planner,
+          durations: Sequence[float], options: EngineOptions) -> str:
+    """Why the run of ``cut`` (``result``, with ``meta["op_times"]``, taken out) may differ from the
+    run of ``full`` in its steady window, "" where it cannot (the argument: the module docstring)."""
+    times: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = result.meta.pop("op_times")
+    ends = [float(x) for x in result.meta["iteration_ends_s"]]
+    b0, b1 = ends[-2], ends[-1]
+    period = b1 - b0
+    tol = TOLERANCE * max(b1, 1e-30)
+    reps = cut.workload.replicas
+    fold = FoldMap(topo, reps) if reps is not None else None
+    share = max(1.0, topo.gpus_per_node / max(1, options.cpu_threads_per_node))
+    programs = {p.rank: p.ops for p in cut.workload.programs}
+    # the CPU's lead in the full run: its CPU reaches the last micro-batch after the dropped ops' launches
+    # (no host wait among them), its GPU no sooner than the dropped kernels on the compute stream take
+    lead_cpu, lead_gpu = 0.0, -math.inf
+    ahead: dict[int, float] = {}  # rank -> how much later its CPU reaches each kept op in the full run
+    for prog in full.programs:
+        c = cut.dropped[prog.rank]
+        ahead[prog.rank] = sum(options.launch_s if o.cpu_s is None else o.cpu_s for o in prog.ops[:c]) * share
+        lead_cpu = max(lead_cpu, ahead[prog.rank])
+        busy = sum(durations[o.kernel] for o in prog.ops[:c] if o.kind == "kernel" and o.stream == "compute")
+        _, start, _ = times[prog.rank]
+        first = next((j for j, o in enumerate(programs[prog.rank]) if o.kind == "kernel" and o.stream == "compute"),
+                     None)
+        if first is not None:
+            lead_gpu = max(lead_gpu, busy - float(start[first]))
+    if lead_cpu > lead_gpu + tol:
+        return (f"the dropped micro-batches' launches ({lead_cpu * 1e3:.3f} ms) may outlast their kernels: the "
+                "full run's CPU need not be ahead of the shortened one's")
+    early = _early_copies(full, cut, topo, fold, options.launch_s, share)
+    #: copies that start when issued: (rank, op, ready, end, (issue, ready, the CPU's extra lead in the full run),
+    #: whether the full run's copy surely ends before any kept op can start there, whether it moved no bytes)
+    copies: list[tuple[int, int, float, float, tuple[float, float, float], bool, bool]] = []
+    layouts: dict[int, _Layout | str] = {}
+    for prog in cut.workload.programs:
+        rank, ops = prog.rank, prog.ops
+        issue, start, end = times[rank]
+        key = id(prog.template) if prog.template is not None else id(ops)
+        lay = layouts.get(key)
+        if lay is None:
+            lay = layouts[key] = _Layout.of(ops)
+        if isinstance(lay, str):
+            return f"rank {rank}: {lay}"
+        n, e0, c1, step, gpu, copy, dependents = lay.n, lay.e0, lay.c1, lay.step, lay.gpu, lay.copy, lay.dependents
+        free = (start - issue) <= tol
+        # (a) the boundary repeats: from the step on, one shift, the window's length, on every rank, with
+        # nothing before the step still running when it starts
+        for at in (0, c1):
+            before = np.flatnonzero(gpu[at:at + step]) + at
+            if len(before) and float(end[before].max()) > float(start[at + step]) + tol:
+                j = int(before[int(end[before].argmax())])
+                return f"rank {rank}'s {ops[j].name!r} still runs when the step {ops[at + step].name!r} starts"
+        pos = np.arange(step, e0)
+        pos = pos[gpu[pos] & ~(copy[pos] & (free[pos] | free[pos + c1]))]
+        for col in (start, end):
+            gap = np.abs(col[pos + c1] - col[pos] - period)
+            if len(gap) and float(gap.max()) > tol:
+                j = int(pos[int(gap.argmax())])
+                return (f"rank {rank}'s op {ops[j].name!r} runs {float(col[j + c1] - col[j]) * 1e3:.6f} ms later in "
+                        f"the second iteration, not one iteration ({period * 1e3:.6f} ms)")
+        # (c) the CPU: where its lead differs, none of its records reaches into the window
+        waits = lay.waits
+        blocked = next((int(i) for i in waits if end[i] - start[i] > tol), n)
+        late = np.flatnonzero(issue[:blocked] > b0 + tol)
+        if len(late):
+            return (f"rank {rank}'s CPU launches {ops[int(late[0])].name!r} inside the steady window, where its lead "
+                    "counts")
+        # (b) what starts when the CPU issues it, and the copies taken off the links
+        taken = {k for k, _ in cut.off.get(rank, ())}
+        for i in sorted(set(np.flatnonzero(free[:blocked] & gpu[:blocked]).tolist()) | taken):
+            o = ops[i]
+            if o.kind != "memcpy" and i >= e0:  # in the first iteration: the cold entry, which (a) compared
+                return f"rank {rank}'s {o.kind} {o.name!r} starts when the CPU issues it: the CPU's lead counts"
+            if o.kind != "memcpy":
+                continue
+            if any(ops[d].kind == "host_wait" for d in dependents.get(i, ())):
+                return f"rank {rank}'s CPU waits for the copy {o.name!r}, which starts when issued"
+            for d in dependents.get(i, ()) if i >= e0 else ():  # in the first iteration: the entry, as above
+                later = end[d] if ops[d].kind == "host_wait" else start[d]
+                if later <= end[i] + tol:
+                    return f"rank {rank}'s {ops[d].name!r} waits for the copy {o.name!r}, which starts when issued"
+            prev = [end[d] for d in o.deps] + [end[j] for j in range(i - 1, -1, -1)
+                                               if ops[j].kind in _GPU_KINDS and ops[j].stream == o.stream][:1]
+            ready = max(prev, default=0.0)
+            if end[i] > b0 + tol:
+                return f"rank {rank}'s copy {o.name!r}, which starts when issued, runs in the steady window"
+            soon = early.get(rank, {}).get(i, math.inf) <= lead_gpu - tol
+            if i in taken and not soon:
+                return (f"rank {rank}'s copy {o.name!r}, run with no bytes, may not end in the full run before "
+                        "its kept ops start")
+            copies.append((rank, i, ready, float(end[i]), (float(issue[i]), ready, ahead[rank]), soon, i in taken))
+    return _alone(copies, programs, times, topo, planner, fold, tol,
+                  [o for p in full.programs for o in p.ops[:cut.dropped[p.rank]] if o.kind == "collective"])
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """What :func:`check` reads of a cut program's ops (alike for the ranks of one template): its
+    length, where the second iteration begins (``e0``, the first iteration's ops kept) and where its
+    last micro-batch does (``c1``), where the first iteration's step is, which ops run on a stream,
+    which are copies and host waits, and each op's dependents (its stream's next op too)."""
+
+    n: int
+    e0: int
+    c1: int
+    step: int
+    gpu: np.ndarray
+    copy: np.ndarray
+    waits: np.ndarray
+    dependents: dict[int, list[int]]
+
+    @staticmethod
+    def of(ops: Sequence[Op]) -> _Layout | str:
+        n = len(ops)
+        e0 = next((i for i, o in enumerate(ops) if o.iteration > 0), n)
+        starts = _micro_batches(ops, 1)
+        c1 = starts[-1] if starts else n
+        if c1 + e0 != n or any((a.name, a.kind, a.stream) != (b.name, b.kind, b.stream)
+                               for a, b in zip(ops[:e0], ops[c1:], strict=True)):
+            return "the second iteration does not end with the first one's last micro-batch"
+        step = next((i for i in range(e0) if ops[i].phase == "opt"), e0)
+        if step == e0:
+            return "the first iteration has no optimizer step"
+        dependents: dict[int, list[int]] = {}
+        last_on: dict[str, int] = {}
+        for i, o in enumerate(ops):
+            if o.kind in _GPU_KINDS:
+                if o.stream in last_on:
+                    dependents.setdefault(last_on[o.stream], []).append(i)
+                last_on[o.stream] = i
+            for d in o.deps:
+                dependents.setdefault(d, []).append(i)
+        kinds = [o.kind for o in ops]
+        return _Layout(n, e0, c1, step, np.asarray([k in _GPU_KINDS for k in kinds]),
+                       np.asarray([k == "memcpy" for k in kinds]),
+                       np.flatnonzero(np.asarray([k == "host_wait" for k in kinds])), dependents)
+
+
+def _early_copies(full: Workload, cut: Cut, topo: Topology, fold: FoldMap | None, launch_s: float,
+                  share: float) -> dict[int, dict[int, float]]:
+    """Per rank, per kept copy (by its index in the cut program), the latest the full run's copy can
+    end, where that is known: the CPU's issue times in the full run are its launches one after the
+    other up to the first host wait; a copy without dependencies starts when issued or when the copy
+    before it on its stream ends; and, meeting only other copies on its links (each rank's stream
+    runs one at a time), it moves at least its links' capacities shared among the ranks whose host
+    routes cross them."""
+    routes: dict[int, tuple[int, ...]] = {}
+    load: dict[int, int] = {}
+    for prog in full.programs:
+        route = topo.host_route(prog.rank, to_device=True)
+        routes[prog.rank] = tuple(fold.route(route) if fold is not None else route)
+        for lid in routes[prog.rank]:
+            load[lid] = load.get(lid, 0) + 1
+    cap = topo.capacity
+    out: dict[int, dict[int, float]] = {}
+    for prog in full.programs:
+        rank, c = prog.rank, cut.dropped[prog.rank]
+        links = routes[rank]
+        rate = min((float(cap[lid]) / load[lid] for lid in links), default=math.inf)
+        latency = topo.route_latency(topo.host_route(rank, to_device=True))
+        mine = out[rank] = {}
+        t = 0.0
+        last: dict[str, float] = {}
+        for k, o in enumerate(prog.ops):
+            if o.kind == "host_wait":
+                break
+            t += (launch_s if o.cpu_s is None else o.cpu_s) * share  # its issue (a host op's end)
+            if o.kind == "host":
+                continue
+            if o.kind == "memcpy" and not o.deps and o.delay_s == 0:
+                done = max(t, last.get(o.stream, 0.0)) + latency + (o.nbytes / rate if o.nbytes > 0 else 0.0)
+                last[o.stream] = done
+                if k >= c:
+                    mine[k - c] = done
+            else:
+                last[o.stream] = math.inf
+    return out
+
+
+def _alone(copies: list[tuple[int, int, float, float, tuple[float, float, float], bool, bool]],
+           programs: dict[int, list[Op]], times: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]],
+           topo: Topology, planner: Planner, fold: FoldMap | None, tol: float, dropped: list[Op]) -> str:
+    """Why one of ``copies`` (started when issued, each ``(rank, op, ready, end, key, soon)``) may share
+    a link with other traffic while it may run, "" where none does. Copies whose keys agree (issued
+    alike, ready alike, their CPUs alike ahead in the full run) start together in either run,
+    wherever they start: sharing links among themselves they share them alike. A copy that is
+    ``soon`` (the full run's ends before any kept op can start there, :func:`_early_copies`) runs
+    there among copies only, where no dropped collective crosses its links: it needs to meet no
+    collective in the cut run where it ran (from its start to its end), other copies aside; else
+    it may meet nothing from when it could start (``ready``) to its end."""
+    if not copies:
+        return ""
+    together = {(rank, i): key for rank, i, _, _, key, _, _ in copies}
+    routes: dict[int, set[int]] = {}
+
+    def host_links(rank: int) -> set[int]:
+        got = routes.get(rank)
+        if got is None:
+            route = topo.host_route(rank, to_device=True)
+            got = routes[rank] = set(fold.route(route) if fold is not None else route)
+        return got
+
+    planned: dict[tuple[object, ...], set[int] | None] = {}
+
+    def coll_links(o: Op) -> set[int] | None:
+        c = o.coll
+        assert c is not None
+        key = (c.op, c.group, c.nbytes, c.root, c.comm_size)
+        if key not in planned:
+            if c.duration_s is not None:
+                planned[key] = set()
+            elif c.send_bytes is not None:
+                planned[key] = None  # an uneven all-to-all: its flows are not worked out here
+            else:
+                req = CollectiveRequest(c.op, c.group, c.nbytes, None, c.root, c.comm_size)
+                plan = planner.plan(req)
+                items = fold.transfers(planner, req, plan) if fold is not None else plan.transfers
+                if isinstance(items, TransferTable):
+                    planned[key] = set(np.unique(items.flat).tolist())
+                else:
+                    planned[key] = {lid for links, b, _ in items if b > 0 for lid in links}
+        return planned[key]
+
+    crossed: set[int] | None = set()  # the links the dropped collectives cross (None: not known)
+    for o in dropped:
+        got = coll_links(o)
+        if got is None or crossed is None:
+            crossed = None
+            break
+        crossed |= got
+    for rank, i, lo, hi, key, soon, taken in copies:
+        mine = host_links(rank)
+        soon = soon and crossed is not None and not (crossed & mine)
+        if taken:  # moved no bytes in the cut run; in the full run, soon, it meets copies only
+            if not soon:
+                return (f"rank {rank}'s copy {programs[rank][i].name!r}, run with no bytes, shares a link with a "
+                        "dropped collective")
+            continue
+        if soon:
+            lo = float(times[rank][1][i])
+        for other, ops in programs.items():
+            _, start, end = times[other]
+            for j in np.flatnonzero((start < hi) & (end > lo)).tolist():
+                o = ops[j]
+                if (other, j) == (rank, i) or (o.nbytes <= 0 and o.coll is None):
+                    continue
+                if o.kind == "memcpy" and soon:
+                    continue
+                if o.kind == "memcpy":
+                    theirs = together.get((other, j))
+                    if theirs is not None and max(abs(x - y) for x, y in zip(theirs, key, strict=True)) <= tol:
+                        continue
+                    links: set[int] | None = host_links(other)
+                elif o.kind == "collective":
+                    links = coll_links(o)
+                else:
+                    continue
+                if links is None or links & mine:
+                    return (f"rank {rank}'s copy {programs[rank][i].name!r}, which starts when issued, shares a link "
+                            f"with rank {other}'s {o.name!r} while it may run")
+    return ""
+
+
+def restore(result: SimResult, cut: Cut, topo: Topology) -> None:
+    """Put the bytes of the copies :func:`shorten` took off the links back into ``result``'s link
+    statistics and per-iteration byte counters (on their routes, as the engine carries them), once
+    :func:`check` has found that nothing else depends on them."""
+    taken = [(rank, k, n) for rank, items in cut.off.items() for k, n in items]
+    if not taken or "iteration_link_bytes" not in result.meta:
+        return
+    reps = cut.workload.replicas
+    fold = FoldMap(topo, reps) if reps is not None else None
+    programs = {p.rank: p.ops for p in cut.workload.programs}
+    per = np.asarray(result.meta["iteration_link_bytes"], dtype=float)
+    busy = np.asarray(result.meta["iteration_link_busy_s"], dtype=float)
+    links = topo.links
+    ids = {links[i].name: i for i in range(len(links))}
+    stats = result.link_stats
+    old = [ids[str(x)] for x in stats["link"]]
+    add = np.zeros((len(per), len(links)))
+    for rank, k, n in taken:
+        route = topo.host_route(rank, to_device=True)
+        np.add.at(add[programs[rank][k].iteration], list(fold.route(route) if fold is not None else route), float(n))
+    used = sorted(set(old) | set(np.flatnonzero(add.sum(axis=0)).tolist()))
+    col = {lid: j for j, lid in enumerate(old)}
+    def grown(a: np.ndarray, extra: np.ndarray | None) -> np.ndarray:
+        out = np.zeros((len(a), len(used)))
+        for j, lid in enumerate(used):
+            if lid in col:
+                out[:, j] = a[:, col[lid]]
+            if extra is not None:
+                out[:, j] += extra[:, lid]
+        return out
+
+    per, busy = grown(per, add), grown(busy, None)
+    total = np.asarray(stats["nbytes"], dtype=float)
+    busy_total = np.asarray(stats["busy_s"], dtype=float)
+    result.link_stats = stats.__class__({
+        "link": [links[i].name for i in used],
+        "link_kind": [links[i].kind for i in used],
+        "capacity_gbytes_per_s": topo.capacity[used] / 1e9,
+        "nbytes": [(total[col[i]] if i in col else 0.0) + float(add[:, i].sum()) for i in used],
+        "busy_s": [busy_total[col[i]] if i in col else 0.0 for i in used],
+    }, columns=list(stats.columns))
+    result.meta["iteration_link_bytes"] = per.tolist()
+    result.meta["iteration_link_busy_s"] = busy.tolist()

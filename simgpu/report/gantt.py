@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from simgpu.engine.result import SimResult
-from simgpu.report.summary import link_utilisation
+from simgpu.report.summary import link_utilisation, or_other
 
 #: Fixed colours of known categories (stable across runs and workloads).
 CATEGORY_COLORS: dict[str, str] = {
@@ -200,12 +200,12 @@ def build_timeline_figure(
     legend: list[Patch] = []
     gap_s = 0.5 * max(float(result.iteration_time_s), 0.0) / (WIDTH_IN * DPI)  # half a pixel
     if labels and len(rec):
-        sub = rec[rec["rank"].isin(drawn_ranks) & rec["stream"].astype(str).isin(streams)]
+        sub = rec[rec["rank"].isin(drawn_ranks) & rec["stream"].isin(streams)]
         keys = pd.MultiIndex.from_tuples(list(row_of), names=["rank", "stream"])
         row_index = keys.get_indexer(
             pd.MultiIndex.from_arrays([sub["rank"].astype(np.int64), sub["stream"].astype(str)])
         )
-        categories = sub["category"].fillna("other").astype(str).to_numpy()
+        categories = or_other(sub["category"]).astype(str).to_numpy()
         starts = sub["start_s"].to_numpy(dtype=np.float64)
         ends = sub["end_s"].to_numpy(dtype=np.float64)
         known = [c for c in CATEGORY_COLORS if c in set(categories)]

@@ -169,6 +169,28 @@ def _rank_axis(result: SimResult) -> IntArray:
 # --------------------------------------------------------------------------- computation
 
 
+def _is(column: pd.Series, value: str) -> np.ndarray:
+    """Whether each record's ``column`` is ``value``, as a boolean array (a categorical column is
+    compared by its codes, without a string per record)."""
+    return (column == value).to_numpy(dtype=bool)
+
+
+def _isin(column: pd.Series, values: Sequence[str]) -> np.ndarray:
+    """Whether each record's ``column`` is one of ``values``, as a boolean array."""
+    return column.isin(list(values)).to_numpy(dtype=bool)
+
+
+def or_other(column: pd.Series) -> pd.Series:
+    """``column`` with missing values as ``"other"`` (a categorical column gains that category
+    where it needs it)."""
+    if isinstance(column.dtype, pd.CategoricalDtype) and "other" not in column.cat.categories:
+        if not column.isna().any():
+            return column
+        column = column.cat.add_categories(["other"])
+    return column.fillna("other")
+
+
+
 def rank_breakdown(result: SimResult) -> pd.DataFrame:
     """Per-rank busy times in seconds.
 
@@ -186,17 +208,17 @@ def rank_breakdown(result: SimResult) -> pd.DataFrame:
         rank_idx = np.searchsorted(ranks, rec["rank"].to_numpy(dtype=np.int64))
         s = np.clip(rec["start_s"].to_numpy(dtype=np.float64), 0.0, t)
         e = np.clip(rec["end_s"].to_numpy(dtype=np.float64), 0.0, t)
-        stream = rec["stream"].astype(str).to_numpy()
-        kind = rec["kind"].astype(str).to_numpy()
+        on_cpu = _is(rec["stream"], "cpu")
+        is_comm = _is(rec["kind"], "collective")
+        computes, waits = _isin(rec["kind"], COMPUTE_KINDS), _isin(rec["kind"], WAIT_KINDS)
     else:
         rank_idx = np.zeros(0, dtype=np.int64)
         s = e = np.zeros(0, dtype=np.float64)
-        stream = kind = np.zeros(0, dtype=object)
+        on_cpu = is_comm = computes = waits = np.zeros(0, dtype=bool)
     # communication is what collectives do, on whichever stream they run (comm, comm_recv, a trace's
     # several NCCL streams); compute is every kernel and copy elsewhere
-    is_comm = kind == "collective"
-    is_compute = (stream != "cpu") & np.isin(kind, COMPUTE_KINDS) & ~is_comm
-    is_cpu = (stream == "cpu") & ~np.isin(kind, WAIT_KINDS)
+    is_compute = ~on_cpu & computes & ~is_comm
+    is_cpu = on_cpu & ~waits
 
     def measure(mask: np.ndarray) -> FloatArray:
         return grouped_union_measure(rank_idx[mask], s[mask], e[mask], n)
@@ -230,18 +252,17 @@ def exposed_by_kind(result: SimResult) -> pd.Series:
     ranks = _rank_axis(result)
     if len(rec) == 0 or len(ranks) == 0:
         return pd.Series(dtype=np.float64, name="seconds")
-    kind = rec["kind"].astype(str).to_numpy()
-    is_comm = kind == "collective"
-    is_compute = (rec["stream"].astype(str).to_numpy() != "cpu") & np.isin(kind, COMPUTE_KINDS) & ~is_comm
+    is_comm = _is(rec["kind"], "collective")
+    is_compute = ~_is(rec["stream"], "cpu") & _isin(rec["kind"], COMPUTE_KINDS) & ~is_comm
     rank_idx = np.searchsorted(ranks, rec["rank"].to_numpy(dtype=np.int64))
     s = np.clip(rec["start_s"].to_numpy(dtype=np.float64), 0.0, t)
     e = np.clip(rec["end_s"].to_numpy(dtype=np.float64), 0.0, t)
     n = len(ranks)
     compute = grouped_union_measure(rank_idx[is_compute], s[is_compute], e[is_compute], n)
-    cats = rec["category"].fillna("other").astype(str).to_numpy()
+    codes, names = pd.factorize(or_other(rec["category"]))
     out = {}
-    for c in sorted(set(cats[is_comm])):
-        mask = is_compute | (is_comm & (cats == c))
+    for c, i in sorted((str(names[i]), i) for i in np.unique(codes[is_comm]).tolist()):
+        mask = is_compute | (is_comm & (codes == i))
         either = grouped_union_measure(rank_idx[mask], s[mask], e[mask], n)
         out[c] = float(np.clip(either - compute, 0.0, None).mean())
     series = pd.Series(out, dtype=np.float64, name="seconds")
@@ -259,12 +280,11 @@ def category_times(result: SimResult) -> pd.Series:
     ranks = _rank_axis(result)
     if len(rec) == 0 or len(ranks) == 0:
         return pd.Series(dtype=np.float64, name="seconds")
-    on_gpu = (rec["stream"].astype(str) != "cpu").to_numpy()
-    mask = on_gpu & ~rec["kind"].astype(str).isin(HOST_KINDS).to_numpy()
+    mask = ~_is(rec["stream"], "cpu") & ~_isin(rec["kind"], HOST_KINDS)
     work = rec.loc[mask]
     if len(work) == 0:
         return pd.Series(dtype=np.float64, name="seconds")
-    cat_codes, cats = pd.factorize(work["category"].fillna("other").astype(str), sort=True)
+    cat_codes, cats = pd.factorize(or_other(work["category"]).astype(str), sort=True)
     rank_idx = np.searchsorted(ranks, work["rank"].to_numpy(dtype=np.int64))
     n_cat = len(cats)
     groups = rank_idx * n_cat + cat_codes

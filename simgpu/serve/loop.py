@@ -284,15 +284,20 @@ def simulate_serving(requests: Requests, pools: Sequence[Pool], sched: Scheduler
             if rep.mode == "decode":
                 reserve(rep.index)
 
-    def replica(p: int, rep: Replica) -> Any:
+    def next_batch(p: int, rep: Replica) -> Any:
+        """The replica's (or virtual engine's) next batch, waiting until there is one."""
         while True:
             batch = schedule(rep, st, kind, max_batch, max_tokens)
-            if not batch:
-                ev = env.event()
-                wake[(p, rep.index)] = ev
-                yield ev
-                wake[(p, rep.index)] = None
-                continue
+            if batch:
+                return batch
+            ev = env.event()
+            wake[(p, rep.index)] = ev
+            yield ev
+            wake[(p, rep.index)] = None
+
+    def replica(p: int, rep: Replica) -> Any:
+        while True:
+            batch = yield from next_batch(p, rep)
             t = step_time(p, batch)
             start = env.now
             kv_samples.append((start, p, rep.index, rep.kv.used))
@@ -305,13 +310,7 @@ def simulate_serving(requests: Requests, pools: Sequence[Pool], sched: Scheduler
         free = stage_free[p][rep.unit]
         mine = units[p][rep.unit]
         while True:
-            batch = schedule(rep, st, kind, max_batch, max_tokens)
-            if not batch:
-                ev = env.event()
-                wake[(p, rep.index)] = ev
-                yield ev
-                wake[(p, rep.index)] = None
-                continue
+            batch = yield from next_batch(p, rep)
             now = env.now
             kv_samples.append((now, p, rep.unit, sum(v.kv.used for v in mine)))
             end = now
