@@ -115,6 +115,8 @@ CASES: dict[str, tuple[int, Callable[[], tuple[float, int]]]] = {
     "all-to-all 64 KiB-1 GiB, 1024 GPU": (1024, _alltoall("dgx_a100", 128, A2A_SIZES)),
     "all-to-all 64 KiB-1 GiB, 4096 GPU": (4096, _alltoall("dgx_a100", 512, A2A_SIZES)),
     "gpt-3 175B 4096 GPU (TP8 PP16 DP32)": (4096, _gpt3(32)),
+    "gpt-3 175B 4096 GPU, every rank": (4096, _workload(GPT3, "nodes=512", "parallelism.dp=32",
+                                                        "training.global_batch=1024", fold=False)),
     "gpt-3 175B 16384 GPU (TP8 PP16 DP128)": (16384, _gpt3(128)),
     "gpt-3 175B 16384 GPU, every rank": (16384, _workload(GPT3, "nodes=2048", "parallelism.dp=128",
                                                           "training.global_batch=4096", fold=False)),
