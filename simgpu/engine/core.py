@@ -294,12 +294,7 @@ class Engine:
     def run_time(self) -> float:
         """Simulate the programs and return only the iteration's end, s (what an iteration timer
         needs; the same figure as ``run().iteration_time_s`` without building the records' tables)."""
-        self._simulate()
-        ends = [np.frombuffer(a) for r in self._ranks.values() for a in (r.issue, r.end) if len(a)]
-        if not ends:
-            return 0.0
-        end = float(np.fmax.reduce(np.concatenate(ends)))  # ignores NaN: ops without a second record
-        return 0.0 if math.isnan(end) else end
+        return max(self.run_rank_ends().values(), default=0.0)
 
     def run_rank_ends(self) -> dict[int, float]:
         """Simulate the programs and return when each simulated rank's last record ends, s (where
@@ -308,6 +303,7 @@ class Engine:
         out: dict[int, float] = {}
         for rank, r in self._ranks.items():
             ends = [np.frombuffer(a) for a in (r.issue, r.end) if len(a)]
+            # fmax ignores NaN: ops without a second record
             end = float(np.fmax.reduce(np.concatenate(ends))) if ends else 0.0
             out[rank] = 0.0 if math.isnan(end) else end
         return out

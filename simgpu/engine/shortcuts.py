@@ -165,7 +165,6 @@ class _Runs:
                         workload = build(False, False, choose)
                 durations, models = self._predict(workload)
 
-
     def _engine(self, workload: Workload, durations: np.ndarray, models: list[str]) -> SimResult:
         """The run of ``workload``; of its first iteration cut to its last micro-batch where that
         holds (see :mod:`simgpu.engine.steady`), else of the whole programs."""

@@ -99,9 +99,7 @@ class EngineTimer:
 
     def time(self, steps: Sequence[Step]) -> np.ndarray:
         """Seconds of each step on one replica, in order (see :class:`IterationTimer`)."""
-        key: Callable[[Step], Shape] = (lambda s: shape_of(s, exact=True)) if self.exact else canonical
-        shapes = [key(s) for s in steps]
-        self.time_shapes([s for s in dict.fromkeys(shapes) if s not in self._cache])
+        shapes = self._timed(steps)
         return np.array([self._cache[s] for s in shapes], dtype=float)
 
     def stage_times(self, steps: Sequence[Step]) -> np.ndarray:
@@ -110,10 +108,15 @@ class EngineTimer:
         last stage: the sampled tokens); a row sums to :meth:`time`'s figure of the step."""
         if self.stages == 1:
             return self.time(steps)[:, None]
+        shapes = self._timed(steps)
+        return np.array([self._stage_cache[s] for s in shapes], dtype=float).reshape(len(shapes), self.stages)
+
+    def _timed(self, steps: Sequence[Step]) -> list[Shape]:
+        """The shapes of ``steps``, those not yet cached simulated."""
         key: Callable[[Step], Shape] = (lambda s: shape_of(s, exact=True)) if self.exact else canonical
         shapes = [key(s) for s in steps]
         self.time_shapes([s for s in dict.fromkeys(shapes) if s not in self._cache])
-        return np.array([self._stage_cache[s] for s in shapes], dtype=float).reshape(len(shapes), self.stages)
+        return shapes
 
     def time_shapes(self, shapes: Sequence[Shape]) -> None:
         """Simulate ``shapes`` (not yet cached) in bulk and cache their times."""
