@@ -190,12 +190,8 @@ def simulate_serving(requests: Requests, pools: Sequence[Pool], sched: Scheduler
         m = -(-sum(kv[r] for r in batch.decode) // (nd * cb)) * cb if nd else 0
         return pf, nd, m
 
-    def step_time(p: int, batch: Batch) -> float:  # step_key inlined: once per iteration
-        kv = st.kv
-        pf = tuple(sorted((-(-c // pb) * pb, -(-kv[r] // cb) * cb if kv[r] else 0) for r, c in batch.prefill))
-        nd = len(batch.decode)
-        m = -(-sum(kv[r] for r in batch.decode) // (nd * cb)) * cb if nd else 0
-        return clocks[p].time(pf, nd, m)
+    def step_time(p: int, batch: Batch) -> float:
+        return clocks[p].time(*step_key(batch))
 
     memo: list[dict[Any, tuple[float, ...]]] = [{} for _ in pools]
 
