@@ -330,3 +330,71 @@ def test_run_command_turns_the_shortened_first_iteration_off(tmp_path):
     assert "shortened first iteration used" in lines[0]["steady_state"]
     assert "shortened" not in lines[1]["steady_state"]
     assert lines[0]["iteration_time_ms"] == lines[1]["iteration_time_ms"]
+
+
+def _own_copies(workload, slow_rank=None):
+    """``workload`` with every program's ops its own objects and no template (each rank read on its own);
+    ``slow_rank``'s ops after its first take twice the launch time."""
+    from dataclasses import replace as dc_replace
+
+    from simgpu.graph import Program
+
+    progs = []
+    for p in workload.programs:
+        ops = [dc_replace(o) for o in p.ops]
+        if p.rank == slow_rank:
+            ops = [ops[0]] + [dc_replace(o, cpu_s=50 * (o.cpu_s or 5e-6)) for o in ops[1:]]
+        progs.append(Program(p.rank, ops))
+    return dc_replace(workload, programs=progs)
+
+
+@pytest.mark.parametrize("over", [[*OPG, "training.grad_accumulation=4"],
+                                  [*OPG, "training.grad_accumulation=4", "parallelism.tp=2", "parallelism.dp=8"]],
+                         ids=["dp16", "tp2"])
+def test_shorten_and_check_read_once_per_template_as_rank_by_rank(over):
+    """``shorten`` and ``check`` work out what a template's ranks share once; the cut programs, the copies
+    taken off, and the check's verdict are those of every rank read on its own (programs with no template),
+    and a rank whose own ops take another host time than its template's is read as its own."""
+    from dataclasses import replace as dc_replace
+
+    import numpy as np
+
+    from simgpu.comm.planner import Planner
+    from simgpu.config.checks import gpus_per_node
+    from simgpu.engine import Engine, EngineOptions, steady
+    from simgpu.kernels.base import make_predictor
+    from simgpu.platform.topology import Topology
+    from simgpu.sim import DEFAULT_KERNEL_MODEL
+
+    job = load_job(GPT, over)
+    p = job.platform
+    topo = Topology(p, job.workload.nodes, gpus_per_node(job))
+    full = build(job)
+    assert any(prog.template is not None and prog.ops is not prog.template for prog in full.programs)
+    durations, models = make_predictor(DEFAULT_KERNEL_MODEL, p).predict(full.kernels)
+    options = EngineOptions(launch_s=p.host.launch_us * 1e-6, cpu_threads_per_node=p.host.cpu_threads,
+                            overlap_slowdown=p.gpu.overlap_slowdown, sms=p.gpu.sms, op_times=True)
+    verdicts = []
+    for slow in (None, full.programs[1].rank):
+        shared = full
+        if slow is not None:  # the slow rank keeps its template, its ops their own host time
+            shared = dc_replace(full, programs=[
+                q if q.rank != slow else dc_replace(q, ops=_own_copies(full, slow).programs[i].ops)
+                for i, q in enumerate(full.programs)])
+        own = _own_copies(full, slow)
+        a, b = steady.shorten(shared), steady.shorten(own)
+        assert not isinstance(a, str) and not isinstance(b, str)
+        assert a.dropped == b.dropped and a.off == b.off
+        for pa, pb in zip(a.workload.programs, b.workload.programs, strict=True):
+            assert pa.rank == pb.rank and pa.ops == pb.ops
+        assert (steady._early_copies(shared, a, topo, None, options.launch_s, 1.0)
+                == steady._early_copies(own, b, topo, None, options.launch_s, 1.0))
+        got = []
+        for cut, prog in ((a, shared), (b, own)):
+            planner = Planner(topo, p.collectives, job.workload.comm.algorithm, job.workload.comm.protocol)
+            r = Engine(topo, cut.workload, durations, models, planner, options).run()
+            got.append((r.iteration_time_s, steady.check(r, cut, prog, topo, planner,
+                                                         np.asarray(durations).tolist(), options)))
+        assert got[0] == got[1]
+        verdicts.append(got[0][1])
+    assert verdicts[0] == ""  # the cut holds on the job as built

@@ -78,7 +78,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
-from operator import attrgetter
+from itertools import compress, count, islice
+from operator import attrgetter, is_not
 from typing import Final
 
 import numpy as np
@@ -152,19 +153,6 @@ class Cut:
     off: dict[int, list[tuple[int, int]]]
 
 
-def _take_off(ops: list[Op]) -> tuple[list[Op], list[tuple[int, int]]]:
-    """``ops`` (a cut program) with its input copies after the first, up to its first host wait,
-    moving no bytes; and which they were, with their bytes."""
-    wait = next((k for k, o in enumerate(ops) if o.kind == "host_wait"), len(ops))
-    out, off = list(ops), []
-    for k in range(1, wait):
-        o = out[k]
-        if o.kind == "memcpy" and not o.deps and o.nbytes > 0 and o.delay_s == 0:
-            out[k] = replace(o, nbytes=0)
-            off.append((k, o.nbytes))
-    return out, off
-
-
 def _micro_batches(ops: Sequence[Op], iteration: int) -> list[int]:
     """Where each micro-batch of ``iteration`` begins: the first op of each run of ``data`` ops."""
     return [i for i, o in enumerate(ops) if o.iteration == iteration and o.phase == "data"
@@ -191,53 +179,109 @@ def _shifted(ops: list[Op], c: int) -> list[Op]:
     return [_shift(o, c) for o in ops[c:]]
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What :func:`shorten` finds of one op list, alike for every program copied from it (its
+    :attr:`~simgpu.graph.Program.template`: the same kinds, phases, iterations and deps at the same
+    places): where its last micro-batch of the first iteration begins (``c``, or why it cannot be
+    cut), the places of its collectives before and from ``c``, its ops from ``c`` on shifted with
+    their input copies taken off the links (:func:`_take_off`), which those are, and where the
+    first host wait of the shifted ops is."""
+
+    c: int
+    why: str
+    dropped_calls: list[int]
+    kept_calls: list[int]
+    taken_ops: list[Op]
+    taken: list[tuple[int, int]]
+    wait: int
+
+    @staticmethod
+    def of(ops: list[Op], rank: int) -> _Plan:
+        starts = _micro_batches(ops, 0)
+        none: list[Op] = []
+        if len(starts) < 2:
+            return _Plan(0, f"rank {rank}'s first iteration has {len(starts)} micro-batch(es) that begin with data "
+                         "ops: nothing to drop (two or more expected)", [], [], none, [], 0)
+        c = starts[-1]
+        calls = [i for i, o in enumerate(ops) if o.coll is not None]
+        for o in ops[:c]:
+            if o.kind == "host_wait":
+                return _Plan(c, f"rank {rank} waits on the host ({o.name!r}) before its last micro-batch",
+                             [], [], none, [], 0)
+        for o in ops[c:]:
+            if o.deps and min(o.deps) < c:
+                return _Plan(c, f"rank {rank}'s op {o.name!r} depends on an op of an earlier micro-batch",
+                             [], [], none, [], 0)
+        moved = _shifted(ops, c)
+        taken_ops, taken = _take_off(moved)
+        wait = next((k for k, o in enumerate(moved) if o.kind == "host_wait"), len(moved))
+        return _Plan(c, "", [i for i in calls if i < c], [i - c for i in calls if i >= c], taken_ops, taken, wait)
+
+
+def _take_off(ops: list[Op]) -> tuple[list[Op], list[tuple[int, int]]]:
+    """``ops`` (a cut program) with its input copies after the first, up to its first host wait,
+    moving no bytes; and which they were, with their bytes."""
+    wait = next((k for k, o in enumerate(ops) if o.kind == "host_wait"), len(ops))
+    out, off = list(ops), []
+    for k in range(1, wait):
+        o = out[k]
+        if _takes_off(o):
+            out[k] = replace(o, nbytes=0)
+            off.append((k, o.nbytes))
+    return out, off
+
+
+def _takes_off(o: Op) -> bool:
+    """Whether :func:`_take_off` runs ``o`` (placed where it may) with no bytes."""
+    return o.kind == "memcpy" and not o.deps and o.nbytes > 0 and o.delay_s == 0
+
+
 def shorten(workload: Workload) -> Cut | str:
     """``workload``'s programs with each rank's first iteration from its last micro-batch's first op
-    on, or why they cannot be cut so (see the module docstring)."""
+    on, or why they cannot be cut so (see the module docstring). Where the cut is found and what
+    is dropped and taken off is worked out once per op list that programs are copied from (their
+    template); a rank's own ops (its collectives, over its groups) are shifted one by one."""
     if workload.iterations != 2:
         return f"programs of {workload.iterations} iterations (two expected)"
     dropped: dict[int, int] = {}
     cut_keys: set[str] = set()
     kept_keys: set[str] = set()
-    shifted: dict[tuple[int, int], tuple[list[Op], list[Op], list[tuple[int, int]]]] = {}  # by (id(list), cut)
+    plans: dict[int, _Plan] = {}  # by id of the op list the programs are copied from
     off: dict[int, list[tuple[int, int]]] = {}
     programs = []
     for prog in workload.programs:
         ops = prog.ops
-        starts = _micro_batches(ops, 0)
-        if len(starts) < 2:
-            return (f"rank {prog.rank}'s first iteration has {len(starts)} micro-batch(es) that begin with "
-                    "data ops: nothing to drop (two or more expected)")
-        c = starts[-1]
-        for o in ops[:c]:
-            if o.kind == "host_wait":
-                return f"rank {prog.rank} waits on the host ({o.name!r}) before its last micro-batch"
-            if o.coll is not None:
-                cut_keys.add(o.coll.key)
-        for o in ops[c:]:
-            if o.deps and min(o.deps) < c:
-                return f"rank {prog.rank}'s op {o.name!r} depends on an op of an earlier micro-batch"
-            if o.coll is not None:
-                kept_keys.add(o.coll.key)
-
-        def cut_list(lst: list[Op], c: int = c) -> tuple[list[Op], list[Op], list[tuple[int, int]]]:
-            """``lst`` cut at ``c``: shifted, and shifted with its copies taken off, and which those are."""
-            got = shifted.get((id(lst), c))
-            if got is None:
-                moved = _shifted(lst, c)
-                got = shifted[id(lst), c] = (moved, *_take_off(moved))
-            return got
-
         template = prog.template if prog.template is not None and len(prog.template) == len(ops) else None
-        if template is None or template is ops:
-            _, new_ops, taken = cut_list(ops)
+        base = ops if template is None else template
+        plan = plans.get(id(base))
+        if plan is None:
+            plan = plans[id(base)] = _Plan.of(base, prog.rank)
+        if plan.why:
+            return plan.why
+        c = plan.c
+        for i in plan.dropped_calls:
+            cut_keys.add(ops[i].coll.key)  # type: ignore[union-attr]
+        for i in plan.kept_calls:
+            kept_keys.add(ops[c + i].coll.key)  # type: ignore[union-attr]
+        if ops is base:
+            new_ops, taken = plan.taken_ops, plan.taken
         else:  # the template's cut ops where the rank shares its Op objects, its own shifted elsewhere
-            base = cut_list(template)[0]
-            new_ops, taken = _take_off([b if o is t else _shift(o, c)
-                                        for o, t, b in zip(ops[c:], template[c:], base, strict=True)])
-        programs.append(Program(prog.rank, new_ops, None if template is None else cut_list(template)[1]))
+            new_ops, taken = list(plan.taken_ops), plan.taken
+            own = list(compress(count(), map(is_not, islice(ops, c, None), islice(base, c, None))))
+            if own:
+                was = dict(taken)
+                for k in own:
+                    o = _shift(ops[c + k], c)
+                    was.pop(k, None)
+                    if 1 <= k < plan.wait and _takes_off(o):
+                        was[k] = o.nbytes
+                        o = replace(o, nbytes=0)
+                    new_ops[k] = o
+                taken = sorted(was.items())
+        programs.append(Program(prog.rank, new_ops, None if template is None else plan.taken_ops))
         dropped[prog.rank] = c
-        off[prog.rank] = taken
+        off[prog.rank] = list(taken)
     both = cut_keys & kept_keys
     if both:
         return f"collective {sorted(both)[0]!r} is dropped on some ranks and kept on others"
@@ -257,18 +301,32 @@ def check(result: SimResult, cut: Cut, full: Workload, topo: Topology, planner: 
     fold = FoldMap(topo, reps) if reps is not None else None
     share = max(1.0, topo.gpus_per_node / max(1, options.cpu_threads_per_node))
     programs = {p.rank: p.ops for p in cut.workload.programs}
+    cut_templates = {p.rank: p.template for p in cut.workload.programs}
     # the CPU's lead in the full run: its CPU reaches the last micro-batch after the dropped ops' launches
     # (no host wait among them), its GPU no sooner than the dropped kernels on the compute stream take
     lead_cpu, lead_gpu = 0.0, -math.inf
     ahead: dict[int, float] = {}  # rank -> how much later its CPU reaches each kept op in the full run
+    sums: dict[int, tuple[float, float]] = {}  # by template: its dropped ops' launches and compute kernels
+    firsts: dict[int, int | None] = {}  # by cut template: its first kernel on the compute stream
     for prog in full.programs:
         c = cut.dropped[prog.rank]
-        ahead[prog.rank] = sum(options.launch_s if o.cpu_s is None else o.cpu_s for o in prog.ops[:c]) * share
+        ops, base = prog.ops, _base(prog)
+        got = sums.get(id(base))
+        if got is None:
+            got = sums[id(base)] = (_launches(base[:c], options.launch_s), sum(
+                durations[o.kernel] for o in base[:c] if o.kind == "kernel" and o.stream == "compute"))
+        launches, busy = got
+        if ops is not base:  # its own ops (collectives over its groups) may take their own host time
+            launches += sum(_launch(ops[i], options.launch_s) - _launch(base[i], options.launch_s)
+                            for i in compress(count(), map(is_not, islice(ops, c), islice(base, c))))
+        ahead[prog.rank] = launches * share
         lead_cpu = max(lead_cpu, ahead[prog.rank])
-        busy = sum(durations[o.kernel] for o in prog.ops[:c] if o.kind == "kernel" and o.stream == "compute")
         _, start, _ = times[prog.rank]
-        first = next((j for j, o in enumerate(programs[prog.rank]) if o.kind == "kernel" and o.stream == "compute"),
-                     None)
+        kept = programs[prog.rank]
+        key = id(_base_of(cut_templates[prog.rank], kept))
+        if key not in firsts:
+            firsts[key] = next((j for j, o in enumerate(kept) if o.kind == "kernel" and o.stream == "compute"), None)
+        first = firsts[key]
         if first is not None:
             lead_gpu = max(lead_gpu, busy - float(start[first]))
     if lead_cpu > lead_gpu + tol:
@@ -326,8 +384,7 @@ def check(result: SimResult, cut: Cut, full: Workload, topo: Topology, planner: 
                 later = end[d] if ops[d].kind == "host_wait" else start[d]
                 if later <= end[i] + tol:
                     return f"rank {rank}'s {ops[d].name!r} waits for the copy {o.name!r}, which starts when issued"
-            prev = [end[d] for d in o.deps] + [end[j] for j in range(i - 1, -1, -1)
-                                               if ops[j].kind in _GPU_KINDS and ops[j].stream == o.stream][:1]
+            prev = [end[d] for d in o.deps] + ([end[lay.before[i]]] if lay.before[i] >= 0 else [])
             ready = max(prev, default=0.0)
             if end[i] > b0 + tol:
                 return f"rank {rank}'s copy {o.name!r}, which starts when issued, runs in the steady window"
@@ -336,8 +393,16 @@ def check(result: SimResult, cut: Cut, full: Workload, topo: Topology, planner: 
                 return (f"rank {rank}'s copy {o.name!r}, run with no bytes, may not end in the full run before "
                         "its kept ops start")
             copies.append((rank, i, ready, float(end[i]), (float(issue[i]), ready, ahead[rank]), soon, i in taken))
-    return _alone(copies, programs, times, topo, planner, fold, tol,
-                  [o for p in full.programs for o in p.ops[:cut.dropped[p.rank]] if o.kind == "collective"])
+    places: dict[int, list[int]] = {}  # by template: where its dropped collectives are
+    dropped: list[Op] = []
+    for p in full.programs:
+        base = _base(p)
+        where = places.get(id(base))
+        if where is None:
+            where = places[id(base)] = [i for i, o in enumerate(base[:cut.dropped[p.rank]])
+                                        if o.kind == "collective"]
+        dropped += [p.ops[i] for i in where]
+    return _alone(copies, programs, times, topo, planner, fold, tol, dropped)
 
 
 @dataclass(frozen=True)
@@ -345,7 +410,8 @@ class _Layout:
     """What :func:`check` reads of a cut program's ops (alike for the ranks of one template): its
     length, where the second iteration begins (``e0``, the first iteration's ops kept) and where its
     last micro-batch does (``c1``), where the first iteration's step is, which ops run on a stream,
-    which are copies and host waits, and each op's dependents (its stream's next op too)."""
+    which are copies and host waits, each op's dependents (its stream's next op too) and the op
+    before it on its stream (-1: none)."""
 
     n: int
     e0: int
@@ -355,6 +421,7 @@ class _Layout:
     copy: np.ndarray
     waits: np.ndarray
     dependents: dict[int, list[int]]
+    before: list[int]
 
     @staticmethod
     def of(ops: Sequence[Op]) -> _Layout | str:
@@ -370,17 +437,61 @@ class _Layout:
             return "the first iteration has no optimizer step"
         dependents: dict[int, list[int]] = {}
         last_on: dict[str, int] = {}
+        before = [-1] * n
         for i, o in enumerate(ops):
             if o.kind in _GPU_KINDS:
                 if o.stream in last_on:
-                    dependents.setdefault(last_on[o.stream], []).append(i)
+                    before[i] = last_on[o.stream]
+                    dependents.setdefault(before[i], []).append(i)
                 last_on[o.stream] = i
             for d in o.deps:
                 dependents.setdefault(d, []).append(i)
         kinds = [o.kind for o in ops]
         return _Layout(n, e0, c1, step, np.asarray([k in _GPU_KINDS for k in kinds]),
                        np.asarray([k == "memcpy" for k in kinds]),
-                       np.flatnonzero(np.asarray([k == "host_wait" for k in kinds])), dependents)
+                       np.flatnonzero(np.asarray([k == "host_wait" for k in kinds])), dependents, before)
+
+
+def _base(prog: Program) -> list[Op]:
+    """The op list ``prog`` was copied from (:attr:`~simgpu.graph.Program.template`), else its own."""
+    return _base_of(prog.template, prog.ops)
+
+
+def _base_of(template: list[Op] | None, ops: list[Op]) -> list[Op]:
+    return template if template is not None and len(template) == len(ops) else ops
+
+
+def _launch(o: Op, launch_s: float) -> float:
+    """The CPU time of issuing ``o``."""
+    return launch_s if o.cpu_s is None else o.cpu_s
+
+
+def _launches(ops: Sequence[Op], launch_s: float) -> float:
+    return sum(launch_s if o.cpu_s is None else o.cpu_s for o in ops)
+
+
+#: an input copy up to the first host wait, as :func:`_early_copies` reads it: its place, when the CPU
+#: has issued it (before the share of the CPU thread), its stream and bytes, and whether an op other
+#: than such a copy ran on its stream before it (its start is then not known here)
+_Copy = tuple[int, float, str, int, bool]
+
+
+def _copies(ops: Sequence[Op], launch_s: float) -> list[_Copy]:
+    """The input copies (no deps, no delay) of ``ops`` before its first host wait (see :data:`_Copy`)."""
+    out: list[_Copy] = []
+    t = 0.0
+    blocked: set[str] = set()
+    for k, o in enumerate(ops):
+        if o.kind == "host_wait":
+            break
+        t += launch_s if o.cpu_s is None else o.cpu_s  # its issue (a host op's end)
+        if o.kind == "host":
+            continue
+        if o.kind == "memcpy" and not o.deps and o.delay_s == 0:
+            out.append((k, t, o.stream, o.nbytes, o.stream in blocked))
+        else:
+            blocked.add(o.stream)
+    return out
 
 
 def _early_copies(full: Workload, cut: Cut, topo: Topology, fold: FoldMap | None, launch_s: float,
@@ -390,7 +501,8 @@ def _early_copies(full: Workload, cut: Cut, topo: Topology, fold: FoldMap | None
     other up to the first host wait; a copy without dependencies starts when issued or when the copy
     before it on its stream ends; and, meeting only other copies on its links (each rank's stream
     runs one at a time), it moves at least its links' capacities shared among the ranks whose host
-    routes cross them."""
+    routes cross them. The copies and their issue times are read once per template, and per rank
+    where its own ops (its collectives) take another host time than the template's."""
     routes: dict[int, tuple[int, ...]] = {}
     load: dict[int, int] = {}
     for prog in full.programs:
@@ -400,27 +512,28 @@ def _early_copies(full: Workload, cut: Cut, topo: Topology, fold: FoldMap | None
             load[lid] = load.get(lid, 0) + 1
     cap = topo.capacity
     out: dict[int, dict[int, float]] = {}
+    read: dict[int, list[_Copy]] = {}
     for prog in full.programs:
         rank, c = prog.rank, cut.dropped[prog.rank]
+        ops, base = prog.ops, _base(prog)
+        copies = read.get(id(base))
+        if copies is None:
+            copies = read[id(base)] = _copies(base, launch_s)
+        if ops is not base and any(ops[i].cpu_s != base[i].cpu_s or ops[i].delay_s != base[i].delay_s
+                                   or ops[i].kind != base[i].kind
+                                   for i in compress(count(), map(is_not, ops, base))):
+            copies = _copies(ops, launch_s)
         links = routes[rank]
         rate = min((float(cap[lid]) / load[lid] for lid in links), default=math.inf)
         latency = topo.route_latency(topo.host_route(rank, to_device=True))
         mine = out[rank] = {}
-        t = 0.0
         last: dict[str, float] = {}
-        for k, o in enumerate(prog.ops):
-            if o.kind == "host_wait":
-                break
-            t += (launch_s if o.cpu_s is None else o.cpu_s) * share  # its issue (a host op's end)
-            if o.kind == "host":
-                continue
-            if o.kind == "memcpy" and not o.deps and o.delay_s == 0:
-                done = max(t, last.get(o.stream, 0.0)) + latency + (o.nbytes / rate if o.nbytes > 0 else 0.0)
-                last[o.stream] = done
-                if k >= c:
-                    mine[k - c] = done
-            else:
-                last[o.stream] = math.inf
+        for k, t, stream, nbytes, blocked in copies:
+            done = math.inf if blocked else (max(t * share, last.get(stream, 0.0)) + latency
+                                             + (nbytes / rate if nbytes > 0 else 0.0))
+            last[stream] = done
+            if k >= c:
+                mine[k - c] = done
     return out
 
 
