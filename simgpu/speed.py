@@ -23,12 +23,13 @@ ROOT = Path(__file__).resolve().parents[1]
 HISTORY = ROOT / "tests" / "benchmarks" / "history.jsonl"
 
 
-def _workload(path: str, *overrides: str, fold: bool = True) -> Callable[[], tuple[float, int]]:
+def _workload(path: str, *overrides: str, fold: bool = True, steady_cut: bool = True
+              ) -> Callable[[], tuple[float, int]]:
     def run() -> tuple[float, int]:
         from .config.loader import load_job
         from .sim import simulate
 
-        r = simulate(load_job(ROOT / path, list(overrides)), fold=fold)
+        r = simulate(load_job(ROOT / path, list(overrides)), fold=fold, steady_cut=steady_cut)
         return r.iteration_time_s, r.events
     return run
 
@@ -89,6 +90,13 @@ def _gpt3(dp: int) -> Callable[[], tuple[float, int]]:
     return _workload(GPT3, f"nodes={16 * dp}", f"parallelism.dp={dp}", f"training.global_batch={32 * dp}")
 
 
+#: GPT 1.3B on 8 DGX H100 as NeMo runs it (TP2 with sequence parallelism and userbuffers, ZeRO-1 with
+#: the parameter all-gathers overlapped with the next forward, fp8), 4 micro-batches: its steady
+#: iteration, found from two iterations back to back (simgpu.engine.steady)
+STEADY = ("workloads/gpt_2x_dgx_h100.yaml", "nodes=8", "parallelism.tp=2", "parallelism.dp=32", "parallelism.sp=true",
+          "parallelism.tp_comm_overlap=true", "parallelism.zero=1", "training.framework=megatron",
+          "training.precision=fp8", "parallelism.overlap_param_gather=true", "training.grad_accumulation=4")
+
 #: name -> (GPUs, the case); the GPU count places the case on the scaling plot
 CASES: dict[str, tuple[int, Callable[[], tuple[float, int]]]] = {
     "dlrm 8 GPU (dgx_a100, DCNv2)": (8, _workload("workloads/dlrm_dcnv2_dgx_a100.yaml")),
@@ -120,6 +128,11 @@ CASES: dict[str, tuple[int, Callable[[], tuple[float, int]]]] = {
     "gpt-3 175B 16384 GPU (TP8 PP16 DP128)": (16384, _gpt3(128)),
     "gpt-3 175B 16384 GPU, every rank": (16384, _workload(GPT3, "nodes=2048", "parallelism.dp=128",
                                                           "training.global_batch=4096", fold=False)),
+    # the cost of the steady state: the shortened first iteration, both iterations in full, and one
+    # isolated iteration of the same job (steady_state: never), the baseline
+    "gpt 1.3B 64 GPU steady state (NeMo, 4 mb)": (64, _workload(*STEADY)),
+    "gpt 1.3B 64 GPU steady state, both in full": (64, _workload(*STEADY, steady_cut=False)),
+    "gpt 1.3B 64 GPU, one isolated iteration": (64, _workload(*STEADY, "training.steady_state=never")),
     "study: 1000 variants of a 64-GPU GPT": (64, _study("workloads/studies/gpt_64gpu_1000.yaml")),
     "all-reduce 1 GB, 16 GPU": (16, _allreduce("dgx_h100", 2, 1 << 30)),
     # the 16 MiB all-reduce over 16 A100s (8 a server, 100 Gb/s NICs) whose simulation time a SimAI
@@ -213,6 +226,8 @@ def _family(name: str) -> str:
         return "GPT-3 175B (TP8 PP16, replicas folded)" if "(TP8 PP16" in name else name
     if name.startswith("all-reduce"):
         return "all-reduce 1 GB" if name.startswith("all-reduce 1 GB") else name
+    if "steady state" in name or "isolated" in name:
+        return name
     first = name.split(" ", 1)[0]
     return {"gpt": "GPT 1.3B", "dlrm": "DLRM", "all-to-all": "all-to-all 64 KiB-1 GiB (4 sizes)"}.get(first, name)
 
