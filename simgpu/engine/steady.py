@@ -248,6 +248,7 @@ def shorten(workload: Workload) -> Cut | str:
     cut_keys: set[str] = set()
     kept_keys: set[str] = set()
     plans: dict[int, _Plan] = {}  # by id of the op list the programs are copied from
+    moved: dict[tuple[int, int], Op] = {}  # (id of a rank's own op, alive in ``workload``; its cut) -> shifted
     off: dict[int, list[tuple[int, int]]] = {}
     programs = []
     for prog in workload.programs:
@@ -272,7 +273,10 @@ def shorten(workload: Workload) -> Cut | str:
             if own:
                 was = dict(taken)
                 for k in own:
-                    o = _shift(ops[c + k], c)
+                    mine = ops[c + k]
+                    o = moved.get((id(mine), c))  # the members of a group share their copy of a collective
+                    if o is None:
+                        o = moved[id(mine), c] = _shift(mine, c)
                     was.pop(k, None)
                     if 1 <= k < plan.wait and _takes_off(o):
                         was[k] = o.nbytes
