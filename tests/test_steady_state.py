@@ -398,3 +398,42 @@ def test_shorten_and_check_read_once_per_template_as_rank_by_rank(over):
         assert got[0] == got[1]
         verdicts.append(got[0][1])
     assert verdicts[0] == ""  # the cut holds on the job as built
+
+
+REPEATS = {
+    "zero1 opg": [*OPG, "training.grad_accumulation=4"],
+    "tp2 sp userbuffers fp8": [*OPG, "parallelism.tp=2", "parallelism.dp=8", "parallelism.sp=true",
+                               "parallelism.tp_comm_overlap=true", "training.precision=fp8",
+                               "training.grad_accumulation=2"],
+    "interleaved pp2 opg": [*PP, "parallelism.zero=1", "parallelism.overlap_param_gather=true"],
+    "interleaved pp2 overlap_p2p": [*PP, "parallelism.zero=1", "parallelism.overlap_param_gather=true",
+                                    "parallelism.overlap_p2p_comm=true"],
+    "ddp bucket copies, always": [*ZERO1[:3], "training.steady_state=always", "training.grad_accumulation=2"],
+    "zero1 without opg, always": [*ZERO1, "training.steady_state=always"],
+    "zero3, always (emitted)": [*ZERO1[:3], "parallelism.zero=3", "training.steady_state=always"],
+}
+
+
+@pytest.mark.parametrize("over", list(REPEATS.values()), ids=list(REPEATS))
+@pytest.mark.parametrize("fold", [False, True], ids=["every rank", "folded"])
+def test_later_iterations_repeat_the_first_as_emitting_them_would(over, fold, monkeypatch):
+    """The Transformer builder emits the first of several iterations once and repeats its ops (keys
+    tagged, the waits on the previous iteration's all-gathers put where the first iteration's waits
+    stood): every rank's program is the one emitting each iteration gives, op for op."""
+    from simgpu.config.checks import gpus_per_node
+    from simgpu.platform.topology import Topology
+    from simgpu.workload.transformer import builder
+
+    job = load_job(GPT, over)
+    topo = Topology(job.platform, job.workload.nodes, gpus_per_node(job))
+    repeated = build(job, fold=fold, topo=topo)
+    monkeypatch.setattr(builder, "REPEAT_ITERATIONS", False)
+    emitted = build(job, fold=fold, topo=topo)
+    assert repeated.iterations == emitted.iterations == 2
+    assert [p.rank for p in repeated.programs] == [p.rank for p in emitted.programs]
+    for a, b in zip(repeated.programs, emitted.programs, strict=True):
+        assert a.ops == b.ops
+    if "parallelism.overlap_param_gather=true" in over:  # the second forward waits on the first step's all-gathers
+        p = repeated.programs[0]
+        waited = {p.ops[d].name for o in p.ops if o.iteration == 1 for d in o.deps if p.ops[d].iteration == 0}
+        assert waited and all(n.startswith("params.") and n.endswith(".all_gather") for n in waited)

@@ -22,10 +22,11 @@ under DDP: one micro-batch forward, backward with bucketed all-reduces, a fused 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 from ...config.workload import WorkloadSpec
-from ...graph import CollectiveOp, KernelTable, PipelineShape, Program, Replicas, Workload
+from ...graph import CollectiveCall, CollectiveOp, KernelTable, Op, PipelineShape, Program, Replicas, Workload
 from ..common import GRAD_BYTES, Param, assign_buckets, is_mixed, optimizer_step
 from ..dataparallel import GradSink, NoSync, Reducer
 from ..parallel import Coord, Layout
@@ -55,6 +56,33 @@ _TOKEN_ID_BYTES = 8
 #: stage pair share (activations and gradients leave and arrive in schedule order).
 _PP_STREAMS = {("act", True): "comm.pp_send_fwd", ("act", False): "comm.pp_recv_fwd",
                ("grad", True): "comm.pp_send_bwd", ("grad", False): "comm.pp_recv_bwd"}
+#: Programs of several iterations: the iterations after the first are the first's ops repeated (see
+#: :meth:`_Stage.build`); False emits each one (the tests compare the two).
+REPEAT_ITERATIONS = True
+#: Marks (at or below it) that the first iteration's waits hand out in place of the previous
+#: iteration's ops they will stand for (see :class:`_Marked`).
+_MARK = -(1 << 40)
+
+
+@dataclass
+class _Marked(Program):
+    """A stage's program whose first iteration is emitted once for all: an op's dependencies at or
+    below :data:`_MARK` are not ops but marks, each the number of a call to a wait on the previous
+    iteration (the mark ``_MARK - k`` for the ``k``-th call); they are taken off the op and kept in
+    ``marks`` by its index, where the later iterations put what the calls then hand out."""
+
+    marks: dict[int, tuple[int, ...]] = field(default_factory=dict)
+
+    def add(self, op: Op) -> int:
+        if op.deps and min(op.deps) <= _MARK:
+            marks = tuple(_MARK - d for d in op.deps if d <= _MARK)
+            op.deps = tuple(d for d in op.deps if d > _MARK)
+            idx = super().add(op)
+            self.marks[idx] = marks
+            return idx
+        return super().add(op)
+
+
 #: What FSDP wraps and gathers as one: a block, the embedding ("embed") or the output head ("head").
 Unit = Block | str
 
@@ -86,6 +114,16 @@ class _Stage:
         #: module name -> the previous iteration's all-gathers of its parameters' buckets, not yet waited for
         self.gathered: dict[str, set[int]] = {}
         self._every_gather: tuple[int, ...] = ()
+        #: the parameter all-gathers each iteration's step adds to ``gathered``, in order
+        self._gather_log: list[tuple[str, int]] = []
+        #: while the first iteration is emitted for all (see :meth:`build`): the calls to the waits on the
+        #: previous iteration, in order, each as the function and argument that hand out its ops
+        self._calls: list[tuple[Callable[[object], tuple[int, ...]], object]] | None = None
+        self._waiting: list[tuple[Callable[[object], tuple[int, ...]], object]] = []  # the first iteration's calls
+        #: the first iteration as the later ones repeat it: its ops, the all-gathers its step added (to
+        #: ``gathered``, and all of them in order), its collectives' entries of ``em.calls``
+        self._first: tuple[int, list[tuple[str, int]], tuple[int, ...], list[tuple[int, str | Pair, str]]] = (
+            0, [], (), [])
         if s.param_overlap:
             self.bl.waits = self._module_waits
         self.fsdp = Gatherer(self.em, weight_bytes(s.precision), self._copy_out, forward_prefetch=s.forward_prefetch,
@@ -133,11 +171,27 @@ class _Stage:
     # ---- the schedule
 
     def build(self) -> StageEmitter:
-        """``s.iterations`` iterations back to back, each op tagged with its own (Op.iteration)."""
-        s, ops = self.s, self.em.program.ops
+        """``s.iterations`` iterations back to back, each op tagged with its own (Op.iteration).
+
+        Each iteration emits the same ops as the first but for the collectives' keys (tagged with the
+        iteration) and what its first forward waits for of the iteration before (the parameter
+        all-gathers after its step). So where the stage's state carries nothing else over (no FSDP
+        units), the first is emitted with each such wait handing out a mark (:class:`_Marked`) and
+        the later ones are its ops shifted, each mark replaced by what that wait hands out then, the
+        waits called in the same order (:meth:`_repeat`)."""
+        s, em = self.s, self.em
+        repeat = REPEAT_ITERATIONS and s.iterations > 1 and self.fsdp is None and not em.program.ops
+        if repeat:
+            em.program = _Marked(em.program.rank)
+            self._calls = []
+        ops = em.program.ops
         for it in range(s.iterations):
-            self.em.iteration = it
+            em.iteration = it
+            if it and repeat and not em._gate:
+                self._repeat(it)
+                continue
             first = len(ops)
+            self._gather_log = []
             self.reductions = []
             self._reducers()
             for item in plan(s.schedule, s.layout.pp, s.m, s.v, self.stage):
@@ -153,13 +207,70 @@ class _Stage:
             self.finish()
             for op in ops[first:]:
                 op.iteration = it
-        return self.em
+            if it == 0 and repeat:
+                self._first = (len(ops), list(self._gather_log), self._every_gather,
+                               [c for c in em.calls if c[0] < len(ops)])
+                self._waiting, self._calls = self._calls or [], None
+        return em
+
+    def _repeat(self, it: int) -> None:
+        """Iteration ``it`` as the first one's ops shifted by ``it`` iterations: their collectives' keys
+        tagged with it, each op's marks replaced by what the waits they stand for hand out now
+        (called in the order the first iteration called them), and the step's all-gathers added to
+        what the next iteration waits for."""
+        em = self.em
+        program = em.program
+        assert isinstance(program, _Marked)
+        n, log, every, calls = self._first
+        shift = it * n
+        handed = [fn(arg) for fn, arg in self._waiting]
+        marks = program.marks
+        ops = program.ops
+        tag = f"it{it}."
+        for i in range(n):
+            o = ops[i]
+            deps = tuple([d + shift for d in o.deps])
+            m = marks.get(i)
+            if m:
+                extra = [d for k in m for d in handed[k]]
+                if extra:
+                    deps = tuple(sorted(set(deps).union(extra)))
+            c = o.coll
+            if c is not None:
+                c = CollectiveCall(tag + c.key, c.op, c.group, c.nbytes, c.send_bytes, c.root, c.duration_s,
+                                   c.comm_size)
+            # appended as Program.add would (the first iteration's ops passed its checks; what the waits
+            # hand out is earlier)
+            ops.append(Op(o.name, o.kind, o.category, o.stream, o.phase, o.kernel, c, o.nbytes, deps, o.cpu_s,
+                          o.delay_s, it, o.sm_taken))
+        em.calls.extend((idx + shift, kind, tag + suffix) for idx, kind, suffix in calls)
+        for module, ag in log:
+            self.gathered.setdefault(module, set()).add(ag + shift)
+        self._every_gather = tuple(g + shift for g in every)
+
+    def _mark(self, fn: Callable[[object], tuple[int, ...]], arg: object) -> tuple[int, ...]:
+        """While the first iteration is emitted for all: a mark for this call of ``fn(arg)`` (which hands
+        out nothing in the first iteration), else the call's own answer."""
+        if self._calls is None:
+            return fn(arg)
+        self._calls.append((fn, arg))
+        return (_MARK - (len(self._calls) - 1),)
 
     def _module_waits(self, module: str) -> tuple[int, ...]:
+        if self._calls is not None:
+            return self._mark(self._module_waits_now, module)  # type: ignore[arg-type]
+        return self._module_waits_now(module)
+
+    def _module_waits_now(self, module: str) -> tuple[int, ...]:
         found = self.gathered.pop(module, None)
         return tuple(sorted(found)) if found else ()
 
     def _waits(self, u: Unit) -> tuple[int, ...]:
+        if self._calls is not None:
+            return self._mark(self._waits_now, u)  # type: ignore[arg-type]
+        return self._waits_now(u)
+
+    def _waits_now(self, u: Unit) -> tuple[int, ...]:
         """What unit ``u``'s first forward of an iteration waits for, before its first kernel, from the
         iteration before. Under overlap_param_gather, Megatron's forward pre-hook on each module
         waits for the all-gathers of the buckets holding the module's parameters: a dense block's
@@ -328,6 +439,7 @@ class _Stage:
                         gathers.append(ag)
                         for p in b:
                             self.gathered.setdefault(_module(p.name), set()).add(ag)
+                            self._gather_log.append((_module(p.name), ag))
             self._every_gather = tuple(gathers)
 
 
