@@ -32,14 +32,15 @@ from .workload import World, get_builder
 
 
 def build(job: Job, *, fold: bool = False, topo: Topology | None = None,
-          micro_batches: Choose | None = None) -> Workload:
+          micro_batches: Choose | None = None, whole_nodes: bool = True) -> Workload:
     """The per-rank op graph of ``job``, after checking that it fits in GPU memory; with ``fold``,
     the builder may return the representative ranks' programs only (see :mod:`simgpu.engine.fold`),
-    folding ranks inside a node too where ``topo`` shows the node symmetric; ``micro_batches``
-    chooses how many micro-batches a pipeline's programs run (see :mod:`simgpu.engine.periodic`)."""
+    folding ranks inside a node too where ``topo`` shows the node symmetric, and whole nodes unless
+    ``whole_nodes`` is off; ``micro_batches`` chooses how many micro-batches a pipeline's programs run
+    (see :mod:`simgpu.engine.periodic`)."""
     local = partial(local_shift_unit, topo) if fold and topo is not None else None
     world = World(job.workload.nodes, gpus_per_node(job), job.platform.gpu.memory_gib, fold=fold, local_unit=local,
-                  micro_batches=micro_batches)
+                  micro_batches=micro_batches, whole_nodes=whole_nodes)
     # Building makes millions of objects and frees few, so the cyclic collector's passes over them
     # during the build find nothing; it is off until the builder returns.
     collecting = gc.isenabled()
@@ -104,8 +105,8 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
     # Not where the caller has frozen objects itself (its freeze is left as it is).
     freeze = gc.get_freeze_count() == 0
 
-    def built(folded: bool, inside: bool, micro: Choose | None) -> Workload:
-        w = build(job, fold=folded, topo=topo if inside else None, micro_batches=micro)
+    def built(folded: bool, inside: bool, micro: Choose | None, nodes: bool = True) -> Workload:
+        w = build(job, fold=folded, topo=topo if inside else None, micro_batches=micro, whole_nodes=nodes)
         # where memory-bound kernels have their own figures; an inference iteration keeps the op's
         # figure for every kernel, as the serving stage's timer times it (README, "Steady state and the
         # overlaps the frameworks turn on"), so a simulated iteration and a served one agree

@@ -101,14 +101,45 @@ def test_replicas_placed_differently_on_leaves_stay_within_their_latency_budget(
 
 @pytest.mark.parametrize("extra, reason", [
     (["platform.network.nodes_per_leaf=6", "platform.network.spine_latency_us=100"], "planned differently"),
-    (["platform.network.oversubscription=4", "platform.network.nodes_per_leaf=2"], "oversubscribed"),
+    (["platform.network.oversubscription=4", "platform.network.nodes_per_leaf=2",
+      "platform.network.topology=fat_tree"], "oversubscribed"),
     (["parallelism.zero=0", "comm.algorithm=tree"], "not the same seen from every replica"),
-], ids=["slow-spine-other-protocol", "oversubscribed-core", "tree"])
+], ids=["slow-spine-other-protocol", "oversubscribed-fat-tree", "tree"])
 def test_fold_turns_itself_off(extra, reason):
     full, folded = both(GPT3, SMALL_GPT3 + extra)
     assert folded.meta["fold"] == 1 and reason in folded.meta["fold_note"]
     assert folded.iteration_time_s == full.iteration_time_s
     assert summarize(folded)["fold"]["note"] == folded.meta["fold_note"]
+
+
+@pytest.mark.parametrize("extra, factor", [
+    (["platform.network.oversubscription=4", "platform.network.nodes_per_leaf=2"], 4),
+    (["platform.network.oversubscription=8", "platform.network.nodes_per_leaf=2", "platform.network.nic_gbps=100",
+      "parallelism.zero=0", "comm.algorithm=ring"], 4),
+    (["platform.network.oversubscription=4", "platform.network.nodes_per_leaf=1", "parallelism.tp=4",
+      "parallelism.dp=8"], 2),
+    (["platform.network.oversubscription=4", "platform.network.nodes_per_leaf=3",
+      "parallelism.pp_schedule=interleaved", "parallelism.virtual_stages=2"], 4),
+], ids=["zero1", "ddp-ring-slow-nic", "tp4", "interleaved-leaves-of-3"])
+def test_oversubscribed_rail_optimised_core_folds_ranks_inside_nodes(extra, factor):
+    """On an oversubscribed rail-optimised core whole nodes do not fold (the spine is shared by the
+    replicas, whose leaves need not line up), but the shift of GPUs inside every node moves each rail's
+    leaf and its spine links onto the image rail's: ranks inside nodes fold, the spine links kept, and
+    every rank's records are the full run's. The spine limits these jobs: the same job without the
+    oversubscription is faster."""
+    full, folded = both(GPT3, SMALL_GPT3 + extra)
+    assert_same(full, folded, factor)
+    assert folded.meta["fold_note"].startswith("folded inside nodes only: the network core may limit")
+    assert folded.iteration_time_s == full.iteration_time_s
+    # the representative links (the spine's among them) carry what they carry in the full run
+    a, b = full.link_stats.set_index("link"), folded.link_stats.set_index("link")
+    spine = [x for x in b.index if "spine" in x]
+    assert spine and (b.loc[spine, "nbytes"] > 0).all()
+    np.testing.assert_allclose(b[["nbytes", "busy_s"]].to_numpy(), a.loc[b.index, ["nbytes", "busy_s"]].to_numpy(),
+                               rtol=1e-9, atol=1e-12)
+    core = [x for x in extra if "oversubscription" in x]
+    unlimited = simulate(load_job(GPT3, SMALL_GPT3 + [x for x in extra if x not in core]))
+    assert unlimited.iteration_time_s < full.iteration_time_s
 
 
 def test_fold_gives_up_when_latency_differences_add_up(monkeypatch):
@@ -139,16 +170,19 @@ def test_dlrm_is_not_folded():
     assert r.meta["fold"] == 1 and r.replicas is None
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tp=st.sampled_from([2, 4, 8]), pp=st.sampled_from([1, 2]), dp=st.sampled_from([2, 4, 8]),
-       mb=st.sampled_from([1, 2]), zero=st.sampled_from([0, 1]))
-def test_fold_is_exact_wherever_it_is_used(tp, pp, dp, mb, zero):
+       mb=st.sampled_from([1, 2]), zero=st.sampled_from([0, 1]), core=st.sampled_from([1, 4]),
+       per_leaf=st.sampled_from([1, 2, 3]))
+def test_fold_is_exact_wherever_it_is_used(tp, pp, dp, mb, zero, core, per_leaf):
     nodes = tp * pp * dp // 8
     if nodes < 1:
         return
     extra = ["model.layers=4", f"nodes={nodes}", f"parallelism.tp={tp}", f"parallelism.pp={pp}",
              f"parallelism.dp={dp}", f"parallelism.zero={zero}", "training.micro_batch=1",
              f"training.global_batch={dp * mb * max(pp, 2)}"]
+    if core > 1:  # an oversubscribed core: ranks inside nodes fold, whatever the leaves
+        extra += [f"platform.network.oversubscription={core}", f"platform.network.nodes_per_leaf={per_leaf}"]
     full, folded = both(GPT3, extra)
     if folded.meta["fold"] > 1:
         assert_same(full, folded, folded.meta["fold"])
@@ -200,9 +234,9 @@ def test_the_engine_owns_the_fold_fallback():
     topo = Topology(job.platform, job.workload.nodes, gpus_per_node(job))
     calls: list[tuple[bool, bool]] = []
 
-    def building(fold: bool, inside: bool, micro=None):
+    def building(fold: bool, inside: bool, micro=None, nodes=True):
         calls.append((fold, inside))
-        return build(job, fold=fold, topo=topo if inside else None, micro_batches=micro)
+        return build(job, fold=fold, topo=topo if inside else None, micro_batches=micro, whole_nodes=nodes)
 
     predictor = make_predictor("analytical", job.platform)
     planner = Planner(topo, job.platform.collectives, "tree")

@@ -124,9 +124,14 @@ def test_a_rank_that_slows_down_over_several_iterations_is_not_repeated():
     assert_same(plain, out.result)
 
 
-def test_oversubscribed_core_is_simulated_every_rank_and_still_repeats():
-    _, short = both(PP2 + ["platform.network.oversubscription=4", "platform.network.nodes_per_leaf=2"])
-    assert short.meta["fold"] == 1 and "oversubscribed" in short.meta["fold_note"]
+@pytest.mark.parametrize("topology, fold", [("rail_optimized", 4), ("fat_tree", 1)])
+def test_oversubscribed_core_folds_inside_nodes_or_not_at_all_and_still_repeats(topology, fold):
+    """An oversubscribed core: on the rail-optimised fabric the ranks inside nodes fold, on a plain fat
+    tree nothing does; either way the schedule repeats."""
+    _, short = both(PP2 + ["platform.network.oversubscription=4", "platform.network.nodes_per_leaf=2",
+                           f"platform.network.topology={topology}"])
+    assert short.meta["fold"] == fold and "oversubscribed" in short.meta["fold_note"]
+    assert short.meta["fold_note"].startswith("folded inside nodes only") == (fold > 1)
     assert short.meta["periodic"].startswith("periodic")
 
 
@@ -134,8 +139,8 @@ def _run(job, perturb, options: EngineOptions) -> shortcuts.Outcome:
     """``shortcuts.run`` on ``job`` with each program changed by ``perturb(workload)``."""
     topo = Topology(job.platform, job.workload.nodes, gpus_per_node(job))
 
-    def building(fold: bool, inside: bool, micro) -> Workload:
-        w = build(job, fold=fold, topo=topo if inside else None, micro_batches=micro)
+    def building(fold: bool, inside: bool, micro, nodes: bool = True) -> Workload:
+        w = build(job, fold=fold, topo=topo if inside else None, micro_batches=micro, whole_nodes=nodes)
         perturb(w)
         return w
 

@@ -20,11 +20,17 @@ maps onto itself too (a ring does; a double binary tree across replicas does not
 then carries ``1 / |H|`` of the times its orbit is crossed. Max-min fair sharing on this quotient
 gives exactly the rates of the full network under symmetry, contention included.
 
-The leaf-to-spine links are shared and are not mapped; they are left out, which is exact only when
-they cannot limit anything: on a core that is not oversubscribed, every flow through a leaf uplink
-also crosses one of that leaf's NIC links, whose capacities sum to the uplink's. On an
-oversubscribed core the fold is not used (:func:`fold_blocker`). A plan that is not invariant
-raises :class:`FoldBroken`, and :func:`simgpu.simulate` then simulates every rank.
+The leaf-to-spine links are shared by the replicas and are not mapped by a shift of whole nodes
+(leaves need not line up with replicas); they are left out, which is exact only when they cannot
+limit anything: on a core that is not oversubscribed, every flow through a leaf uplink also
+crosses one of that leaf's NIC links, whose capacities sum to the uplink's. On an oversubscribed
+core (or a dragonfly's) whole nodes are not folded (:func:`fold_blocker`). Ranks inside nodes still
+are on a rail-optimised fat tree: a shift of GPUs inside every node moves each NIC onto the image
+NIC, so each rail's leaf onto the image rail's leaf of the same pod, and its links to and from the
+spine onto the image leaf's (:func:`_spine_perm`), every one of them moved by every shift; those
+links then stay in the folded network, mapped like the nodes' own, and the quotient is exact on
+them too (:func:`inside_nodes_only` gives the levels that may fold there). A plan that is not
+invariant raises :class:`FoldBroken`, and :func:`simgpu.simulate` then simulates every rank.
 
 Leaf switches need not line up with replicas (a DGX A100 SuperPOD has 20 nodes per leaf, a GPT-3
 replica 8 nodes per stage): a pipeline transfer may cross the spine in one replica and not in
@@ -69,6 +75,41 @@ def _local_link_perm(topo: Topology, block: int, unit: int) -> np.ndarray | None
     if key not in topo.memo:
         topo.memo[key] = _induced_link_perm(topo, block, unit)
     return topo.memo[key]  # type: ignore[return-value]
+
+
+def _spine_perm(topo: Topology, block: int, unit: int) -> np.ndarray | None:
+    """The permutation of the links between leaves and the spine (ids from the nodes' links on, as
+    offsets from there) that shifting every node's GPUs by ``unit`` within blocks of ``block``
+    induces on a rail-optimised fat tree: each NIC onto the image NIC, so each rail's leaf onto the
+    image rail's leaf of the same pod; None on any other network, or where the GPUs' shift moves no
+    NIC consistently."""
+    key = ("spine_perm", block, unit)
+    if key not in topo.memo:
+        topo.memo[key] = _induced_spine_perm(topo, block, unit)
+    return topo.memo[key]  # type: ignore[return-value]
+
+
+def _induced_spine_perm(topo: Topology, block: int, unit: int) -> np.ndarray | None:
+    if topo.platform.network.topology != "rail_optimized" or _local_link_perm(topo, block, unit) is None:
+        return None
+    gpn = topo.gpus_per_node
+    gpu = {g: (g // block) * block + (g % block + unit) % block for g in range(gpn)}
+    nic: dict[int, int] = {}
+    for g in range(gpn):
+        if nic.setdefault(topo.nic_of(g), topo.nic_of(gpu[g])) != topo.nic_of(gpu[g]):
+            return None
+    first = topo.nodes * topo.links_per_node
+    perm = np.empty(len(topo.links) - first, dtype=np.int64)
+    for i, lk in enumerate(topo.links[first:]):
+        m = re.fullmatch(r"(spine->)?leaf(\d+)\.(\d+)(->spine)?", lk.name)
+        if m is None or bool(m.group(1)) == bool(m.group(4)) or int(m.group(2)) not in nic:
+            return None
+        image = f"leaf{nic[int(m.group(2))]}.{m.group(3)}"
+        target = f"spine->{image}" if m.group(1) else f"{image}->spine"
+        if not topo.has_link(target):
+            return None
+        perm[i] = topo.link_id(target) - first
+    return perm
 
 
 def _induced_link_perm(topo: Topology, block: int, unit: int) -> np.ndarray | None:
@@ -153,10 +194,22 @@ def fold_blocker(topo: Topology, replicas: Replicas) -> str | None:
         if _level_kind(topo, block, unit) is None:
             return (f"shifting ranks by {unit} within blocks of {block} moves neither whole nodes nor GPUs "
                     "inside a node onto a like place")
-    if topo.core_may_limit:
+    if topo.core_may_limit and not all(_level_kind(topo, block, unit) == "local"
+                                       and _spine_perm(topo, block, unit) is not None
+                                       for block, unit in replicas.levels):
         return ("the network core may limit replicas that share it (an oversubscribed spine, or a dragonfly's "
                 "local and global links)")
     return None
+
+
+def inside_nodes_only(topo: Topology, replicas: Replicas) -> Replicas | None:
+    """``replicas``' levels that shift GPUs inside nodes, where those fold on ``topo`` though all of
+    them do not (whole nodes on a core that may limit them: see the module docstring); else None."""
+    levels = tuple(lv for lv in replicas.levels if _level_kind(topo, *lv) == "local")
+    if not levels or levels == replicas.levels:
+        return None
+    local = Replicas(world=replicas.world, levels=levels)
+    return local if fold_blocker(topo, local) is None else None
 
 
 class FoldMap:
@@ -176,6 +229,9 @@ class FoldMap:
         self.next: list[np.ndarray] = []
         self.orders: list[int] = []
         self.node_levels: list[int] = []  # levels that move whole nodes (the others stay inside nodes)
+        #: the links between leaves and the spine are kept (mapped by the shifts inside nodes) where the
+        #: core may limit (only those shifts fold then, see fold_blocker); else left out
+        self.spine = topo.core_may_limit
         for level, (block, unit) in enumerate(replicas.levels):
             nxt = np.full(n_links, -1, dtype=np.int64)
             if _level_kind(topo, block, unit) == "nodes":
@@ -186,11 +242,15 @@ class FoldMap:
                 perm = _local_link_perm(topo, block, unit)
                 assert perm is not None
                 nxt[:node_links] = node * per + perm[local]
+                if self.spine:
+                    spine = _spine_perm(topo, block, unit)
+                    assert spine is not None
+                    nxt[node_links:] = node_links + spine
             self.next.append(nxt)
             self.orders.append(block // unit)
         #: link id -> the lowest id of its orbit under every shift (-1: a spine link, left out)
         lam = np.full(n_links, -1, dtype=np.int64)
-        lam[:node_links] = np.arange(node_links)
+        lam[:len(lam) if self.spine else node_links] = np.arange(len(lam) if self.spine else node_links)
         for nxt, order in zip(self.next, self.orders, strict=True):
             cur, best = np.arange(n_links), lam.copy()
             for _ in range(order - 1):
@@ -299,11 +359,12 @@ class FoldMap:
                                      "nodes is planned differently", inside_nodes=True)
 
     def _canon(self, links: np.ndarray) -> tuple[int, ...]:
-        """Links as a sorted multiset, spine links left out."""
+        """Links as a sorted multiset, spine links left out (where they are)."""
         return tuple(sorted(int(x) for x in links if x >= 0 and self.to_rep[x] >= 0))
 
     def route(self, links: Sequence[int]) -> tuple[int, ...]:
-        """A representative rank's own route on the representative links, without the spine."""
+        """A representative rank's own route on the representative links, without the spine (where
+        it is left out)."""
         return tuple(int(self.to_rep[lk]) for lk in links if self.to_rep[lk] >= 0)
 
     def latency_slack(self, planner: Planner, req: CollectiveRequest, plan: CollectivePlan) -> float:

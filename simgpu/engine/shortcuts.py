@@ -2,9 +2,10 @@
 
 Two shortcuts. The fold (:mod:`simgpu.engine.fold`): identical ranks simulated once. Whether it
 may be tried is decided before the run (``fold`` asked for, link intervals not recorded for every
-link, the builder found identical ranks, :func:`fold_blocker` finds the topology fit); the run
-itself may still find the fold inexact and raise :class:`FoldBroken`, and the programs are then
-built again, folded by whole nodes only where that may still hold, else every rank. The periodic
+link, the builder found identical ranks, :func:`fold_blocker` finds the topology fit, or else
+:func:`inside_nodes_only` finds the ranks inside nodes fit: then only those fold); the run itself
+may still find the fold inexact and raise :class:`FoldBroken`, and the programs are then built
+again, folded by whole nodes only where that may still hold, else every rank. The periodic
 shortcut (:mod:`simgpu.engine.periodic`): a pipeline's identical middle micro-batches simulated
 once. Where :func:`periodic.blocker` finds nothing against it, the programs are built and run with
 two short counts of micro-batches (each with the fold as it stands), and where the two runs repeat
@@ -31,15 +32,15 @@ from ..graph import PipelineShape, Workload
 from ..platform.topology import Topology
 from . import periodic, steady
 from .core import Engine, EngineOptions
-from .fold import FoldBroken, fold_blocker
+from .fold import FoldBroken, fold_blocker, inside_nodes_only
 from .result import SimResult
 
 #: how many micro-batches a pipeline's programs run, given the job's pipeline shape
 Choose = Callable[[PipelineShape], int]
-#: builds the programs: ``(fold, inside_nodes, micro_batches)`` -> the workload (folded only where
-#: ``fold``, folding ranks inside nodes too only where ``inside_nodes``; ``micro_batches`` chooses how
-#: many micro-batches a pipeline runs, None: the job's)
-Build = Callable[[bool, bool, Choose | None], Workload]
+#: builds the programs: ``(fold, inside_nodes, micro_batches, whole_nodes)`` -> the workload (folded
+#: only where ``fold``, folding ranks inside nodes too only where ``inside_nodes`` and whole nodes only
+#: where ``whole_nodes``; ``micro_batches`` chooses how many micro-batches a pipeline runs, None: the job's)
+Build = Callable[[bool, bool, Choose | None, bool], Workload]
 #: times a workload's kernels: the duration of each kernel spec and the model that timed it
 Predict = Callable[[Workload], tuple[np.ndarray, list[str]]]
 
@@ -118,12 +119,13 @@ class _Runs:
         if fold and options.record_links:
             fold, self.note = False, "link intervals are recorded for every link"
         self.fold, self.inside = fold, True  # fold at all; fold ranks inside nodes too
+        self.nodes = True  # fold whole nodes too (off where only ranks inside nodes fold)
         self._timed: tuple[list[object], tuple[np.ndarray, list[str]]] | None = None
         self.steady_cut = True  # try the shortened first iteration (simgpu.engine.steady)
 
     @property
-    def state(self) -> tuple[bool, bool, str]:
-        return self.fold, self.inside, self.note
+    def state(self) -> tuple[bool, bool, bool, str]:
+        return self.fold, self.inside, self.nodes, self.note
 
     def _predict(self, workload: Workload) -> tuple[np.ndarray, list[str]]:
         """The kernels' durations, reused from the last run where its kernel table is the same."""
@@ -139,12 +141,17 @@ class _Runs:
         shortened where that is exact and the programs run the job's own count of micro-batches."""
         topo, build = self.topo, self.build
         self.say("building the programs")
-        workload = build(self.fold, self.inside, choose)
+        workload = build(self.fold, self.inside, choose, self.nodes)
         if workload.replicas is not None:
             blocker = fold_blocker(topo, workload.replicas)
+            if blocker is not None and self.inside and inside_nodes_only(topo, workload.replicas) is not None:
+                # whole nodes may not fold here, ranks inside them still do
+                self.nodes, self.note = False, f"folded inside nodes only: {blocker}"
+                workload = build(True, True, choose, False)
+                blocker = None if workload.replicas is None else fold_blocker(topo, workload.replicas)
             if blocker is not None:
                 self.note, self.fold, self.inside = blocker, False, False
-                workload = build(False, False, choose)
+                workload = build(False, False, choose, self.nodes)
         elif self.fold and not self.note:
             self.note = "no identical ranks that fill whole nodes or sit alike inside nodes"
         durations, models = self._predict(workload)
@@ -155,14 +162,15 @@ class _Runs:
                 return Outcome(result, workload, self.note)
             except FoldBroken as e:
                 self.note = str(e)
-                self.fold, self.inside = e.inside_nodes and self.inside, False  # whole nodes only, if that may hold
-                workload = build(self.fold, False, choose)
+                # whole nodes only, if that may hold (not where only ranks inside nodes were folded)
+                self.fold, self.inside = e.inside_nodes and self.inside and self.nodes, False
+                workload = build(self.fold, False, choose, self.nodes)
                 if workload.replicas is not None:
                     if fold_blocker(topo, workload.replicas) is None:
                         self.note = f"not folded inside nodes: {e}"
                     else:
                         self.fold = False
-                        workload = build(False, False, choose)
+                        workload = build(False, False, choose, self.nodes)
                 durations, models = self._predict(workload)
 
     def _engine(self, workload: Workload, durations: np.ndarray, models: list[str]) -> SimResult:

@@ -35,6 +35,9 @@ class World:
     #: shift inside nodes is known to be a symmetry
     local_unit: Callable[[int], int] | None = None
     micro_batches: Callable[[PipelineShape], int] | None = None
+    #: with ``fold``: whole nodes (data-parallel replicas) may fold too; False: only ranks inside nodes
+    #: (where the network core may limit replicas that share it, see :mod:`simgpu.engine.fold`)
+    whole_nodes: bool = True
 
     @property
     def size(self) -> int:

@@ -168,7 +168,7 @@ def build(spec: WorkloadSpec, world: World) -> Workload:
     kernels = KernelTable()
     g = dep.gpus
     one = replica_programs(dep, shape, kernels)
-    fold = world.fold and dep.replicas > 1 and g % world.gpus_per_node == 0
+    fold = world.fold and world.whole_nodes and dep.replicas > 1 and g % world.gpus_per_node == 0
     programs: list[Program] = []
     for r in range(1 if fold else dep.replicas):
         programs += [_shift(one[k], r * g, f"r{r}") if r else one[k] for k in sorted(one)]
