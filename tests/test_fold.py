@@ -101,10 +101,10 @@ def test_replicas_placed_differently_on_leaves_stay_within_their_latency_budget(
 
 @pytest.mark.parametrize("extra, reason", [
     (["platform.network.nodes_per_leaf=6", "platform.network.spine_latency_us=100"], "planned differently"),
-    (["platform.network.oversubscription=4", "platform.network.nodes_per_leaf=2",
-      "platform.network.topology=fat_tree"], "oversubscribed"),
+    (["platform.network.oversubscription=4", "platform.network.nodes_per_leaf=2", "parallelism.tp=2",
+      "parallelism.dp=16"], "oversubscribed"),   # no shift inside nodes at tp 2, whole nodes not on this core
     (["parallelism.zero=0", "comm.algorithm=tree"], "not the same seen from every replica"),
-], ids=["slow-spine-other-protocol", "oversubscribed-fat-tree", "tree"])
+], ids=["slow-spine-other-protocol", "oversubscribed-core-tp2", "tree"])
 def test_fold_turns_itself_off(extra, reason):
     full, folded = both(GPT3, SMALL_GPT3 + extra)
     assert folded.meta["fold"] == 1 and reason in folded.meta["fold_note"]
@@ -120,13 +120,18 @@ def test_fold_turns_itself_off(extra, reason):
       "parallelism.dp=8"], 2),
     (["platform.network.oversubscription=4", "platform.network.nodes_per_leaf=3",
       "parallelism.pp_schedule=interleaved", "parallelism.virtual_stages=2"], 4),
-], ids=["zero1", "ddp-ring-slow-nic", "tp4", "interleaved-leaves-of-3"])
-def test_oversubscribed_rail_optimised_core_folds_ranks_inside_nodes(extra, factor):
-    """On an oversubscribed rail-optimised core whole nodes do not fold (the spine is shared by the
-    replicas, whose leaves need not line up), but the shift of GPUs inside every node moves each rail's
-    leaf and its spine links onto the image rail's: ranks inside nodes fold, the spine links kept, and
-    every rank's records are the full run's. The spine limits these jobs: the same job without the
-    oversubscription is faster."""
+    (["platform.network.oversubscription=4", "platform.network.nodes_per_leaf=2",
+      "platform.network.topology=fat_tree"], 4),
+    (["platform.network.oversubscription=8", "platform.network.nodes_per_leaf=3", "platform.network.nic_gbps=100",
+      "platform.network.topology=fat_tree", "parallelism.zero=0", "comm.algorithm=ring"], 4),
+], ids=["zero1", "ddp-ring-slow-nic", "tp4", "interleaved-leaves-of-3", "fat-tree", "fat-tree-ddp-ring"])
+def test_oversubscribed_core_folds_ranks_inside_nodes(extra, factor):
+    """On an oversubscribed core whole nodes do not fold (the spine is shared by the replicas, whose
+    leaves need not line up), but ranks inside nodes do: on a rail-optimised fat tree the shift of GPUs
+    inside every node moves each rail's leaf and its spine links onto the image rail's; on a plain one
+    it leaves each leaf's spine links in place, and the representative's flows stand there for all
+    their images. The spine links are kept, and every rank's records are the full run's. The spine
+    limits these jobs: the same job without the oversubscription is faster."""
     full, folded = both(GPT3, SMALL_GPT3 + extra)
     assert_same(full, folded, factor)
     assert folded.meta["fold_note"].startswith("folded inside nodes only: the network core may limit")
@@ -173,8 +178,8 @@ def test_dlrm_is_not_folded():
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tp=st.sampled_from([2, 4, 8]), pp=st.sampled_from([1, 2]), dp=st.sampled_from([2, 4, 8]),
        mb=st.sampled_from([1, 2]), zero=st.sampled_from([0, 1]), core=st.sampled_from([1, 4]),
-       per_leaf=st.sampled_from([1, 2, 3]))
-def test_fold_is_exact_wherever_it_is_used(tp, pp, dp, mb, zero, core, per_leaf):
+       per_leaf=st.sampled_from([1, 2, 3]), fabric=st.sampled_from(["rail_optimized", "fat_tree"]))
+def test_fold_is_exact_wherever_it_is_used(tp, pp, dp, mb, zero, core, per_leaf, fabric):
     nodes = tp * pp * dp // 8
     if nodes < 1:
         return
@@ -182,7 +187,8 @@ def test_fold_is_exact_wherever_it_is_used(tp, pp, dp, mb, zero, core, per_leaf)
              f"parallelism.dp={dp}", f"parallelism.zero={zero}", "training.micro_batch=1",
              f"training.global_batch={dp * mb * max(pp, 2)}"]
     if core > 1:  # an oversubscribed core: ranks inside nodes fold, whatever the leaves
-        extra += [f"platform.network.oversubscription={core}", f"platform.network.nodes_per_leaf={per_leaf}"]
+        extra += [f"platform.network.oversubscription={core}", f"platform.network.nodes_per_leaf={per_leaf}",
+                  f"platform.network.topology={fabric}"]
     full, folded = both(GPT3, extra)
     if folded.meta["fold"] > 1:
         assert_same(full, folded, folded.meta["fold"])

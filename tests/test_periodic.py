@@ -124,12 +124,14 @@ def test_a_rank_that_slows_down_over_several_iterations_is_not_repeated():
     assert_same(plain, out.result)
 
 
-@pytest.mark.parametrize("topology, fold", [("rail_optimized", 4), ("fat_tree", 1)])
-def test_oversubscribed_core_folds_inside_nodes_or_not_at_all_and_still_repeats(topology, fold):
-    """An oversubscribed core: on the rail-optimised fabric the ranks inside nodes fold, on a plain fat
-    tree nothing does; either way the schedule repeats."""
-    _, short = both(PP2 + ["platform.network.oversubscription=4", "platform.network.nodes_per_leaf=2",
-                           f"platform.network.topology={topology}"])
+@pytest.mark.parametrize("extra, fold", [
+    ([], 4), (["platform.network.topology=fat_tree"], 4),
+    (["parallelism.tp=2", "parallelism.dp=16", "training.global_batch=1024"], 1),
+], ids=["rail-optimised", "fat-tree", "tp2"])
+def test_oversubscribed_core_folds_inside_nodes_or_not_at_all_and_still_repeats(extra, fold):
+    """An oversubscribed core: ranks inside nodes fold (on the rail-optimised fabric and on a plain fat
+    tree), or at tp 2, where no shift inside nodes holds, nothing does; either way the schedule repeats."""
+    _, short = both(PP2 + ["platform.network.oversubscription=4", "platform.network.nodes_per_leaf=2", *extra])
     assert short.meta["fold"] == fold and "oversubscribed" in short.meta["fold_note"]
     assert short.meta["fold_note"].startswith("folded inside nodes only") == (fold > 1)
     assert short.meta["periodic"].startswith("periodic")

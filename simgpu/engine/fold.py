@@ -25,12 +25,18 @@ The leaf-to-spine links are shared by the replicas and are not mapped by a shift
 limit anything: on a core that is not oversubscribed, every flow through a leaf uplink also
 crosses one of that leaf's NIC links, whose capacities sum to the uplink's. On an oversubscribed
 core (or a dragonfly's) whole nodes are not folded (:func:`fold_blocker`). Ranks inside nodes still
-are on a rail-optimised fat tree: a shift of GPUs inside every node moves each NIC onto the image
-NIC, so each rail's leaf onto the image rail's leaf of the same pod, and its links to and from the
-spine onto the image leaf's (:func:`_spine_perm`), every one of them moved by every shift; those
-links then stay in the folded network, mapped like the nodes' own, and the quotient is exact on
-them too (:func:`inside_nodes_only` gives the levels that may fold there). A plan that is not
-invariant raises :class:`FoldBroken`, and :func:`simgpu.simulate` then simulates every rank.
+are on a fat tree (:func:`inside_nodes_only` gives the levels that may fold there), the links
+between leaves and the spine kept in the folded network: on a rail-optimised one a shift of GPUs
+inside every node moves each NIC onto the image NIC, so each rail's leaf onto the image rail's leaf
+of the same pod and its spine links onto the image leaf's, every one moved by every shift, as the
+nodes' own links are; on a plain one every NIC of a node is on one leaf, and each shift leaves
+the leaf's spine links in place (:func:`_spine_perm`). A link's orbit then holds fewer links than
+there are shifts, and every image of a transfer that crosses it crosses that one link: where a
+transfer's images under all the shifts are ``n`` and it crosses a link orbit of ``o`` links ``c``
+times, each link of the orbit carries ``n c / o`` times its flow, and so does the representative
+link in the quotient (for an orbit of every shift's image, ``o`` is the number of shifts and this
+is the count kept below). A plan that is not invariant raises :class:`FoldBroken`, and
+:func:`simgpu.simulate` then simulates every rank.
 
 Leaf switches need not line up with replicas (a DGX A100 SuperPOD has 20 nodes per leaf, a GPT-3
 replica 8 nodes per stage): a pipeline transfer may cross the spine in one replica and not in
@@ -80,9 +86,10 @@ def _local_link_perm(topo: Topology, block: int, unit: int) -> np.ndarray | None
 def _spine_perm(topo: Topology, block: int, unit: int) -> np.ndarray | None:
     """The permutation of the links between leaves and the spine (ids from the nodes' links on, as
     offsets from there) that shifting every node's GPUs by ``unit`` within blocks of ``block``
-    induces on a rail-optimised fat tree: each NIC onto the image NIC, so each rail's leaf onto the
-    image rail's leaf of the same pod; None on any other network, or where the GPUs' shift moves no
-    NIC consistently."""
+    induces: on a rail-optimised fat tree each NIC goes onto the image NIC, so each rail's leaf onto
+    the image rail's leaf of the same pod; on a plain fat tree every NIC of a node is on one leaf,
+    and each leaf's spine links stay in place. None on a dragonfly, or where the GPUs' shift moves
+    no NIC consistently."""
     key = ("spine_perm", block, unit)
     if key not in topo.memo:
         topo.memo[key] = _induced_spine_perm(topo, block, unit)
@@ -90,15 +97,21 @@ def _spine_perm(topo: Topology, block: int, unit: int) -> np.ndarray | None:
 
 
 def _induced_spine_perm(topo: Topology, block: int, unit: int) -> np.ndarray | None:
-    if topo.platform.network.topology != "rail_optimized" or _local_link_perm(topo, block, unit) is None:
+    kind = topo.platform.network.topology
+    if kind not in ("rail_optimized", "fat_tree") or _local_link_perm(topo, block, unit) is None:
         return None
+    first = topo.nodes * topo.links_per_node
+    if kind == "fat_tree":  # every NIC of a node on the node's one leaf: the shift leaves its spine links in place
+        names = (lk.name for lk in topo.links[first:])
+        if not all(re.fullmatch(r"leaf\d+->spine|spine->leaf\d+", n) for n in names):
+            return None
+        return np.arange(len(topo.links) - first, dtype=np.int64)
     gpn = topo.gpus_per_node
     gpu = {g: (g // block) * block + (g % block + unit) % block for g in range(gpn)}
     nic: dict[int, int] = {}
     for g in range(gpn):
         if nic.setdefault(topo.nic_of(g), topo.nic_of(gpu[g])) != topo.nic_of(gpu[g]):
             return None
-    first = topo.nodes * topo.links_per_node
     perm = np.empty(len(topo.links) - first, dtype=np.int64)
     for i, lk in enumerate(topo.links[first:]):
         m = re.fullmatch(r"(spine->)?leaf(\d+)\.(\d+)(->spine)?", lk.name)
@@ -258,6 +271,18 @@ class FoldMap:
                 best = np.where(cur >= 0, np.minimum(best, lam[np.maximum(cur, 0)]), best)
             lam = best
         self.to_rep = lam
+        #: the shifts in all (the product of the levels' orders) and, per link, how many times its
+        #: orbit's transfers stand on the representative link for each one kept: the shifts over the
+        #: orbit's links (1 where every shift moves the link, as a node's own links; 0: left out)
+        self.shifts = int(np.prod(self.orders)) if self.orders else 1
+        held = lam >= 0
+        sizes = np.bincount(lam[held], minlength=n_links)
+        self.spread = np.zeros(n_links, dtype=np.int64)
+        if held.any():
+            orbit = sizes[lam[held]]
+            if (self.shifts % orbit).any():
+                raise ValueError("a link orbit whose size does not divide the shifts")
+            self.spread[held] = self.shifts // orbit
         self._powers: dict[tuple[int, int], np.ndarray] = {}
         self._cache: dict[tuple[int, tuple[int, ...]], list[tuple[tuple[int, ...], float, float]]] = {}
         self._slack: dict[CollectiveRequest, float] = {}
@@ -367,6 +392,15 @@ class FoldMap:
         it is left out)."""
         return tuple(int(self.to_rep[lk]) for lk in links if self.to_rep[lk] >= 0)
 
+    def _spread(self, route: tuple[int, ...]) -> tuple[int, ...]:
+        """``route`` (on representative links) as the flow of a transfer and its images under every
+        shift, each a different transfer, stands on them: each link once per shift over its orbit's
+        links (see the module docstring)."""
+        spread = self.spread
+        if all(spread[lk] == 1 for lk in route):
+            return route
+        return tuple(sorted(lk for lk in route for _ in range(int(spread[lk]))))
+
     def latency_slack(self, planner: Planner, req: CollectiveRequest, plan: CollectivePlan) -> float:
         """How much later or earlier ``req`` may finish in another replica than in the
         representative one (0 when every image sits on the leaves as it does); raises
@@ -410,8 +444,9 @@ class FoldMap:
         size = 1
         for level, k in gens:
             size *= self.orders[level] // k
-        if size == 1:
-            return [(self.route(t.links), t.nbytes, t.max_rate) for t in plan.transfers]
+        spread = self.spread
+        if size == 1:  # no shift keeps the group: each transfer's images are one a shift
+            return [(self._spread(self.route(t.links)), t.nbytes, t.max_rate) for t in plan.transfers]
         maps = [self._power(level, k) for level, k in gens]
 
         def canon(links: np.ndarray) -> tuple[int, ...]:  # the links as a sorted multiset, spine left out
@@ -441,9 +476,9 @@ class FoldMap:
             seen |= orbit
             times = size // len(orbit)  # how often the orbit maps onto each representative link
             mapped = Counter(int(x) for x in to_rep[np.asarray(item[0], dtype=np.int64)])
-            if size % len(orbit) or any(c % times for c in mapped.values()):
+            if size % len(orbit) or any(c * int(spread[lk]) % times for lk, c in mapped.items()):
                 raise FoldBroken(f"{plan.algorithm} ({plan.protocol}): a transfer does not divide evenly "
                                  "among the replicas")
-            quotient = tuple(sorted(lk for lk, c in mapped.items() for _ in range(c // times)))
+            quotient = tuple(sorted(lk for lk, c in mapped.items() for _ in range(c * int(spread[lk]) // times)))
             out += [(quotient, item[1], item[2])] * count
         return out
