@@ -134,7 +134,7 @@ def test_oversubscribed_core_folds_ranks_inside_nodes(extra, factor):
     limits these jobs: the same job without the oversubscription is faster."""
     full, folded = both(GPT3, SMALL_GPT3 + extra)
     assert_same(full, folded, factor)
-    assert folded.meta["fold_note"].startswith("folded inside nodes only: the network core may limit")
+    assert folded.meta["fold_note"].startswith("only ranks inside nodes folded, not whole nodes: the network core may limit")
     assert folded.iteration_time_s == full.iteration_time_s
     # the representative links (the spine's among them) carry what they carry in the full run
     a, b = full.link_stats.set_index("link"), folded.link_stats.set_index("link")

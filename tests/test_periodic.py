@@ -133,7 +133,7 @@ def test_oversubscribed_core_folds_inside_nodes_or_not_at_all_and_still_repeats(
     tree), or at tp 2, where no shift inside nodes holds, nothing does; either way the schedule repeats."""
     _, short = both(PP2 + ["platform.network.oversubscription=4", "platform.network.nodes_per_leaf=2", *extra])
     assert short.meta["fold"] == fold and "oversubscribed" in short.meta["fold_note"]
-    assert short.meta["fold_note"].startswith("folded inside nodes only") == (fold > 1)
+    assert short.meta["fold_note"].startswith("only ranks inside nodes folded") == (fold > 1)
     assert short.meta["periodic"].startswith("periodic")
 
 

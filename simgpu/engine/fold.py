@@ -210,8 +210,8 @@ def fold_blocker(topo: Topology, replicas: Replicas) -> str | None:
     if topo.core_may_limit and not all(_level_kind(topo, block, unit) == "local"
                                        and _spine_perm(topo, block, unit) is not None
                                        for block, unit in replicas.levels):
-        return ("the network core may limit replicas that share it (an oversubscribed spine, or a dragonfly's "
-                "local and global links)")
+        return ("the network core may limit replicas that share it: an oversubscribed spine, or a dragonfly's "
+                "local and global links")
     return None
 
 

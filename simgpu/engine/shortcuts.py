@@ -146,7 +146,7 @@ class _Runs:
             blocker = fold_blocker(topo, workload.replicas)
             if blocker is not None and self.inside and inside_nodes_only(topo, workload.replicas) is not None:
                 # whole nodes may not fold here, ranks inside them still do
-                self.nodes, self.note = False, f"folded inside nodes only: {blocker}"
+                self.nodes, self.note = False, f"only ranks inside nodes folded, not whole nodes: {blocker}"
                 workload = build(True, True, choose, False)
                 blocker = None if workload.replicas is None else fold_blocker(topo, workload.replicas)
             if blocker is not None:
