@@ -99,17 +99,36 @@ def test_replicas_placed_differently_on_leaves_stay_within_their_latency_budget(
                                rtol=5e-3, atol=5e-3 * full.iteration_time_s)
 
 
+#: tp 2 on a DGX A100: no shift of GPUs inside a node maps it onto itself, so only whole nodes may fold
+TP2 = ["parallelism.tp=2", "parallelism.dp=16"]
+
+
 @pytest.mark.parametrize("extra, reason", [
-    (["platform.network.nodes_per_leaf=6", "platform.network.spine_latency_us=100"], "planned differently"),
-    (["platform.network.oversubscription=4", "platform.network.nodes_per_leaf=2", "parallelism.tp=2",
-      "parallelism.dp=16"], "oversubscribed"),   # no shift inside nodes at tp 2, whole nodes not on this core
-    (["parallelism.zero=0", "comm.algorithm=tree"], "not the same seen from every replica"),
-], ids=["slow-spine-other-protocol", "oversubscribed-core-tp2", "tree"])
+    (["platform.network.nodes_per_leaf=6", "platform.network.spine_latency_us=100", *TP2], "planned differently"),
+    (["platform.network.oversubscription=4", "platform.network.nodes_per_leaf=2", *TP2], "oversubscribed"),
+    (["parallelism.zero=0", "comm.algorithm=tree", *TP2], "not the same seen from every replica"),
+], ids=["slow-spine-other-protocol", "oversubscribed-core", "tree"])
 def test_fold_turns_itself_off(extra, reason):
     full, folded = both(GPT3, SMALL_GPT3 + extra)
     assert folded.meta["fold"] == 1 and reason in folded.meta["fold_note"]
     assert folded.iteration_time_s == full.iteration_time_s
     assert summarize(folded)["fold"]["note"] == folded.meta["fold_note"]
+
+
+@pytest.mark.parametrize("extra, reason", [
+    (["platform.network.nodes_per_leaf=6", "platform.network.spine_latency_us=100"], "planned differently"),
+    (["parallelism.zero=0", "comm.algorithm=tree"], "not the same seen from every replica"),
+], ids=["slow-spine-other-protocol", "tree"])
+def test_where_whole_nodes_do_not_fold_ranks_inside_them_still_do(extra, reason):
+    """The run finds the fold of whole nodes inexact (a replica planned differently on the leaves, a
+    double binary tree across replicas, which no shift of replicas maps onto itself); the shift of GPUs
+    inside nodes maps each of those onto the image collective, so the programs are built again folded
+    inside nodes only, and every rank's records are the full run's."""
+    full, folded = both(GPT3, SMALL_GPT3 + extra)
+    assert_same(full, folded, 4)
+    note = folded.meta["fold_note"]
+    assert note.startswith("only ranks inside nodes folded, not whole nodes: ") and reason in note
+    assert folded.iteration_time_s == full.iteration_time_s
 
 
 @pytest.mark.parametrize("extra, factor", [
@@ -134,7 +153,8 @@ def test_oversubscribed_core_folds_ranks_inside_nodes(extra, factor):
     limits these jobs: the same job without the oversubscription is faster."""
     full, folded = both(GPT3, SMALL_GPT3 + extra)
     assert_same(full, folded, factor)
-    assert folded.meta["fold_note"].startswith("only ranks inside nodes folded, not whole nodes: the network core may limit")
+    assert folded.meta["fold_note"].startswith(
+        "only ranks inside nodes folded, not whole nodes: the network core may limit")
     assert folded.iteration_time_s == full.iteration_time_s
     # the representative links (the spine's among them) carry what they carry in the full run
     a, b = full.link_stats.set_index("link"), folded.link_stats.set_index("link")
@@ -158,8 +178,10 @@ def test_fold_gives_up_when_latency_differences_add_up(monkeypatch):
     share = 360e-6 / within.iteration_time_s
     assert f"({share:.3%} of the iteration)" in within.meta["fold_note"] and 0.0002 < share < 0.005
     monkeypatch.setattr(core, "SLACK_FRACTION", 0.0002)
-    over = simulate(job)
-    assert over.meta["fold"] == 1 and "more than 0.02%" in over.meta["fold_note"]
+    over = simulate(job)  # whole nodes give up; ranks inside nodes, whose images share the leaves, fold
+    assert over.meta["fold"] == 4 and "more than 0.02%" in over.meta["fold_note"]
+    assert over.meta["fold_note"].startswith("only ranks inside nodes folded")
+    assert over.iteration_time_s == simulate(job, fold=False).iteration_time_s
     assert within.iteration_time_s == pytest.approx(over.iteration_time_s, rel=5e-3)
 
 
@@ -228,30 +250,37 @@ def test_replicas_maps():
     assert gpus_per_node(load_job(GPT3)) == 8
 
 
-def test_the_engine_owns_the_fold_fallback():
+@pytest.mark.parametrize("tp, calls_made, factor", [
+    (8, [(True, True, True), (True, True, False)], 4),   # whole nodes break; inside nodes hold
+    (2, [(True, True, True), (False, False, True)], 1),  # no shift inside nodes at tp 2: every rank
+], ids=["tp8", "tp2"])
+def test_the_engine_owns_the_fold_fallback(tp, calls_made, factor):
     """``simgpu.engine.shortcuts.run`` decides the fold, runs it and rebuilds where the run finds it
-    inexact: the tree case is built folded, breaks, and is built again with every rank."""
+    inexact: the tree case is built folded, breaks across replicas, and is built again folded inside
+    nodes only where that may hold, else with every rank."""
     from simgpu.comm.planner import Planner
     from simgpu.engine import EngineOptions, shortcuts
     from simgpu.kernels.base import make_predictor
     from simgpu.sim import build
 
-    job = load_job(GPT3, SMALL_GPT3 + ["parallelism.zero=0", "comm.algorithm=tree"])
+    job = load_job(GPT3, SMALL_GPT3 + ["parallelism.zero=0", "comm.algorithm=tree", f"parallelism.tp={tp}",
+                                       f"parallelism.dp={32 // tp}"])
     topo = Topology(job.platform, job.workload.nodes, gpus_per_node(job))
-    calls: list[tuple[bool, bool]] = []
+    calls: list[tuple[bool, bool, bool]] = []
 
     def building(fold: bool, inside: bool, micro=None, nodes=True):
-        calls.append((fold, inside))
+        calls.append((fold, inside, nodes))
         return build(job, fold=fold, topo=topo if inside else None, micro_batches=micro, whole_nodes=nodes)
 
     predictor = make_predictor("analytical", job.platform)
     planner = Planner(topo, job.platform.collectives, "tree")
     out = shortcuts.run(topo, building, lambda w: predictor.predict(w.kernels), planner, EngineOptions())
-    assert calls[0] == (True, True) and calls[-1][0] is False
-    assert out.workload.replicas is None and "not the same seen from every replica" in out.note
+    assert calls == calls_made
+    assert (1 if out.workload.replicas is None else out.workload.replicas.factor) == factor
+    assert "not the same seen from every replica" in out.note
     plain = shortcuts.run(topo, building, lambda w: predictor.predict(w.kernels), planner, EngineOptions(),
                           fold=False)
-    assert plain.note == "turned off" and calls[-1] == (False, True)
+    assert plain.note == "turned off" and calls[-1] == (False, True, True)
     assert plain.result.iteration_time_s == out.result.iteration_time_s
     linked = shortcuts.run(topo, building, lambda w: predictor.predict(w.kernels), planner,
                            EngineOptions(record_links=True))

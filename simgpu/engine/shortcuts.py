@@ -5,7 +5,8 @@ may be tried is decided before the run (``fold`` asked for, link intervals not r
 link, the builder found identical ranks, :func:`fold_blocker` finds the topology fit, or else
 :func:`inside_nodes_only` finds the ranks inside nodes fit: then only those fold); the run itself
 may still find the fold inexact and raise :class:`FoldBroken`, and the programs are then built
-again, folded by whole nodes only where that may still hold, else every rank. The periodic
+again, folded by ranks inside nodes only where whole nodes were at fault, by whole nodes only where
+the ranks inside them were, else every rank. The periodic
 shortcut (:mod:`simgpu.engine.periodic`): a pipeline's identical middle micro-batches simulated
 once. Where :func:`periodic.blocker` finds nothing against it, the programs are built and run with
 two short counts of micro-batches (each with the fold as it stands), and where the two runs repeat
@@ -162,6 +163,16 @@ class _Runs:
                 return Outcome(result, workload, self.note)
             except FoldBroken as e:
                 self.note = str(e)
+                reps = workload.replicas
+                if (not e.inside_nodes and self.inside and self.nodes and reps is not None
+                        and inside_nodes_only(topo, reps) is not None):
+                    # not exact across whole nodes (a tree across replicas, say): ranks inside nodes may still fold
+                    self.nodes, self.note = False, f"only ranks inside nodes folded, not whole nodes: {e}"
+                    workload = build(True, True, choose, False)
+                    if workload.replicas is not None and fold_blocker(topo, workload.replicas) is None:
+                        durations, models = self._predict(workload)
+                        continue
+                    self.note = str(e)
                 # whole nodes only, if that may hold (not where only ranks inside nodes were folded)
                 self.fold, self.inside = e.inside_nodes and self.inside and self.nodes, False
                 workload = build(self.fold, False, choose, self.nodes)
