@@ -167,6 +167,28 @@ def test_oversubscribed_core_folds_ranks_inside_nodes(extra, factor):
     assert unlimited.iteration_time_s < full.iteration_time_s
 
 
+@pytest.mark.parametrize("routing", ["minimal", "adaptive"])
+def test_a_dragonflys_ranks_inside_nodes_fold(routing):
+    """Perlmutter's dragonfly (every NIC of a node on one switch): a shift of GPUs inside the nodes
+    leaves every switch and every local and global link in place, and the representative's flows
+    stand on them for all their images. 64 nodes over two groups: the data-parallel reductions cross
+    the global links; every rank's records and every link the folded run keeps are the full run's."""
+    full, folded = both(GPT, ["platform=perlmutter_gpu", "nodes=64", "parallelism.tp=4", "parallelism.dp=64",
+                              "model.layers=4", "training.batch_per_gpu=2",
+                              "platform.network.dragonfly.switches_per_group=8",
+                              f"platform.network.dragonfly.routing={routing}"])
+    assert_same(full, folded, 4)
+    assert folded.meta["fold_note"].startswith("only ranks inside nodes folded, not whole nodes")
+    assert folded.iteration_time_s == full.iteration_time_s
+    a, b = full.link_stats.set_index("link"), folded.link_stats.set_index("link")
+    fabric = [x for x in b.index if not x.startswith("n") and ".nic" not in x]  # between switches
+    groups = [re.fullmatch(r"(?:sw|g)(\d+)[.\d]*->(?:sw|g)(\d+)[.\d]*(?:/g\d+)?", x) for x in fabric]
+    assert any(m is not None and m.group(1) != m.group(2) for m in groups)  # a global link between the groups
+    assert (b.loc[fabric, "nbytes"] > 0).all()
+    np.testing.assert_allclose(b[["nbytes", "busy_s"]].to_numpy(), a.loc[b.index, ["nbytes", "busy_s"]].to_numpy(),
+                               rtol=1e-9, atol=1e-12)
+
+
 def test_fold_gives_up_when_latency_differences_add_up(monkeypatch):
     """The same placement with a 10 us spine: 0.36 ms of latency differences in all (a ring's network
     hop pays the spine one way), about 0.05% of the iteration; with a budget of 0.02% the fold gives

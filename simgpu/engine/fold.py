@@ -25,18 +25,18 @@ The leaf-to-spine links are shared by the replicas and are not mapped by a shift
 limit anything: on a core that is not oversubscribed, every flow through a leaf uplink also
 crosses one of that leaf's NIC links, whose capacities sum to the uplink's. On an oversubscribed
 core (or a dragonfly's) whole nodes are not folded (:func:`fold_blocker`). Ranks inside nodes still
-are on a fat tree (:func:`inside_nodes_only` gives the levels that may fold there), the links
-between leaves and the spine kept in the folded network: on a rail-optimised one a shift of GPUs
-inside every node moves each NIC onto the image NIC, so each rail's leaf onto the image rail's leaf
-of the same pod and its spine links onto the image leaf's, every one moved by every shift, as the
-nodes' own links are; on a plain one every NIC of a node is on one leaf, and each shift leaves
-the leaf's spine links in place (:func:`_spine_perm`). A link's orbit then holds fewer links than
-there are shifts, and every image of a transfer that crosses it crosses that one link: where a
-transfer's images under all the shifts are ``n`` and it crosses a link orbit of ``o`` links ``c``
-times, each link of the orbit carries ``n c / o`` times its flow, and so does the representative
-link in the quotient (for an orbit of every shift's image, ``o`` is the number of shifts and this
-is the count kept below). A plan that is not invariant raises :class:`FoldBroken`, and
-:func:`simgpu.simulate` then simulates every rank.
+are (:func:`inside_nodes_only` gives the levels that may fold there), the links between switches
+kept in the folded network: on a rail-optimised fat tree a shift of GPUs inside every node moves
+each NIC onto the image NIC, so each rail's leaf onto the image rail's leaf of the same pod and its
+spine links onto the image leaf's, every one moved by every shift, as the nodes' own links are;
+where every NIC of a node is on one switch (a plain fat tree's leaf, a dragonfly's switch), each
+shift leaves every switch in place, and every link between switches (:func:`_spine_perm`). A
+link's orbit then holds fewer links than there are shifts, and every image of a transfer that
+crosses it crosses that one link: where a transfer's images under all the shifts are ``n`` and it
+crosses a link orbit of ``o`` links ``c`` times, each link of the orbit carries ``n c / o`` times its
+flow, and so does the representative link in the quotient (for an orbit of every shift's image,
+``o`` is the number of shifts and this is the count kept below). A plan that is not invariant
+raises :class:`FoldBroken`, and :func:`simgpu.simulate` then simulates every rank.
 
 Leaf switches need not line up with replicas (a DGX A100 SuperPOD has 20 nodes per leaf, a GPT-3
 replica 8 nodes per stage): a pipeline transfer may cross the spine in one replica and not in
@@ -87,9 +87,9 @@ def _spine_perm(topo: Topology, block: int, unit: int) -> np.ndarray | None:
     """The permutation of the links between leaves and the spine (ids from the nodes' links on, as
     offsets from there) that shifting every node's GPUs by ``unit`` within blocks of ``block``
     induces: on a rail-optimised fat tree each NIC goes onto the image NIC, so each rail's leaf onto
-    the image rail's leaf of the same pod; on a plain fat tree every NIC of a node is on one leaf,
-    and each leaf's spine links stay in place. None on a dragonfly, or where the GPUs' shift moves
-    no NIC consistently."""
+    the image rail's leaf of the same pod; where every NIC of a node is on one switch (a plain fat
+    tree's leaf, a dragonfly's switch), every switch and every link between switches stays in
+    place. None where the GPUs' shift moves no NIC consistently."""
     key = ("spine_perm", block, unit)
     if key not in topo.memo:
         topo.memo[key] = _induced_spine_perm(topo, block, unit)
@@ -97,15 +97,15 @@ def _spine_perm(topo: Topology, block: int, unit: int) -> np.ndarray | None:
 
 
 def _induced_spine_perm(topo: Topology, block: int, unit: int) -> np.ndarray | None:
-    kind = topo.platform.network.topology
-    if kind not in ("rail_optimized", "fat_tree") or _local_link_perm(topo, block, unit) is None:
+    if _local_link_perm(topo, block, unit) is None:
         return None
     first = topo.nodes * topo.links_per_node
-    if kind == "fat_tree":  # every NIC of a node on the node's one leaf: the shift leaves its spine links in place
-        names = (lk.name for lk in topo.links[first:])
-        if not all(re.fullmatch(r"leaf\d+->spine|spine->leaf\d+", n) for n in names):
-            return None
+    if all(len({topo.leaf_of(n, k) for k in range(topo.ports)}) == 1 for n in range(topo.nodes)):
+        # every NIC of a node on one switch (a plain fat tree's leaf, a dragonfly's switch): the shift
+        # leaves every switch in place, and every link between switches
         return np.arange(len(topo.links) - first, dtype=np.int64)
+    if topo.platform.network.topology != "rail_optimized":
+        return None
     gpn = topo.gpus_per_node
     gpu = {g: (g // block) * block + (g % block + unit) % block for g in range(gpn)}
     nic: dict[int, int] = {}
