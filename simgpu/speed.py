@@ -117,6 +117,9 @@ CASES: dict[str, tuple[int, Callable[[], tuple[float, int]]]] = {
         "parallelism.pp_schedule=interleaved", "parallelism.virtual_stages=12", "training.micro_batch=1",
         "training.global_batch=2048", "training.precision=fp8")),
     "gpt-3 175B 1024 GPU, 2:1 spine": (1024, _workload(GPT3, "platform.network.oversubscription=2")),
+    # Perlmutter's dragonfly (4 A100 and 4 NICs a node on one switch): whole nodes do not fold there
+    "gpt-3 175B 1024 GPU, dragonfly (Perlmutter, TP4)": (1024, _workload(
+        GPT3, "platform=perlmutter_gpu", "nodes=256", "parallelism.tp=4", "parallelism.dp=16")),
     "dlrm-dcnv2 1024 GPU (128x dgx_a100)": (1024, _workload("workloads/dlrm_dcnv2_8x_dgx_a100.yaml", "nodes=128")),
     "mixtral 8x7B 1024 H100 (EP8)": (1024, _workload("workloads/mixtral_8x7b_64x_h100.yaml", "nodes=128",
                                                                          "training.global_batch=2048")),
