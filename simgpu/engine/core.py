@@ -270,6 +270,9 @@ class Engine:
             raise ValueError("one memory_bound flag per kernel spec is needed")
         #: per kernel spec: memory-bound (where memory-bound kernels have their own figures), else None
         self._mem_bound = list(bound) if mem and bound else None
+        #: the slowdown of every kernel beside any collective where there is one figure for all (no
+        #: figure per collective op, none for memory-bound kernels), else None (see :meth:`_slowdown`)
+        self._flat = options.overlap_slowdown if not self._by_op and self._mem_bound is None else None
         #: spanning nodes -> a memory-bound kernel's slowdown beside a collective that moves bytes
         self._mem = {False: mem.get("within_node", 0.0), True: mem.get("across_nodes", 0.0)}
         self._moving: dict[int, dict[bool, int]] = {}  # rank -> spanning nodes -> collectives moving bytes
@@ -477,9 +480,13 @@ class Engine:
             r.start[i] = now
             dur = self._durations[op.kernel]
             if op.sm_taken or self._comm_active[r.rank]:
-                dur = self._beside(r, i, op, dur)
-                if dur < 0:
-                    return
+                flat = self._flat
+                if flat is not None and not op.sm_taken:  # _beside's answer where one figure holds for all
+                    dur = dur * (1.0 + flat)
+                else:
+                    dur = self._beside(r, i, op, dur)
+                    if dur < 0:
+                        return
             wait = now + dur - now  # as _finish_at(now + dur) computes it
             heappush(self._queue, (now + (wait if wait > 0 else 0.0), NORMAL, next(self._eid),
                                    _Call(self._calls, r, i)))
@@ -642,13 +649,18 @@ class Engine:
             j = stream.queue[0]
             if deps_left[j] <= 0:
                 op = r.ops[j]
+                flat = 0.0 if not self._comm_active[r.rank] else self._flat
                 if op.kind == "kernel" and not op.delay_s > 0 and not op.sm_taken and r.issue[j] <= now and \
-                        not self._comm_active[r.rank]:
-                    # _try_start's kernel case, inline: the next kernel on the stream starts now
+                        flat is not None:
+                    # _try_start's kernel case, inline: the next kernel on the stream starts now (beside the
+                    # collectives running on its rank, where one figure holds for every kernel)
                     stream.queue.popleft()
                     stream.busy = True
                     r.start[j] = now
-                    wait = now + self._durations[op.kernel] - now  # as _finish_at(now + dur) computes it
+                    dur = self._durations[op.kernel]
+                    if flat:
+                        dur = dur * (1.0 + flat)
+                    wait = now + dur - now  # as _finish_at(now + dur) computes it
                     heappush(self._queue, (now + (wait if wait > 0 else 0.0), NORMAL, next(self._eid),
                                            _Call(self._calls, r, j)))
                     self.events += 1
