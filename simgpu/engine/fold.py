@@ -263,7 +263,8 @@ class FoldMap:
             self.orders.append(block // unit)
         #: link id -> the lowest id of its orbit under every shift (-1: a spine link, left out)
         lam = np.full(n_links, -1, dtype=np.int64)
-        lam[:len(lam) if self.spine else node_links] = np.arange(len(lam) if self.spine else node_links)
+        kept = n_links if self.spine else node_links
+        lam[:kept] = np.arange(kept)
         for nxt, order in zip(self.next, self.orders, strict=True):
             cur, best = np.arange(n_links), lam.copy()
             for _ in range(order - 1):

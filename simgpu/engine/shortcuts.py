@@ -146,10 +146,9 @@ class _Runs:
         if workload.replicas is not None:
             blocker = fold_blocker(topo, workload.replicas)
             if blocker is not None and self.inside and inside_nodes_only(topo, workload.replicas) is not None:
-                # whole nodes may not fold here, ranks inside them still do
-                self.nodes, self.note = False, f"only ranks inside nodes folded, not whole nodes: {blocker}"
-                workload = build(True, True, choose, False)
-                blocker = None if workload.replicas is None else fold_blocker(topo, workload.replicas)
+                inside = self._inside_only(choose, blocker)  # whole nodes may not fold here, ranks inside them may
+                if inside is not None:
+                    workload, blocker = inside, None
             if blocker is not None:
                 self.note, self.fold, self.inside = blocker, False, False
                 workload = build(False, False, choose, self.nodes)
@@ -167,12 +166,11 @@ class _Runs:
                 if (not e.inside_nodes and self.inside and self.nodes and reps is not None
                         and inside_nodes_only(topo, reps) is not None):
                     # not exact across whole nodes (a tree across replicas, say): ranks inside nodes may still fold
-                    self.nodes, self.note = False, f"only ranks inside nodes folded, not whole nodes: {e}"
-                    workload = build(True, True, choose, False)
-                    if workload.replicas is not None and fold_blocker(topo, workload.replicas) is None:
+                    inside = self._inside_only(choose, str(e))
+                    if inside is not None:
+                        workload = inside
                         durations, models = self._predict(workload)
                         continue
-                    self.note = str(e)
                 # whole nodes only, if that may hold (not where only ranks inside nodes were folded)
                 self.fold, self.inside = e.inside_nodes and self.inside and self.nodes, False
                 workload = build(self.fold, False, choose, self.nodes)
@@ -183,6 +181,16 @@ class _Runs:
                         self.fold = False
                         workload = build(False, False, choose, self.nodes)
                 durations, models = self._predict(workload)
+
+    def _inside_only(self, choose: Choose | None, why: str) -> Workload | None:
+        """The programs folded by ranks inside nodes only, whole nodes not (``why``), where those fold
+        on the topology; else None (the note then says ``why``). Either way whole nodes fold no more."""
+        self.nodes, self.note = False, f"only ranks inside nodes folded, not whole nodes: {why}"
+        workload = self.build(True, True, choose, False)
+        if workload.replicas is not None and fold_blocker(self.topo, workload.replicas) is None:
+            return workload
+        self.note = why
+        return None
 
     def _engine(self, workload: Workload, durations: np.ndarray, models: list[str]) -> SimResult:
         """The run of ``workload``; of its first iteration cut to its last micro-batch where that

@@ -471,7 +471,7 @@ def _launch(o: Op, launch_s: float) -> float:
 
 
 def _launches(ops: Sequence[Op], launch_s: float) -> float:
-    return sum(launch_s if o.cpu_s is None else o.cpu_s for o in ops)
+    return sum(_launch(o, launch_s) for o in ops)
 
 
 #: an input copy up to the first host wait, as :func:`_early_copies` reads it: its place, when the CPU
@@ -488,7 +488,7 @@ def _copies(ops: Sequence[Op], launch_s: float) -> list[_Copy]:
     for k, o in enumerate(ops):
         if o.kind == "host_wait":
             break
-        t += launch_s if o.cpu_s is None else o.cpu_s  # its issue (a host op's end)
+        t += _launch(o, launch_s)  # its issue (a host op's end)
         if o.kind == "host":
             continue
         if o.kind == "memcpy" and not o.deps and o.delay_s == 0:
