@@ -414,3 +414,28 @@ def test_comm_cli_takes_nccl_tests_names_and_explains(capsys):
     assert comm_main(["--platform", "dgx_h100", "--op", "allreduce"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and "expected --op one of" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("platform, nodes", [("dgx_h100", 1), ("dgx_a100", 1), ("dgx_a100", 2)])
+def test_slow_all_reduces_take_the_factor_past_their_size(platform, nodes):
+    """``collectives.slow_all_reduce``: an all-reduce of ``slow_all_reduce_bytes`` or more moves its
+    bytes that many times as slowly alone (its latency as before), on the same links with the same
+    bytes; a smaller one and other ops are as before."""
+    base, _ = load_platform(platform)
+    slow, _ = load_platform(platform, [("collectives.slow_all_reduce_bytes", 64 << 20),
+                                       ("collectives.slow_all_reduce", 2.5)])
+    topo = Topology(base, nodes)
+    for op, nbytes in (("all_reduce", 64 << 20), ("all_reduce", 256 << 20), ("all_reduce", 32 << 20),
+                       ("all_gather", 256 << 20)):
+        req = CollectiveRequest(op, tuple(range(topo.world)), nbytes)
+        a = Planner(topo, base.collectives).plan(req)
+        b = Planner(topo, slow.collectives).plan(req)
+        assert (a.algorithm, a.protocol, a.latency_s) == (b.algorithm, b.protocol, b.latency_s)
+        assert [(t.links, t.nbytes) for t in a.transfers] == [(t.links, t.nbytes) for t in b.transfers]
+        moving = a.isolated_time(topo) - a.latency_s
+        factor = 2.5 if op == "all_reduce" and nbytes >= 64 << 20 else 1.0
+        assert b.isolated_time(topo) - b.latency_s == pytest.approx(factor * moving, rel=1e-9)
+        # and so in the simulation
+        ta = simulate_collective(base, op, nbytes, nodes=nodes)
+        tb = simulate_collective(slow, op, nbytes, nodes=nodes)
+        assert tb - ta == pytest.approx((factor - 1) * moving, rel=1e-6, abs=1e-12)

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from ..config.platform import CollectiveSpec
 from ..platform.topology import Topology
 from . import algorithms  # noqa: F401  (registers the algorithms)
-from .plan import ALGORITHMS, CollectivePlan, CollectiveRequest, algorithms_for
+from .plan import ALGORITHMS, CollectivePlan, CollectiveRequest, Transfer, TransferTable, algorithms_for
 from .tuning import Choice, choose
 
 #: What each op uses when the requested algorithm does not implement it.
@@ -42,7 +44,12 @@ class Planner:
     def plan(self, req: CollectiveRequest) -> CollectivePlan:
         plan = self._cache.get(req)
         if plan is None:
-            plan = self._cache[req] = self._choose(req)
+            plan = self._choose(req)
+            spec = self.spec
+            if (spec.slow_all_reduce_bytes is not None and spec.slow_all_reduce > 1 and req.op == "all_reduce"
+                    and req.nbytes >= spec.slow_all_reduce_bytes):
+                plan = slowed(plan, self.topo, spec.slow_all_reduce)
+            self._cache[req] = plan
         return plan
 
     def candidates(self, req: CollectiveRequest) -> list[CollectivePlan]:
@@ -88,3 +95,27 @@ class Planner:
         if len(plans) == 1:
             return plans[0]
         return min(plans, key=lambda p: p.isolated_time(self.topo))
+
+
+def slowed(plan: CollectivePlan, topo: Topology, factor: float) -> CollectivePlan:
+    """``plan`` taking ``factor`` times as long to move its bytes alone on the network (its latency as
+    before): every transfer's rate capped at its bytes over ``factor`` times the time the slowest
+    transfer takes alone. The bytes each link carries stay the plan's."""
+    if not plan.transfers:
+        return plan
+    moving = plan.isolated_time(topo) - plan.latency_s
+    if not moving > 0:
+        return plan
+    span = factor * moving
+    tr = plan.transfers
+    if isinstance(tr, TransferTable):
+        if tr.kinds is not None:
+            assert tr.kind_nbytes is not None and tr.kind_max_rate is not None
+            nbytes, cap = tr.kind_nbytes, tr.kind_max_rate
+        else:
+            nbytes, cap = tr.nbytes, tr.max_rate
+        table = TransferTable(tr._flat, tr._starts, nbytes, np.minimum(cap, nbytes / span), None, tr.parts,
+                              tr.kinds)
+        return replace(plan, transfers=table)
+    return replace(plan, transfers=[Transfer(t.links, t.nbytes, min(t.max_rate, t.nbytes / span))
+                                    for t in tr])

@@ -307,6 +307,13 @@ class CollectiveSpec(Spec):
         1.0, description="the protocols' tree_efficiency (NCCL's derating of trees by message size) is "
                          "raised to this power: above 1 trees fall further short at mid sizes than NCCL's "
                          "own model says, as on some fabrics behind a network plugin; set by calibration")
+    slow_all_reduce_bytes: PositiveInt | None = Field(
+        None, description="all-reduces of at least this many bytes take slow_all_reduce times as long to move "
+                          "their bytes (a stack whose large all-reduces take a slower path; a measured property "
+                          "of that stack, fitted to its times); null: none")
+    slow_all_reduce: Annotated[float, Field(ge=1)] = Field(
+        1.0, description="how many times as long an all-reduce of slow_all_reduce_bytes or more takes to move its "
+                         "bytes alone on the network (its latency as before; its transfers' rates capped to match)")
     protocols: dict[Literal["ll", "ll128", "simple"], ProtocolSpec] = Field(
         default_factory=_default_protocols,
         description="the protocols' costs; what a platform gives for a protocol replaces those keys of its "
