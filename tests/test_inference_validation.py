@@ -74,16 +74,26 @@ def test_the_step_at_large_all_reduces_is_what_the_rows_show() -> None:
 @needs_mlperf
 def test_mlperf_offline_tokens_per_second() -> None:
     m, skipped = v.validate_mlperf(DATA)
-    assert len(m) == 13 and all("GB200" in s for s in skipped)
+    assert len(m) == 16 and not skipped  # H100, twelve B200, three GB200 (gb200_nvl72)
     assert v.geomean_error(m["predicted"], m["measured"]) <= v.MLPERF_MAX
     c = v.configurations(m)
-    assert len(c) == 2
+    assert len(c) == 3
     assert v.spearman(c["per_gpu_predicted"], c["per_gpu_measured"]) >= v.MLPERF_SPEARMAN
     # over the systems: as high as a model that predicts one configuration's systems alike can be
-    # (twelve of the thirteen are B200 TP1 fp4 at batch 2,048; see the README)
+    # (twelve of the sixteen are B200 TP1 fp4 at batch 2,048, three GB200 alike; see the README)
     bound = v.spearman_bound(m)
     assert bound < v.MLPERF_SPEARMAN
     assert v.spearman(m["per_gpu_predicted"], m["per_gpu_measured"]) == pytest.approx(bound)
+
+
+@needs_mlperf
+def test_the_token_budget_is_the_runtimes() -> None:
+    """Azure's GB200 config builds its engine for 4,096 tokens an iteration and runs its scheduler at
+    3,584 (the CSV's max_num_tokens is the build flag): the runtime's bounds an iteration."""
+    m = v.mlperf_rows(DATA)
+    azure = m[m["submitter"] == "Azure"].iloc[0]
+    assert int(azure["max_num_tokens"]) == 4096 and int(azure["token_budget"]) == 3584
+    assert (m.loc[m["submitter"] != "Azure", "token_budget"].isin([3584, 8192])).all()
 
 
 def test_dlrm_batch_is_within_a_few_times_its_envelope() -> None:

@@ -24,6 +24,9 @@ def test_ctas_per_kind_follow_nccls_channels():
     assert nccl_ctas(h100, "send_recv") == P2P_PEER_CHANNELS == 2
     with pytest.raises(ValueError, match="expected one of"):
         nccl_ctas(h100, "allreduce")
+    # one NVLink domain of 72 GPUs and 72 NICs: NCCL's MAXCHANNELS (32), not two per NIC
+    nvl72, _ = load_platform("gb200_nvl72")
+    assert nccl_ctas(nvl72, "all_gather") == 32 and nccl_ctas(nvl72, "all_reduce") == NVLS_CHANNELS
 
 
 def test_sm_share_per_generation():
@@ -70,8 +73,8 @@ def test_derived_bounds_the_a100_measurement():
 
 
 #: The platforms of H100, H200 and B200 GPUs, which no trace measures: they ship the derived figures.
-DERIVED_PLATFORMS = ("dgx_h100", "dgx_h200", "dgx_b200", "aws_p5", "gcp_a3mega", "h100_ndr_cluster",
-                     "h100_ndr_cluster00")
+DERIVED_PLATFORMS = ("dgx_h100", "dgx_h200", "dgx_b200", "gb200_nvl72", "aws_p5", "gcp_a3mega",
+                     "h100_ndr_cluster", "h100_ndr_cluster00")
 
 
 @pytest.mark.parametrize("name", DERIVED_PLATFORMS)

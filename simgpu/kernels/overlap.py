@@ -10,7 +10,8 @@ Where no profiler trace of the GPU measures it (``python -m simgpu.trace.overlap
   (:func:`nccl_ctas`): rings and trees (all-reduce, all-gather, reduce-scatter, broadcast,
   reduce) and all-to-all run on the communicator's channels, twice the rings NCCL finds, one ring
   per NIC of the node (src/graph/connect.cc duplicates the rings; the planner's rule in
-  ``simgpu.comm.algorithms.comm_channels``); an all-reduce in the NVSwitch (NVLS) on
+  ``simgpu.comm.algorithms.comm_channels``), at most NCCL's MAXCHANNELS (32, src/include/device.h:
+  a node of 72 GPUs and 72 NICs runs 32, not 144); an all-reduce in the NVSwitch (NVLS) on
   NCCL_NVLS_NCHANNELS, 16 by default (src/transport/nvls.cc); a send/recv pair on the two channels
   NCCL gives a peer (NCCL_NCHANNELS_PER_NET_PEER, 2, src/graph/paths.cc).
 - **HBM**: the collective's bytes cross HBM about three times per byte the GPU receives (the
@@ -54,6 +55,8 @@ KINDS: Final = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "sen
 NVLS_CHANNELS: Final = 16
 #: NCCL_NCHANNELS_PER_NET_PEER's default: the channels of one send/recv peer (src/graph/paths.cc).
 P2P_PEER_CHANNELS: Final = 2
+#: NCCL's MAXCHANNELS: the most channels (thread blocks) a collective's kernel runs on (src/include/device.h).
+MAX_CHANNELS: Final = 32
 #: HBM bytes per byte a GPU receives in a ring step: the peer's write into the receive buffer, its
 #: read, and the local operand's read (reduction) or the copy out's write (gather).
 HBM_BYTES_PER_WIRE_BYTE: Final = 3.0
@@ -81,7 +84,7 @@ def nccl_ctas(p: PlatformSpec, kind: str) -> int:
     if kind == "all_reduce" and p.node.nvlink is not None and p.node.nvlink.nvls:
         return NVLS_CHANNELS
     rings = min(p.node.gpus, p.network.nics_per_node)
-    return 2 * max(1, rings)
+    return min(MAX_CHANNELS, 2 * max(1, rings))
 
 
 def _hbm(p: PlatformSpec) -> float:

@@ -23,7 +23,7 @@ and e2e times do not add up, which the data's provenance flags as another measur
 
 **MLPerf Inference Llama-2-70B Offline** (``mlperf-llama2-70b/mlperf_llama2_70b.csv``): every
 system whose TP, PP, precision and batch are published, on the shipped platform of its GPU (H100
-SXM -> ``dgx_h100``, B200 -> ``dgx_b200``; GB200 has no platform and is skipped). Offline
+SXM -> ``dgx_h100``, B200 -> ``dgx_b200``, GB200 -> ``gb200_nvl72``). Offline
 throughput is continuous batching at its steady state, computed from the iteration timer: every
 engine keeps ``gpu_batch_size`` requests (fewer where their KV caches, paged, at the mean context,
 do not fit) of the OpenOrca
@@ -44,6 +44,7 @@ is 1 above the thresholds (Splitwise <= 12% on each of A100 and H100, MLPerf <= 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -346,11 +347,12 @@ def splitwise_summary(t: pd.DataFrame) -> pd.DataFrame:
 # ---- MLPerf Offline
 
 #: MLPerf accelerator -> the shipped platform of its machine and the overrides that make it that
-#: machine. GB200 has no platform: the B200's with the GB200's datasheet figures is not the GB200
-#: that the B200's kernel models were fitted on (they give way to the transfer models), so it is skipped.
+#: machine. The GB200's GPU is the B200's at the superchip's higher power limit: ``gb200_nvl72``
+#: times it with the B200's fitted kernel models at its own datasheet peaks (``gpu.kernel_models``).
 ACCELERATORS: dict[str, tuple[str, tuple[tuple[str, Any], ...]]] = {
     "NVIDIA H100-SXM-80GB": ("dgx_h100", ()),
     "NVIDIA B200-SXM-180GB": ("dgx_b200", ()),
+    "NVIDIA GB200": ("gb200_nvl72", ()),
 }
 
 
@@ -390,9 +392,32 @@ MLPERF_INFERENCE: dict[str, Any] = {"gpu_memory_utilization": 0.95, "framework":
 
 
 def mlperf_rows(data: Path) -> pd.DataFrame:
+    """The Offline rows whose TP, PP, precision and batch are published, one per system; each with
+    ``token_budget``, the scheduler's tokens an iteration (:func:`runtime_max_num_tokens`)."""
     m = pd.read_csv(data / MLPERF)
     m = m[(m["scenario"] == "Offline") & m["tp"].notna() & m["precision"].notna() & m["gpu_batch_size"].notna()]
-    return m.drop_duplicates(["round", "submitter", "system"]).reset_index(drop=True)
+    m = m.drop_duplicates(["round", "submitter", "system"]).reset_index(drop=True)
+    raw = (data / MLPERF).parent / "raw"
+    budget = []
+    for r in m.itertuples():
+        path = raw / str(r.round) / str(r.config_path)
+        got = runtime_max_num_tokens(path) if path.is_file() else None
+        budget.append(got if got is not None else (int(r.max_num_tokens) if r.max_num_tokens == r.max_num_tokens
+                                                   else 8192))
+    return m.assign(token_budget=budget)
+
+
+_RUNTIME_FLAGS = re.compile(r"trtllm_runtime_flags\s*:\s*\{(.*?)\}", re.S)
+_MAX_NUM_TOKENS = re.compile(r"['\"]max_num_tokens['\"]\s*:\s*(\d+)")
+
+
+def runtime_max_num_tokens(config: Path) -> int | None:
+    """The scheduler's token budget of a submission's TensorRT-LLM config: ``max_num_tokens`` of
+    its first ``trtllm_runtime_flags`` (what bounds an iteration's tokens; the engine's build flag of
+    the same name is its ceiling, 4,096 against 3,584 in Azure's GB200 config), else None."""
+    got = _RUNTIME_FLAGS.search(config.read_text(errors="replace"))
+    found = _MAX_NUM_TOKENS.search(got.group(1)) if got else None
+    return int(found.group(1)) if found else None
 
 
 def orca_output(data: Path) -> int:
@@ -418,14 +443,14 @@ def validate_mlperf(data: Path, isl: int = ORCA_INPUT) -> tuple[pd.DataFrame, li
             timers[key] = EngineTimer(make_job(LLAMA2_70B, plat, tp, prec, pp=pp, platform_overrides=overrides,
                                                inference=MLPERF_INFERENCE))
         timer = timers[key]
-        chunk = int(r.max_num_tokens) if r.max_num_tokens == r.max_num_tokens else 8192
+        chunk = int(r.token_budget)
         per_engine, used = offline_tokens_per_s(timer, int(r.gpu_batch_size), isl, osl, chunk)
         engines = int(r.total_accelerators) // (tp * pp)
         pred = per_engine * engines
         out.append({"round": r.round, "submitter": r.submitter, "system": r.system,
                     "accelerator": str(r.accelerator), "platform": plat,
                     "gpus": int(r.total_accelerators), "tp": tp, "pp": pp, "precision": prec,
-                    "batch": int(r.gpu_batch_size), "batch_fits": used, "predicted": pred,
+                    "batch": int(r.gpu_batch_size), "token_budget": chunk, "batch_fits": used, "predicted": pred,
                     "measured": float(r.tokens_per_s), "per_gpu_predicted": pred / int(r.total_accelerators),
                     "per_gpu_measured": float(r.tokens_per_s) / int(r.total_accelerators)})
     t = pd.DataFrame(out)
@@ -439,13 +464,14 @@ def mlperf_breakdown(data: Path, isl: int = ORCA_INPUT) -> pd.DataFrame:
     out, seen = [], set()
     for r in mlperf_rows(data).itertuples():
         machine = ACCELERATORS.get(str(r.accelerator))
-        key = (str(r.accelerator), int(r.tp), int(r.pp), str(r.precision), int(r.gpu_batch_size))
+        key = (str(r.accelerator), int(r.tp), int(r.pp), str(r.precision), int(r.gpu_batch_size),
+               int(r.token_budget))
         if machine is None or key in seen:
             continue
         seen.add(key)
         timer = EngineTimer(make_job(LLAMA2_70B, machine[0], key[1], key[3], pp=key[2],
                                      platform_overrides=machine[1], inference=MLPERF_INFERENCE))
-        chunk = int(r.max_num_tokens) if r.max_num_tokens == r.max_num_tokens else 8192
+        chunk = int(r.token_budget)
         step, b = offline_step(timer, key[4], isl, osl, chunk)
         t = float(timer.time([step])[0])
         kt = timer.kernel_times(step)
@@ -457,10 +483,14 @@ def mlperf_breakdown(data: Path, isl: int = ORCA_INPUT) -> pd.DataFrame:
     return pd.DataFrame(out).sort_values(["accelerator", "ms"], ascending=[True, False])
 
 
+#: What a configuration is: every input of the prediction a system's published config gives.
+CONFIGURATION = ["accelerator", "tp", "pp", "precision", "batch", "token_budget"]
+
+
 def configurations(m: pd.DataFrame) -> pd.DataFrame:
-    """The systems grouped by configuration (accelerator, TP, PP, precision, batch): the median of
-    their measured tokens/s per GPU beside the one prediction they share."""
-    return m.groupby(["accelerator", "tp", "pp", "precision", "batch"], as_index=False).agg(
+    """The systems grouped by configuration (:data:`CONFIGURATION`): the median of their measured
+    tokens/s per GPU beside the one prediction they share."""
+    return m.groupby(CONFIGURATION, as_index=False).agg(
         systems=("system", "size"), per_gpu_predicted=("per_gpu_predicted", "first"),
         per_gpu_measured=("per_gpu_measured", "median"))
 
@@ -468,8 +498,7 @@ def configurations(m: pd.DataFrame) -> pd.DataFrame:
 def spearman_bound(m: pd.DataFrame) -> float:
     """The highest Spearman over the systems that a model predicting every system of one
     configuration alike can reach: each system ranked by its configuration's measured median."""
-    keys = ["accelerator", "tp", "pp", "precision", "batch"]
-    return spearman(m.groupby(keys)["per_gpu_measured"].transform("median"), m["per_gpu_measured"])
+    return spearman(m.groupby(CONFIGURATION)["per_gpu_measured"].transform("median"), m["per_gpu_measured"])
 
 
 def spearman(a: Any, b: Any) -> float:
