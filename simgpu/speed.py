@@ -131,6 +131,11 @@ CASES: dict[str, tuple[int, Callable[[], tuple[float, int]]]] = {
     "gpt-3 175B 16384 GPU (TP8 PP16 DP128)": (16384, _gpt3(128)),
     "gpt-3 175B 16384 GPU, every rank": (16384, _workload(GPT3, "nodes=2048", "parallelism.dp=128",
                                                           "training.global_batch=4096", fold=False)),
+    # an asymmetric network at that scale: whole nodes do not fold over an oversubscribed spine, the
+    # ranks inside each node do (a quarter of the ranks simulated)
+    "gpt-3 175B 16384 GPU, 2:1 spine": (16384, _workload(GPT3, "nodes=2048", "parallelism.dp=128",
+                                                         "training.global_batch=4096",
+                                                         "platform.network.oversubscription=2")),
     # the cost of the steady state: the shortened first iteration, both iterations in full, and one
     # isolated iteration of the same job (steady_state: never), the baseline
     "gpt 1.3B 64 GPU steady state (NeMo, 4 mb)": (64, _workload(*STEADY)),
@@ -279,7 +284,8 @@ def _main(argv: Sequence[str] | None) -> int:
     ap.add_argument("--no-record", action="store_true", help=f"do not append this run to {HISTORY.name}")
     ap.add_argument("--profile", action="store_true",
                     help="instead of timing, profile the (first) matching case and print the top functions")
-    ap.add_argument("--plot", metavar="PNG", help="draw wall time against GPUs from the last recorded run")
+    ap.add_argument("--plot", metavar="PNG", help="draw wall time against GPUs from the last recorded run (with "
+                    "-k: after running the matching cases, with their new times; without: no case is run)")
     args = ap.parse_args(argv)
     if args.profile:
         name = next((n for n in CASES if args.k in n), None)
@@ -290,6 +296,10 @@ def _main(argv: Sequence[str] | None) -> int:
         return 0
     ctx = mp.get_context("spawn")
     before = _previous()
+    if args.plot and not args.k:
+        plot_scaling(Path(args.plot), before)
+        print(f"wrote {args.plot}")
+        return 0
     print(f"{'case':40} {'wall s':>8} {'vs last':>8} {'simulated ms':>13} {'events':>9} {'events/s':>10} "
           f"{'peak MiB':>9}")
     cases: dict[str, dict[str, float]] = {}
