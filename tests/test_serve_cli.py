@@ -114,12 +114,16 @@ def test_shipped_serving_files_load(name):
 def test_mlperf_server_rows_are_read(tmp_path):
     from conftest import DATA
 
+    from simgpu.serve.mlperf import SERVING as SERVING_FILES
     from simgpu.serve.mlperf import server_rows
 
     if not (DATA / "inference" / "mlperf-llama2-70b").is_dir():
         pytest.skip("no MLPerf Llama-2-70B results in ../shared/data")
     rows = server_rows(DATA)
-    assert len(rows) >= 1 and (rows.tp.notna()).all() and (rows.total_accelerators == 8).all()
+    assert len(rows) >= 1 and (rows.tp.notna()).all()
+    # every row has its machine's serving file: DGX-H100 and 8 x B200 (8 GPUs), GB200 (a tray of 4)
+    assert {(a, n) for a, n in zip(rows.accelerator, rows.total_accelerators, strict=True)} <= set(SERVING_FILES)
+    assert all(f.is_file() for f in SERVING_FILES.values())
     assert server_rows(DATA, every=True).shape[0] > len(rows)
 
 
