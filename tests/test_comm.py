@@ -439,3 +439,19 @@ def test_slow_all_reduces_take_the_factor_past_their_size(platform, nodes):
         ta = simulate_collective(base, op, nbytes, nodes=nodes)
         tb = simulate_collective(slow, op, nbytes, nodes=nodes)
         assert tb - ta == pytest.approx((factor - 1) * moving, rel=1e-6, abs=1e-12)
+
+
+def test_a_transfer_tables_caps_lowered_to_a_time():
+    """``TransferTable.capped_to``: every transfer takes at least the time given (its cap lowered to
+    its bytes over it, a lower cap kept), over the same routes; per kind where the table has kinds."""
+    import numpy as np
+
+    from simgpu.comm.plan import TransferTable
+
+    flat, starts = np.array([0, 1, 1, 2]), np.array([0, 2, 3, 4])
+    t = TransferTable(flat, starts, np.array([10.0, 40.0, 4.0]), np.array([np.inf, 5.0, 1.0])).capped_to(2.0)
+    assert t.max_rate.tolist() == [5.0, 5.0, 1.0] and t.nbytes.tolist() == [10.0, 40.0, 4.0]
+    assert [t.links(i) for i in range(3)] == [(0, 1), (1,), (2,)]
+    k = TransferTable(flat, starts, np.array([10.0, 40.0]), np.array([np.inf, 5.0]), kinds=np.array([0, 1, 1]))
+    k = k.capped_to(4.0)
+    assert k.kind_max_rate.tolist() == [2.5, 5.0] and k.max_rate.tolist() == [2.5, 5.0, 5.0]

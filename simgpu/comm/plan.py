@@ -95,6 +95,17 @@ class TransferTable(Sequence[Transfer]):
     def __iter__(self) -> Iterator[Transfer]:
         return (self[i] for i in range(len(self)))
 
+    def capped_to(self, seconds: float) -> TransferTable:
+        """The same transfers over the same routes, each taking at least ``seconds`` to move its bytes
+        (its cap lowered to its bytes over ``seconds``)."""
+        if self.kinds is not None:
+            assert self.kind_nbytes is not None and self.kind_max_rate is not None
+            nbytes, cap = self.kind_nbytes, self.kind_max_rate
+        else:
+            nbytes, cap = self.nbytes, self.max_rate
+        return TransferTable(self._flat, self._starts, nbytes, np.minimum(cap, nbytes / seconds), parts=self.parts,
+                             kinds=self.kinds)
+
     def links(self, i: int) -> tuple[int, ...]:
         """The route of transfer ``i``."""
         if self._flat is None and self.parts is not None:

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
-
 from ..config.platform import CollectiveSpec
 from ..platform.topology import Topology
 from . import algorithms  # noqa: F401  (registers the algorithms)
@@ -109,13 +107,6 @@ def slowed(plan: CollectivePlan, topo: Topology, factor: float) -> CollectivePla
     span = factor * moving
     tr = plan.transfers
     if isinstance(tr, TransferTable):
-        if tr.kinds is not None:
-            assert tr.kind_nbytes is not None and tr.kind_max_rate is not None
-            nbytes, cap = tr.kind_nbytes, tr.kind_max_rate
-        else:
-            nbytes, cap = tr.nbytes, tr.max_rate
-        table = TransferTable(tr._flat, tr._starts, nbytes, np.minimum(cap, nbytes / span), None, tr.parts,
-                              tr.kinds)
-        return replace(plan, transfers=table)
+        return replace(plan, transfers=tr.capped_to(span))
     return replace(plan, transfers=[Transfer(t.links, t.nbytes, min(t.max_rate, t.nbytes / span))
                                     for t in tr])

@@ -43,9 +43,9 @@ def server_rows(data: Path, every: bool = False) -> pd.DataFrame:
                           "(../shared/data beside the checkout, or SIMGPU_DATA)", file=str(path))
     df = pd.read_csv(path)
     df = df[(df["scenario"] == "Server") & (df["benchmark"] == "llama2-70b-99")]
-    machine = [(str(a), int(n)) in SERVING for a, n in zip(df["accelerator"], df["total_accelerators"], strict=True)]
+    known = df.apply(lambda r: (str(r["accelerator"]), int(r["total_accelerators"])) in SERVING, axis=1)
     h100 = (df["total_accelerators"] == 8) & df["accelerator"].str.contains("H100-SXM")
-    df = df[pd.Series(machine, index=df.index) & (df["tp"].notna() | (h100 if every else False))]
+    df = df[known & (df["tp"].notna() | (h100 & every))]
     return df.drop_duplicates(["round", "submitter", "system"]).reset_index(drop=True)
 
 

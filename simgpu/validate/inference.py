@@ -402,8 +402,9 @@ def mlperf_rows(data: Path) -> pd.DataFrame:
     for r in m.itertuples():
         path = raw / str(r.round) / str(r.config_path)
         got = runtime_max_num_tokens(path) if path.is_file() else None
-        budget.append(got if got is not None else (int(r.max_num_tokens) if r.max_num_tokens == r.max_num_tokens
-                                                   else 8192))
+        if got is None:  # no config to read: the CSV's figure, else TensorRT-LLM's default
+            got = int(r.max_num_tokens) if pd.notna(r.max_num_tokens) else 8192
+        budget.append(got)
     return m.assign(token_budget=budget)
 
 
