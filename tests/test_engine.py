@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from conftest import run_programs
+from conftest import ROOT, run_programs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from simgpu import load_job, simulate
 from simgpu.errors import SimulationError
 from simgpu.graph import CollectiveCall, Op, Program
+from simgpu.platform.topology import Topology
+from simgpu.report.summary import rank_breakdown
 
 
 def kernel(name: str, k: int, deps: tuple[int, ...] = (), stream: str = "compute") -> Op:
@@ -153,3 +156,36 @@ def test_no_two_intervals_overlap_on_a_stream(dgx_a100, ops):
     for _, g in res.records[res.records["stream"] != "cpu"].groupby("stream"):
         g = g.sort_values("start_s")
         assert (g["start_s"].values[1:] >= g["end_s"].values[:-1] - 1e-15).all()
+
+
+@pytest.mark.parametrize("path, extra", [
+    # GPT-3's shapes cut short, every rank, four pods of two nodes per rail: data-parallel rings and
+    # pipeline sends across the spine; then on double binary trees, and with the switches reducing
+    ("gpt3_175b_1024x_a100.yaml", ["parallelism.pp=2", "parallelism.dp=4"]),
+    ("gpt3_175b_1024x_a100.yaml", ["parallelism.pp=2", "parallelism.dp=4", "comm.algorithm=tree"]),
+    ("gpt3_175b_1024x_a100.yaml", ["parallelism.pp=2", "parallelism.dp=4", "platform.network.topology=fat_tree",
+                                   "platform.network.in_network_reduction=true"]),
+    # a DLRM's all-to-alls over 8 nodes: pairs carried as aggregates across the spine
+    ("dlrm_dcnv2_8x_dgx_a100.yaml", []),
+])
+def test_every_rank_with_the_leaf_uplinks_implied_is_the_full_computation(monkeypatch, path, extra):
+    """The leaf uplinks of a core that is not oversubscribed, left out of the rate computation
+    (their capacity implied by the leaf's ports'), change no time, no breakdown and no link counter."""
+    size = ["model.layers=4", "training.global_batch=16", "nodes=8", "parallelism.tp=8"] if "gpt3" in path else []
+    job = load_job(ROOT / "workloads" / path, [*size, *extra, "platform.network.nodes_per_leaf=2"])
+    pruned = simulate(job, fold=False)
+    assert pruned.meta["fold"] == 1
+    implied = Topology.implied_links
+    calls = []
+    monkeypatch.setattr(Topology, "implied_links", lambda self: calls.append(implied(self)) or {})
+    full = simulate(job, fold=False)
+    assert calls and calls[0], "the uplinks are implied on this fabric"
+    assert pruned.iteration_time_s == pytest.approx(full.iteration_time_s, rel=1e-9)
+    a, b = rank_breakdown(full), rank_breakdown(pruned)
+    assert (a.index == b.index).all()
+    assert b.to_numpy() == pytest.approx(a.to_numpy(), rel=1e-9, abs=1e-12)
+    la, lb = full.link_stats.set_index("link"), pruned.link_stats.set_index("link")
+    assert list(la.index) == list(lb.index)
+    assert any(la.index.str.contains("spine"))
+    assert lb["nbytes"].to_numpy() == pytest.approx(la["nbytes"].to_numpy(), rel=1e-9)
+    assert lb["busy_s"].to_numpy() == pytest.approx(la["busy_s"].to_numpy(), rel=1e-9, abs=1e-12)

@@ -332,3 +332,90 @@ def test_isolated_rates_of_a_table_equal_those_of_its_transfers():
     cap = np.array([20.0] * 4 + [8.0] + [20.0, 9.0])
     want = isolated_rates([(links, c) for links, _, c in items], cap)
     assert list(isolated_rates(_as_table(items, {}), cap)) == list(want)
+
+
+# -- implied links: a leaf's uplink covered by its NIC ports ----------------------------------------
+
+#: a two-leaf fabric: leaf A's ports up (0-2) and its uplink (3); leaf B's downlink (7) and ports down
+#: (4-6); a link inside leaf A (8)
+_PORTS_UP, _UP, _PORTS_DOWN, _DOWN, _LOCAL = (0, 1, 2), 3, (4, 5, 6), 7, 8
+_IMPLIED = {_UP: frozenset(_PORTS_UP), _DOWN: frozenset(_PORTS_DOWN)}
+
+
+def _edge(a: int, b: int | None) -> list[int]:
+    """Port ``a`` of leaf A to port ``b`` of leaf B across the spine, or to the link inside leaf A."""
+    return [_PORTS_UP[a], _LOCAL] if b is None else [_PORTS_UP[a], _UP, _DOWN, _PORTS_DOWN[b]]
+
+
+def _run_fabric(cap: list[float], batches: list[tuple[float, str, list[tuple[list[int], float, float]]]],
+                implied: bool) -> tuple[list[float], FlowNetwork]:
+    """Each batch's transfers' finish times (``how``: one by one, all together, or one group)."""
+    env = simpy.Environment()
+    net = FlowNetwork(env, np.array(cap), record=True, aggregate_from=2, implied=_IMPLIED if implied else None)
+    out: list[list[float]] = [[0.0] * len(items) for _, _, items in batches]
+
+    def go(b: int, start: float, how: str, items: list[tuple[list[int], float, float]]):
+        yield env.timeout(start)
+        if how == "group":
+            yield net.transfer_group(items)
+            out[b] = [env.now] * len(items)
+            return
+        events = net.transfer_all(items) if how == "all" else [net.transfer(*item[:2], max_rate=item[2])
+                                                                 for item in items]
+        for k, ev in enumerate(events):
+            ev.callbacks.append(lambda _e, k=k: out[b].__setitem__(k, env.now))
+
+    for b, (start, how, items) in enumerate(batches):
+        env.process(go(b, start, how, items))
+    env.run()
+    net.finish()
+    return [t for ts in out for t in ts], net
+
+
+_edges = st.tuples(st.integers(0, 2), st.one_of(st.none(), st.integers(0, 2)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0.0, 0.0, 0.4, 1.5]), st.sampled_from(["one", "all", "group"]),
+                          st.lists(st.tuples(st.lists(_edges, min_size=1, max_size=3),
+                                             st.sampled_from([5.0, 5.0, 12.0]),
+                                             st.sampled_from([float("inf"), float("inf"), 2.0])),
+                                   min_size=1, max_size=6)),
+                min_size=1, max_size=3),
+       st.lists(st.sampled_from([1.0, 2.0, 2.0, 5.0]), min_size=7, max_size=7), st.sampled_from([1.0, 1.5]))
+def test_implied_links_change_no_rate_nor_counter(batches, caps, spare):
+    """Property: leaving a leaf's uplink and downlink out of the rate computation (their capacity at
+    least their ports', ``spare`` times) gives every transfer's finish time and every link's bytes,
+    busy time and busy intervals of the full computation: routes, coflows crossing the spine twice,
+    capped flows and aggregates alike."""
+    cap = caps[:3] + [0.0] + caps[3:6] + [0.0, caps[6]]
+    cap[_UP] = sum(cap[p] for p in _PORTS_UP) * spare
+    cap[_DOWN] = sum(cap[p] for p in _PORTS_DOWN) * spare
+    items = [(start, how, [([x for a, b in edges for x in _edge(a, b)], nbytes, rate) for edges, nbytes, rate in its])
+             for start, how, its in batches]
+    want, full = _run_fabric(cap, items, False)
+    got, pruned = _run_fabric(cap, items, True)
+    assert got == pytest.approx(want, rel=1e-9, abs=1e-12)
+    assert pruned.link_bytes == pytest.approx(full.link_bytes, rel=1e-9, abs=1e-9)
+    assert pruned.link_busy_s == pytest.approx(full.link_busy_s, rel=1e-9, abs=1e-12)
+    a, b = np.array(sorted(pruned.intervals)).reshape(-1, 3), np.array(sorted(full.intervals)).reshape(-1, 3)
+    assert a.shape == b.shape and (a[:, 0] == b[:, 0]).all()
+    np.testing.assert_allclose(a[:, 1:], b[:, 1:], rtol=1e-9, atol=1e-12)
+
+
+def test_implied_links_join_no_component():
+    # two flows from different ports of leaf A up the spine to different ports of leaf B meet only on
+    # the uplink and downlink: each is alone on the network, and each gets its port's rate
+    cap = [4.0, 4.0, 4.0, 12.0, 4.0, 4.0, 4.0, 12.0, 4.0]
+    t, net = _run_fabric(cap, [(0.0, "one", [(_edge(0, 0), 8.0, float("inf")), (_edge(1, 1), 4.0, float("inf"))])],
+                         True)
+    assert t == pytest.approx([2.0, 1.0])
+    assert net.link_bytes[_UP] == pytest.approx(12.0) and net.link_busy_s[_UP] == pytest.approx(2.0)
+    assert [(a, b) for lid, a, b in net.intervals if lid == _UP] == [(0.0, pytest.approx(2.0))]
+
+
+def test_a_flow_that_misses_an_implied_links_cover_is_refused():
+    env = simpy.Environment()
+    net = FlowNetwork(env, np.array([4.0, 4.0, 4.0, 12.0, 4.0, 4.0, 4.0, 12.0, 4.0]), implied=_IMPLIED)
+    with pytest.raises(ValueError, match="link 3 is given as implied"):
+        net.transfer([_LOCAL, _UP], 1.0)

@@ -59,6 +59,36 @@ def test_spine_crossed_between_pods_and_oversubscription(dgx_h100):
     assert not any("spine" in x for x in names(t, t.route(0, 8)))  # same pod
 
 
+@pytest.mark.parametrize("topology", ["rail_optimized", "fat_tree"])
+def test_leaf_uplinks_are_implied_by_their_ports_unless_oversubscribed(dgx_h100, topology):
+    def spec(over: float):
+        return dgx_h100.model_copy(update={"network": dgx_h100.network.model_copy(
+            update={"nodes_per_leaf": 2, "oversubscription": over, "topology": topology})})
+    t = Topology(spec(1.0), 5)  # the last leaf half full: its uplink is more than its ports
+    implied = t.implied_links()
+    assert sorted(implied) == sorted(t.spine_links())
+    for lid, cover in implied.items():
+        name = t.links[lid].name
+        leaf = name.split("->")[0] if name.endswith("->spine") else name.split("->")[1]
+        want = {i for i, lk in enumerate(t.links) if lk.kind == "nic" and
+                (lk.name.endswith(f"->{leaf}") if name.endswith("->spine") else lk.name.startswith(f"{leaf}->"))}
+        assert cover == want and want
+        assert t.capacity[lid] >= sum(t.capacity[c] for c in cover) * (1 - 1e-12)
+        # every route up (down) the link leaves (enters) through one of its cover
+        for a in range(0, t.world, 3):
+            for b in range(1, t.world, 5):
+                route = t.route(a, b)
+                if lid in route:
+                    assert len(cover & set(route)) == 1
+    assert Topology(spec(2.0), 4).implied_links() == {}
+    # at 2:1 a leaf with half its nodes has as much uplink as ports
+    over = Topology(spec(2.0), 5)
+    last = {over.leaf_of(4, k) for k in range(over.ports)}
+    assert set(over.implied_links()) == {over.link_id(x) for leaf in last
+                                         for x in (f"{leaf}->spine", f"spine->{leaf}")}
+    assert Topology(spec(1.0), 1).implied_links() == {}  # one node: no spine
+
+
 def test_capacities_come_from_datasheet_times_efficiency(dgx_h100):
     t = Topology(dgx_h100, 2)
     nv = t.links[t.link_id("n0.gpu0->n0.nvsw")]

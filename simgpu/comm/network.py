@@ -181,8 +181,8 @@ class _Flow:
     only) the links every member crosses; ``block`` (aggregates only) the aggregates it started
     with; ``active`` whether it is on the network."""
 
-    __slots__ = ("_idx", "active", "batch", "block", "cap", "common", "count", "finish", "group", "last", "links",
-                 "rate", "remaining", "route", "serial", "w")
+    __slots__ = ("_idx", "active", "batch", "block", "cap", "common", "count", "finish", "group", "imp", "last",
+                 "links", "rate", "remaining", "route", "serial", "w")
 
     def __init__(self, links: np.ndarray, w: np.ndarray, nbytes: float, batch: _Batch, idx: np.ndarray | None,
                  cap: float = float("inf"), common: np.ndarray | None = None, serial: int = 0,
@@ -195,6 +195,8 @@ class _Flow:
         self.serial, self.last, self.finish = serial, 0.0, float("inf")
         self.block: _Block | None = None
         self.active = False
+        #: the implied links it crosses and its edges on each (:meth:`FlowNetwork._implied_of`), once known
+        self.imp: list[tuple[int, float]] | None = None if route is None else route[5]
 
     @property
     def idx(self) -> np.ndarray:
@@ -225,9 +227,9 @@ class _Block:
             f.block = self
 
 
-#: one route's distinct links and edges crossing each (as arrays and as lists), and its rate alone on
-#: the network (its slowest link's share)
-_Route = tuple[np.ndarray, np.ndarray, list[int], list[float], float]
+#: one route's distinct links and edges crossing each (as arrays; as lists, the implied links left out),
+#: its rate alone on the network (its slowest link's share), and its implied links with their edges
+_Route = tuple[np.ndarray, np.ndarray, list[int], list[float], float, list[tuple[int, float]]]
 
 
 def _one(k: int) -> np.ndarray:
@@ -421,14 +423,27 @@ class FlowNetwork:
     on each other, so a start or an end recomputes the rates of its connected component only (the
     flows reachable from its links through shared links); the other flows keep their rates and are
     not touched. Each flow's progress is brought up to date only when its rate changes, and the
-    next completion comes from a heap of finish times."""
+    next completion comes from a heap of finish times.
+
+    ``implied`` names links whose capacity can never limit a flow, each with the links that *cover*
+    it: every flow crossing the link crosses its cover at least as many times, and the cover's
+    capacities sum to no more than the link's (a fat tree's leaf uplink and the leaf's NIC ports, on
+    a core that is not oversubscribed). The link's constraint is then implied by its cover's, and the
+    max-min fair allocation is the same without it; so it joins no component (the data-parallel
+    rings of every replica meet on the leaf uplinks, and would make one component of them all), and
+    its bytes and busy time are counted from the rates of the flows crossing it, kept as a running
+    sum. Each flow is checked against the premise when it first crosses such a link."""
 
     def __init__(self, env: simpy.Environment, capacity: np.ndarray, link_kinds: Sequence[str] | None = None,
-                 record: bool = False, aggregate_from: int = AGGREGATE_FROM) -> None:
+                 record: bool = False, aggregate_from: int = AGGREGATE_FROM,
+                 implied: dict[int, frozenset[int]] | None = None) -> None:
         if np.any(capacity <= 0):
             raise ValueError("link capacities must be positive")
         self.env = env
         self.capacity = np.asarray(capacity, dtype=float)
+        self._implied = dict(implied or {})
+        #: implied link -> how many flows with a rate cross it
+        self._implied_flows: dict[int, int] = dict.fromkeys(self._implied, 0)
         # bytes and busy seconds per link, as Python floats (added to one link at a time)
         self._bytes = [0.0] * len(capacity)
         self._busy = [0.0] * len(capacity)
@@ -563,8 +578,75 @@ class FlowNetwork:
             else:  # a coflow: a link once per edge crossing it
                 ids, mult = np.unique(np.asarray(key, dtype=np.int64), return_counts=True)
                 w = mult.astype(float)
-            got = self._routes[key] = (ids, w, ids.tolist(), w.tolist(), float(np.min(self.capacity[ids] / w)))
+            own, own_w, imp = ids.tolist(), w.tolist(), []
+            if self._implied:
+                imp = self._implied_of_links(own, own_w)
+                if imp:
+                    gone = {lid for lid, _ in imp}
+                    own_w = [x for lid, x in zip(own, own_w, strict=True) if lid not in gone]
+                    own = [lid for lid in own if lid not in gone]
+            rate = min(float(self.capacity[lid]) / x for lid, x in zip(own, own_w, strict=True))
+            got = self._routes[key] = (ids, w, own, own_w, rate, imp)
         return got
+
+    def _implied_of_links(self, links: list[int], w: list[float]) -> list[tuple[int, float]]:
+        """The implied links among ``links`` (a flow's distinct links, ``w`` edges on each) with the
+        edges on each, checked against the premise: the flow crosses each one's cover as often."""
+        implied = self._implied
+        out = []
+        for lid, x in zip(links, w, strict=True):
+            cover = implied.get(lid)
+            if cover is None:
+                continue
+            if sum(y for other, y in zip(links, w, strict=True) if other in cover) < x:
+                raise ValueError(f"link {lid} is given as implied, but a flow crosses it {x:g} times and "
+                                 "the links that cover it fewer")
+            out.append((lid, x))
+        return out
+
+    def _implied_of(self, f: _Flow) -> list[tuple[int, float]]:
+        """The implied links ``f`` crosses, with its edges on each (found once)."""
+        imp = f.imp
+        if imp is None:
+            imp = f.imp = self._implied_of_links(f.links.tolist(), f.w.tolist()) if self._implied else []
+        return imp
+
+    def _own(self, f: _Flow) -> list[int]:
+        """The distinct links of ``f`` it is indexed under: all of them but the implied ones."""
+        if f.route is not None:
+            return f.route[2]
+        if not self._implied:
+            return f.links.tolist()
+        implied = self._implied
+        return [lid for lid in f.links.tolist() if lid not in implied]
+
+    def _bump(self, f: _Flow, old: float, new: float, now: float) -> None:
+        """The rate of ``f`` goes from ``old`` to ``new`` (0: it leaves): the implied links it
+        crosses, settled up to ``now``, carry the difference."""
+        count = self._implied_flows
+        link_rate, link_last = self._link_rate, self._link_last
+        for lid, x in self._implied_of(f):
+            rate = link_rate.get(lid, 0.0)
+            last = link_last.get(lid, now)
+            if now > last and rate > 0:  # _settle_link, inline
+                self._bytes[lid] += rate * (now - last)
+                self._busy[lid] += now - last
+            n = count[lid]
+            if old == 0:
+                n += 1
+            if new == 0:
+                n -= 1
+            count[lid] = n
+            if n == 0:  # the last flow has left: exactly idle, whatever the running sum's rounding
+                link_rate.pop(lid, None)
+                link_last.pop(lid, None)
+                if self._record and lid in self._busy_since:
+                    self.intervals.append((lid, self._busy_since.pop(lid), now))
+                continue
+            link_rate[lid] = rate + x * (new - old)
+            link_last[lid] = now
+            if self._record and lid not in self._busy_since:
+                self._busy_since[lid] = now
 
     def finish(self) -> None:
         """Close the busy intervals still open and bring link counters up to date (call once the
@@ -618,7 +700,10 @@ class FlowNetwork:
         if aggs:
             self.aggregates += len(aggs)
             self._serial += 1
-            _Block(aggs, _incidence(aggs, len(self.capacity))[2], self._serial)  # the links any of them crosses
+            links = _incidence(aggs, len(self.capacity))[2]  # the links any of them crosses
+            if self._implied:
+                links = np.array([lid for lid in links.tolist() if lid not in self._implied], dtype=np.int64)
+            _Block(aggs, links, self._serial)
         self._start(flows)
 
     def _start(self, flows: list[_Flow]) -> None:
@@ -636,7 +721,7 @@ class FlowNetwork:
             if f.block is not None:
                 blocks[f.block.serial] = f.block
                 continue
-            uniq = f.links.tolist() if f.route is None else f.route[2]
+            uniq = self._own(f)
             for lid in uniq:
                 self._on_link.setdefault(lid, {})[f.serial] = f
             seeds.update(uniq)
@@ -650,7 +735,7 @@ class FlowNetwork:
     def _alone(self, f: _Flow) -> bool:
         """Whether no active flow crosses any link of ``f`` (a flow not on the network yet)."""
         on = self._on_link
-        return not any(on.get(lid) for lid in (f.links.tolist() if f.route is None else f.route[2]))
+        return not any(on.get(lid) for lid in self._own(f))
 
     def _start_alone(self, f: _Flow, now: float) -> None:
         """Start ``f``, which shares no link with an active flow: :meth:`_reschedule` of its links,
@@ -663,9 +748,13 @@ class FlowNetwork:
         f.last, f.active = now, True
         route = f.route
         if route is None:
-            links = f.links.tolist()
             rate = min(float(np.min(self.capacity[f.links] / f.w)), f.cap)
-            loads = (f.w * rate).tolist()
+            if self._implied:
+                own = self._own(f)
+                keep = np.isin(f.links, own)
+                links, loads = own, (f.w[keep] * rate).tolist()
+            else:
+                links, loads = f.links.tolist(), (f.w * rate).tolist()
         else:
             links = route[2]
             rate = min(route[4], f.cap)
@@ -675,6 +764,8 @@ class FlowNetwork:
         for lid in links:
             on[lid] = {serial: f}
         if rate != f.rate:
+            if self._implied:
+                self._bump(f, f.rate, rate, now)
             f.rate = rate
             f.finish = now + max(f.remaining / rate, 0.0)
             heapq.heappush(self._heap, (f.finish, serial, f))
@@ -726,6 +817,8 @@ class FlowNetwork:
                     if lid not in seen:
                         seen.add(lid)
                         stack.append(lid)
+        if self._implied:  # reached but not indexed: their counters are the flows' (_bump)
+            seen = {lid for lid in seen if lid not in self._implied}
         return [comp[k] for k in sorted(comp)], seen
 
     def _settle_link(self, lid: int, now: float) -> None:
@@ -746,16 +839,18 @@ class FlowNetwork:
             agg.settle(now)
             self.splits += 1
             agg.active = False
+            if self._implied and agg.rate > 0:
+                self._bump(agg, agg.rate, 0.0, now)
             if agg.block is not None:
                 self._retire(agg.block)
             else:
-                for lid in agg.links.tolist():
+                for lid in self._own(agg):
                     del self._on_link[lid][agg.serial]
             for i in agg.idx.tolist():
                 f = _single(agg.batch, i, agg.remaining, agg.cap)
                 self._serial += 1
                 f.serial, f.last, f.active = self._serial, now, True
-                for lid in f.links.tolist():
+                for lid in self._own(f):
                     self._on_link.setdefault(lid, {})[f.serial] = f
                 out.append(f)
         out.sort(key=lambda f: f.serial)
@@ -794,10 +889,13 @@ class FlowNetwork:
                     break
                 flows = self._split(flows, broken, now)
             heap = self._heap
+            bump = self._bump if self._implied else None
             for f, r in zip(flows, rates.tolist(), strict=True):
                 if r == f.rate:
                     continue  # its finish time and heap entry stand
                 f.settle(now)
+                if bump is not None:
+                    bump(f, f.rate, r, now)
                 f.rate = r
                 f.finish = now + max(f.remaining / r, 0.0)
                 heapq.heappush(heap, (f.finish, f.serial, f))
@@ -861,13 +959,15 @@ class FlowNetwork:
         blocks: dict[int, _Block] = {}
         for f in finished:
             f.active = False
+            if self._implied:
+                self._bump(f, f.rate, 0.0, now)
             if f.block is not None:
                 if f.block.serial not in blocks:
                     blocks[f.block.serial] = f.block
                     seeds.update(f.block.links.tolist())
                 self._retire(f.block)
                 continue
-            uniq = f.links.tolist() if f.route is None else f.route[2]
+            uniq = self._own(f)
             for lid in uniq:
                 on = self._on_link[lid]
                 del on[f.serial]

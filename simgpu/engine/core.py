@@ -244,8 +244,10 @@ class Engine:
         self.env = simpy.Environment()
         iterations = max(1, workload.iterations)
         # programs of several iterations: busy intervals kept to count each iteration's busy time
+        # folded: the representatives' links only, the leaf uplinks already left out (simgpu.engine.fold)
         self.net = FlowNetwork(self.env, topo.capacity, record=options.record_links or iterations > 1,
-                               aggregate_from=AGGREGATE_FROM if options.aggregate else 0)
+                               aggregate_from=AGGREGATE_FROM if options.aggregate else 0,
+                               implied=topo.implied_links() if self.fold is None else None)
         #: programs of several iterations: the bytes each iteration's ops move over each link
         self.iteration_link_bytes = np.zeros((iterations, len(topo.capacity))) if iterations > 1 else None
         self._link_sums: dict[int, tuple[object, np.ndarray, np.ndarray]] = {}  # id(transfers) -> links, bytes

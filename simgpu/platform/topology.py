@@ -382,6 +382,31 @@ class Topology:
         (shared by nodes; every other link belongs to one node)."""
         return list(range(self.nodes * self.links_per_node, len(self.links)))
 
+    def implied_links(self) -> dict[int, frozenset[int]]:
+        """The links between switches whose capacity can never limit a flow, each with the links that
+        cover it (see :class:`~simgpu.comm.network.FlowNetwork`): on a fat tree, plain or
+        rail-optimised, every flow up a leaf's uplink leaves its node through one of the leaf's NIC
+        ports (every flow down its downlink arrives through one), so where those ports' capacities
+        sum to no more than the uplink's (a core that is not oversubscribed) the uplink's
+        constraint is implied by theirs. Sums are compared to 1e-12: the uplink's capacity is
+        computed as a product, the ports' as a sum."""
+        if self.platform.network.topology == "dragonfly" or len(self._leaves) < 2:
+            return {}
+        up: dict[str, list[int]] = {leaf: [] for leaf in self._leaves}
+        down: dict[str, list[int]] = {leaf: [] for leaf in self._leaves}
+        for n in range(self.nodes):
+            for k in range(self.ports):
+                leaf = self.leaf_of(n, k)
+                up[leaf].append(self._ids[f"n{n}.nic{k}->{leaf}"])
+                down[leaf].append(self._ids[f"{leaf}->n{n}.nic{k}"])
+        out: dict[int, frozenset[int]] = {}
+        for leaf in self._leaves:
+            for name, cover in ((f"{leaf}->spine", up[leaf]), (f"spine->{leaf}", down[leaf])):
+                lid = self._ids[name]
+                if self.capacity[lid] >= float(self.capacity[cover].sum()) * (1 - 1e-12):
+                    out[lid] = frozenset(cover)
+        return out
+
     @property
     def core_may_limit(self) -> bool:
         """Whether the links between switches may hold traffic below the NICs' rate: an
