@@ -198,6 +198,39 @@ def _where(filename: str) -> str:
         return path.name
 
 
+class _Event:
+    __slots__ = ("i", "r")
+
+    def __init__(self, r: int, i: int) -> None:
+        self.r, self.i = r, i
+
+
+def event_floor(pending: int, events: int = 2_000_000) -> float:
+    """CPU seconds an event costs a loop that does nothing but what every event of the engine does:
+    pop the earliest of ``pending`` events from a heap of SimPy's ``(time, priority, id, event)``
+    tuples, dispatch on its class, call one function (which only counts) and push the rank's next
+    event; the least a discrete-event loop in this interpreter can cost per op."""
+    import heapq
+    import itertools
+
+    eid = itertools.count()
+    q = [((k * 7919) % pending / pending, 1, next(eid), _Event(k, 0)) for k in range(pending)]
+    heapq.heapify(q)
+    done = [0] * pending
+
+    def finish(r: int, i: int) -> None:
+        done[r] += 1
+
+    pop, push = heapq.heappop, heapq.heappush
+    t0 = time.process_time()
+    for left in range(events):
+        now, _, _, ev = pop(q)
+        if ev.__class__ is _Event:
+            finish(ev.r, ev.i)
+        push(q, (now + 1e-5 * (1 + (left & 7)), 1, next(eid), _Event(ev.r, ev.i + 1)))
+    return (time.process_time() - t0) / events
+
+
 def profile(name: str, top: int = 15) -> str:
     """cProfile of one case in this process: own time by file, then the functions with the most
     cumulative time."""
@@ -284,6 +317,8 @@ def _main(argv: Sequence[str] | None) -> int:
     ap.add_argument("--no-record", action="store_true", help=f"do not append this run to {HISTORY.name}")
     ap.add_argument("--profile", action="store_true",
                     help="instead of timing, profile the (first) matching case and print the top functions")
+    ap.add_argument("--floor", action="store_true",
+                    help="instead of the cases, time a bare event loop (heap, dispatch, one call) per event")
     ap.add_argument("--plot", metavar="PNG", help="draw wall time against GPUs from the last recorded run (with "
                     "-k: after running the matching cases, with their new times; without: no case is run)")
     args = ap.parse_args(argv)
@@ -293,6 +328,12 @@ def _main(argv: Sequence[str] | None) -> int:
             raise ConfigError(f"no case matches {args.k!r}; expected part of a case name: {', '.join(CASES)}",
                               key="-k")
         print(f"profile of {name}\n{profile(name)}")
+        return 0
+    if args.floor:
+        for pending in (2_048, 32_768):
+            per = event_floor(pending)
+            print(f"bare event loop, {pending:,} events pending: {per * 1e9:,.0f} ns an event "
+                  f"({per * 1e6:.1f} s a million events)")
         return 0
     ctx = mp.get_context("spawn")
     before = _previous()

@@ -444,6 +444,18 @@ class FlowNetwork:
         self._implied = dict(implied or {})
         #: implied link -> how many flows with a rate cross it
         self._implied_flows: dict[int, int] = dict.fromkeys(self._implied, 0)
+        #: per link: the implied link whose cover it is in, else -1 (covers are disjoint)
+        self._cover_of = np.full(len(self.capacity), -1, dtype=np.int64)
+        self._is_implied = np.zeros(len(self.capacity), dtype=bool)
+        self._is_implied[list(self._implied)] = True
+        for lid, cover in self._implied.items():
+            c = np.fromiter(cover, dtype=np.int64, count=len(cover))
+            if lid in cover or (self._cover_of[c] >= 0).any() or lid in self._cover_of[c]:
+                raise ValueError(f"implied link {lid}: the covers of implied links must be disjoint and "
+                                 "hold no implied link")
+            self._cover_of[c] = lid
+        self._owner = {int(c): lid for lid, cover in self._implied.items() for c in cover}
+        self._imp_memo: dict[tuple[float, ...], list[tuple[int, float]]] = {}  # a few links, weights -> theirs
         # bytes and busy seconds per link, as Python floats (added to one link at a time)
         self._bytes = [0.0] * len(capacity)
         self._busy = [0.0] * len(capacity)
@@ -580,7 +592,7 @@ class FlowNetwork:
                 w = mult.astype(float)
             own, own_w, imp = ids.tolist(), w.tolist(), []
             if self._implied:
-                imp = self._implied_of_links(own, own_w)
+                imp = self._implied_of_links(ids, w)
                 if imp:
                     gone = {lid for lid, _ in imp}
                     own_w = [x for lid, x in zip(own, own_w, strict=True) if lid not in gone]
@@ -589,26 +601,58 @@ class FlowNetwork:
             got = self._routes[key] = (ids, w, own, own_w, rate, imp)
         return got
 
-    def _implied_of_links(self, links: list[int], w: list[float]) -> list[tuple[int, float]]:
+    def _implied_of_links(self, links: np.ndarray, w: np.ndarray) -> list[tuple[int, float]]:
         """The implied links among ``links`` (a flow's distinct links, ``w`` edges on each) with the
         edges on each, checked against the premise: the flow crosses each one's cover as often."""
+        if len(links) <= 32:  # a route or a ring's coflow: cheaper one link at a time, and seen again
+            key = (*links.tolist(), *w.tolist())
+            got = self._imp_memo.get(key)
+            if got is None:
+                got = self._imp_memo[key] = self._implied_of_few(links.tolist(), w.tolist())
+            return got
+        imp = self._is_implied[links]
+        if not imp.any():
+            return []
+        owner = self._cover_of[links]
+        covered = owner >= 0
+        ids, x = links[imp], w[imp]
+        order = np.argsort(ids)
+        sids = ids[order]
+        k = np.minimum(np.searchsorted(sids, owner[covered]), len(sids) - 1)
+        mine = sids[k] == owner[covered]
+        held = np.bincount(k[mine], weights=w[covered][mine], minlength=len(sids))
+        short = held < x[order]
+        if short.any():
+            j = int(np.flatnonzero(short)[0])
+            raise ValueError(f"link {int(sids[j])} is given as implied, but a flow crosses it {x[order][j]:g} times "
+                             "and the links that cover it fewer")
+        return list(zip(ids.tolist(), x.tolist(), strict=True))
+
+    def _implied_of_few(self, links: list[int], w: list[float]) -> list[tuple[int, float]]:
+        """:meth:`_implied_of_links` of a few links, as lists."""
         implied = self._implied
+        if not any(lid in implied for lid in links):
+            return []
+        owner = self._owner
+        held: dict[int, float] = {}
+        for lid, x in zip(links, w, strict=True):
+            o = owner.get(lid)
+            if o is not None:
+                held[o] = held.get(o, 0.0) + x
         out = []
         for lid, x in zip(links, w, strict=True):
-            cover = implied.get(lid)
-            if cover is None:
-                continue
-            if sum(y for other, y in zip(links, w, strict=True) if other in cover) < x:
-                raise ValueError(f"link {lid} is given as implied, but a flow crosses it {x:g} times and "
-                                 "the links that cover it fewer")
-            out.append((lid, x))
+            if lid in implied:
+                if held.get(lid, 0.0) < x:
+                    raise ValueError(f"link {lid} is given as implied, but a flow crosses it {x:g} times and "
+                                     "the links that cover it fewer")
+                out.append((lid, x))
         return out
 
     def _implied_of(self, f: _Flow) -> list[tuple[int, float]]:
         """The implied links ``f`` crosses, with its edges on each (found once)."""
         imp = f.imp
         if imp is None:
-            imp = f.imp = self._implied_of_links(f.links.tolist(), f.w.tolist()) if self._implied else []
+            imp = f.imp = self._implied_of_links(f.links, f.w) if self._implied else []
         return imp
 
     def _own(self, f: _Flow) -> list[int]:
