@@ -419,3 +419,11 @@ def test_a_flow_that_misses_an_implied_links_cover_is_refused():
     net = FlowNetwork(env, np.array([4.0, 4.0, 4.0, 12.0, 4.0, 4.0, 4.0, 12.0, 4.0]), implied=_IMPLIED)
     with pytest.raises(ValueError, match="link 3 is given as implied"):
         net.transfer([_LOCAL, _UP], 1.0)
+
+
+def test_implied_links_need_disjoint_covers_of_plain_links():
+    cap = np.array([4.0, 4.0, 4.0, 12.0, 4.0, 4.0, 4.0, 12.0, 4.0])
+    with pytest.raises(ValueError, match="disjoint"):
+        FlowNetwork(simpy.Environment(), cap, implied={3: frozenset({0, 1}), 7: frozenset({1, 2})})
+    with pytest.raises(ValueError, match="disjoint"):
+        FlowNetwork(simpy.Environment(), cap, implied={3: frozenset({0, 7}), 7: frozenset({4})})

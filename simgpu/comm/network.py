@@ -450,7 +450,7 @@ class FlowNetwork:
         self._is_implied[list(self._implied)] = True
         for lid, cover in self._implied.items():
             c = np.fromiter(cover, dtype=np.int64, count=len(cover))
-            if lid in cover or (self._cover_of[c] >= 0).any() or lid in self._cover_of[c]:
+            if self._is_implied[c].any() or (self._cover_of[c] >= 0).any():
                 raise ValueError(f"implied link {lid}: the covers of implied links must be disjoint and "
                                  "hold no implied link")
             self._cover_of[c] = lid
