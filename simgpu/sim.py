@@ -194,9 +194,16 @@ def steady_note(job: Job, iterations: int, result: SimResult) -> str:
                     f"last micro-batch on (its last kernel ended {first * 1e3:.3f} ms after a cold start; discarded), "
                     f"from the end of the previous iteration's last kernel to the end of its own; shortened first "
                     f"iteration {cut}, checked exact from its own run")
-        return (f"steady: the last of {iterations} iterations simulated back to back (the first, whose last "
-                f"kernel ended {first * 1e3:.3f} ms after a cold start, discarded), from the end of the previous "
+        earlier = "the earlier ones" if iterations > 2 else "the first"
+        note = (f"steady: the last of {iterations} iterations simulated back to back ({earlier} discarded; the "
+                f"first's last kernel ended {first * 1e3:.3f} ms after a cold start), from the end of the previous "
                 "iteration's last kernel to the end of its own")
+        ends = [float(x) for x in result.meta.get("iteration_ends_s", ())]
+        if len(ends) > 2:  # steady_state: check
+            lengths = [b - a for a, b in zip(ends, ends[1:], strict=False)]
+            note += (f"; iterations 2 to {len(ends)}: " + ", ".join(f"{x * 1e3:.6f}" for x in lengths)
+                     + f" ms (the last against the second: {(lengths[-1] - lengths[0]) / lengths[0]:+.1e})")
+        return note
     w = job.workload
     if w.training is None:
         return "one iteration: a served model's iterations are independent steps"

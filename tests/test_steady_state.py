@@ -107,6 +107,28 @@ def test_overlap_param_gather_forward_waits_per_bucket():
     assert len(keys) == len(set(keys))
 
 
+#: an interleaved pipeline under Megatron's host syncs between steps (pp.sync), 4 micro-batches
+INTERLEAVED = ["model.layers=4", "parallelism.pp=2", "parallelism.dp=8", "parallelism.pp_schedule=interleaved",
+               "parallelism.virtual_stages=2", "training.grad_accumulation=4"]
+
+
+@pytest.mark.parametrize("extra", [[], ["training.grad_accumulation=4"], INTERLEAVED],
+                         ids=["dp", "dp-4-micro-batches", "interleaved-pp2"])
+def test_check_finds_the_second_iteration_already_steady(extra):
+    """steady_state: check runs three iterations in full and reports the third: its length is the
+    second's (what auto reports), and the summary gives both."""
+    r, s = run("parallelism.overlap_param_gather=true", "training.steady_state=check", *extra)
+    ends = r.meta["iteration_ends_s"]
+    assert len(ends) == 3
+    second, third = ends[1] - ends[0], ends[2] - ends[1]
+    assert r.iteration_time_s == third
+    assert abs(third - second) <= 1e-9 * third
+    _, auto = run("parallelism.overlap_param_gather=true", *extra)
+    assert s["iteration_time_ms"] == pytest.approx(auto["iteration_time_ms"], rel=1e-9)
+    assert s["steady_state"].startswith("steady: the last of 3 iterations")
+    assert f"iterations 2 to 3: {second * 1e3:.6f}, {third * 1e3:.6f} ms" in s["steady_state"]
+
+
 def test_overlap_grad_reduce_is_dp_overlap():
     a = load_job(GPT, ["parallelism.overlap_grad_reduce=false"]).workload.parallelism
     assert a.dp_overlap is False

@@ -408,11 +408,13 @@ class Training(Spec):
         False, description="the host synchronises with the GPU at the start and end of every block's forward and "
                            "backward (Megatron-DeepSpeed --synchronize-each-layer, DeepSpeed checkpointing's "
                            "synchronize)")
-    steady_state: Literal["auto", "always", "never"] = Field(
+    steady_state: Literal["auto", "always", "never", "check"] = Field(
         "auto", description="how the reported iteration is found: auto simulates two iterations and reports the "
                             "second where work crosses the iteration boundary (overlap_param_gather), one "
                             "isolated iteration otherwise; always: two iterations in every case; never: one "
-                            "isolated iteration (what crosses the boundary is then exposed at its end)")
+                            "isolated iteration (what crosses the boundary is then exposed at its end); check: "
+                            "three iterations, the third reported, the summary giving the second's and third's "
+                            "lengths (is the second, which auto and always report, already steady?)")
     host_overhead_us: Annotated[float, Field(ge=0)] | None = Field(
         None, description="CPU time the framework spends per launched op (Python, dispatcher, autograd), us; "
                           "default: the platform's host.launch_us")

@@ -29,7 +29,7 @@ import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -131,7 +131,25 @@ def _simulate(args: tuple[dict[str, Any], str]) -> float:
     return simulate(job).iteration_time_s * 1e3
 
 
-def simulate_all(fn: Callable[[Any], float], jobs: Sequence[Any], workers: int | None = None) -> list[float]:
+_T = TypeVar("_T")
+
+
+def _steady_lengths(args: tuple[dict[str, Any], str]) -> tuple[float, float]:
+    """The second and third iterations' lengths, ms, of the job ``args`` names run with
+    ``steady_state: check``."""
+    from ..config.checks import check_job
+    from ..sim import simulate
+
+    data, platform = args
+    data = {**data, "training": {**data["training"], "steady_state": "check"}}
+    plat, pfile = load_platform(platform)
+    job = Job(WorkloadSpec.model_validate(data), plat, "vtrain", pfile)
+    check_job(job)
+    ends = [float(x) for x in simulate(job).meta["iteration_ends_s"]]
+    return (ends[1] - ends[0]) * 1e3, (ends[2] - ends[1]) * 1e3
+
+
+def simulate_all(fn: Callable[[Any], _T], jobs: Sequence[Any], workers: int | None = None) -> list[_T]:
     """``fn`` of every job, in order, on a process pool of ``workers`` (default: one per core)."""
     n = workers or min(len(jobs), os.cpu_count() or 1)
     if n <= 1:
@@ -297,9 +315,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--overlaps", default=",".join(NEMO_OVERLAPS),
                     help=f"with --published: the NeMo overlaps on, comma-separated (default {','.join(NEMO_OVERLAPS)}; "
                          "'none' for none)")
+    ap.add_argument("--steady-check", action="store_true",
+                    help="with --published: run each row for three iterations (steady_state: check) and print the "
+                         "second's and third's lengths")
     args = ap.parse_args(argv)
     if args.published:
         overlaps = [] if args.overlaps in ("", "none") else args.overlaps.split(",")
+        if args.steady_check:
+            rows = published_cases()
+            got = simulate_all(_steady_lengths, [(published_workload(r, overlaps), "dgx_h100")
+                                                 for r in rows.itertuples()], args.workers)
+            table = rows[["model", "num_gpus", "tp", "pp", "cp", "vp"]].copy()
+            table["second_ms"] = [a for a, _ in got]
+            table["third_ms"] = [b for _, b in got]
+            table["third_vs_second"] = [f"{(b - a) / a:+.1e}" for a, b in got]
+            print(table.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+            worst = max(abs(b - a) / a for a, b in got)
+            print(f"largest |third - second| / second: {worst:.1e} over {len(got)} rows")
+            return 0
         pub = predict_published(published_cases(), workers=args.workers, overlaps=overlaps)
         print(pub.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
         scored = pub.rename(columns={"predicted_s": "predicted_ms", "derived_iteration_time_s": "measured_ms"})

@@ -164,7 +164,8 @@ def make_setup(spec: WorkloadSpec, world: World) -> Setup:
     schedule: Schedule = p.pp_schedule
     host = spec.train.host_overhead_us
     param_overlap = p.overlap_param_gather  # zero 1 or 2, checked by the spec
-    iterations = 2 if t.steady_state == "always" or (t.steady_state == "auto" and param_overlap) else 1
+    iterations = (3 if t.steady_state == "check" else
+                  2 if t.steady_state == "always" or (t.steady_state == "auto" and param_overlap) else 1)
     return Setup(model=model, layout=layout, micro=t.batch_per_gpu, m=m, precision=t.precision,
                  framework=t.framework, recompute=t.recompute, sp=p.sp, zero=p.zero_stage, schedule=schedule,
                  v=p.virtual_stages, cp_comm=p.cp_comm, dp_overlap=p.dp_overlap,
