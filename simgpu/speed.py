@@ -12,6 +12,7 @@ import multiprocessing as mp
 import queue
 import resource
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -231,6 +232,73 @@ def event_floor(pending: int, events: int = 2_000_000) -> float:
     return (time.process_time() - t0) / events
 
 
+class _Lane:
+    """One rank of :func:`op_floor`: its op times, dependency counts and stream."""
+
+    __slots__ = ("busy", "end", "issue", "launch", "left", "queue", "start")
+    busy: bool
+    end: list[float]
+    issue: list[float]
+    launch: list[float]
+    left: list[int]
+    queue: deque[int]
+    start: list[float]
+
+
+def op_floor(ranks: int, ops: int) -> float:
+    """CPU seconds an op costs the least engine that keeps what simgpu's keeps per op: each of
+    ``ranks`` ranks' CPU thread launches ``ops`` kernels onto one stream (launch and issue times
+    written), each kernel depending on the one before it (a dependency counter); a kernel starts
+    when the stream is free and its counter is zero (start time written, its end pushed on a heap of
+    SimPy's tuples); its end (popped, dispatched on its class) writes its end time, counts down its
+    dependent and starts the stream's next kernel. No collectives, no network, no records."""
+    import heapq
+    import itertools
+
+    eid = itertools.count()
+    pop, push = heapq.heappop, heapq.heappush
+    dur = [1e-5 * (1 + (i & 7)) for i in range(ops)]
+    dependents = [[i + 1] if i + 1 < ops else [] for i in range(ops)]
+    q: list[tuple[float, int, int, _Event]] = []
+    lanes: list[_Lane] = []
+    t0 = time.process_time()
+    for k in range(ranks):
+        r = _Lane()
+        r.launch, r.issue, r.start, r.end = [0.0] * ops, [0.0] * ops, [0.0] * ops, [0.0] * ops
+        r.left, r.queue, r.busy = [0] + [1] * (ops - 1), deque(), False
+        lanes.append(r)
+        cpu = (k * 7919) % ranks / ranks * 1e-5
+        for i in range(ops):
+            r.launch[i] = cpu
+            cpu += 5e-6
+            r.issue[i] = cpu
+            r.queue.append(i)
+    for k, r in enumerate(lanes):
+        r.busy = True  # the first kernel, started by hand with its rank's index on its event
+        r.queue.popleft()
+        r.start[0] = 0.0
+        push(q, (dur[0], 1, next(eid), _Event(k, 0)))
+    events = 0
+    while q:
+        now, _, _, ev = pop(q)
+        if ev.__class__ is _Event:
+            r, i = lanes[ev.r], ev.i
+            r.end[i] = now
+            r.busy = False
+            left = r.left
+            for d in dependents[i]:
+                left[d] -= 1
+            if r.queue:
+                j = r.queue[0]
+                if left[j] <= 0:
+                    r.queue.popleft()
+                    r.busy = True
+                    r.start[j] = now
+                    push(q, (now + dur[j], 1, next(eid), _Event(ev.r, j)))
+        events += 1
+    return (time.process_time() - t0) / events
+
+
 def profile(name: str, top: int = 15) -> str:
     """cProfile of one case in this process: own time by file, then the functions with the most
     cumulative time."""
@@ -334,6 +402,10 @@ def _main(argv: Sequence[str] | None) -> int:
             per = event_floor(pending)
             print(f"bare event loop, {pending:,} events pending: {per * 1e9:,.0f} ns an event "
                   f"({per * 1e6:.1f} s a million events)")
+        for ranks, ops in ((2_048, 400), (32_768, 60)):
+            per = op_floor(ranks, ops)
+            print(f"least engine, {ranks:,} ranks' streams: {per * 1e9:,.0f} ns an op "
+                  f"({per * 1e6:.1f} s a million ops)")
         return 0
     ctx = mp.get_context("spawn")
     before = _previous()
