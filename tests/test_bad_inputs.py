@@ -180,7 +180,7 @@ RUN = [
          w__yaml=gpt(parallelism__zero=3, parallelism__backward_prefetch="BACKWARD_PRE")),
     case("p2p-overlap-1f1b", "run", W, "parallelism", "expected pp_schedule: interleaved",
          w__yaml=gpt(parallelism__overlap_p2p_comm=True)),
-    case("steady-state-typo", "run", W, "training.steady_state", "'auto', 'always' or 'never'",
+    case("steady-state-typo", "run", W, "training.steady_state", "'auto', 'always', 'never' or 'check'",
          w__yaml=gpt(training__steady_state="sometimes")),
     # keys: typos, missing, discriminator
     case("typo-hiddn", "run", W, "w.yaml", "model.hiddn: unknown key; did you mean 'hidden'?", "expected one of",
