@@ -209,7 +209,7 @@ def steady_note(job: Job, iterations: int, result: SimResult) -> str:
         return "one iteration: a served model's iterations are independent steps"
     if w.training.steady_state == "never":
         return "one isolated iteration (steady_state: never): what crosses the boundary is exposed at its end"
-    if w.training.steady_state == "always":
+    if w.training.steady_state in ("always", "check"):
         return f"one isolated iteration: the {w.model.kind} builder runs one"
     return ("one isolated iteration: nothing crosses the iteration boundary, and it stands for the steady "
             "one")

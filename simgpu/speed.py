@@ -235,8 +235,7 @@ def event_floor(pending: int, events: int = 2_000_000) -> float:
 class _Lane:
     """One rank of :func:`op_floor`: its op times, dependency counts and stream."""
 
-    __slots__ = ("busy", "end", "issue", "launch", "left", "queue", "start")
-    busy: bool
+    __slots__ = ("end", "issue", "launch", "left", "queue", "start")
     end: list[float]
     issue: list[float]
     launch: list[float]
@@ -265,7 +264,7 @@ def op_floor(ranks: int, ops: int) -> float:
     for k in range(ranks):
         r = _Lane()
         r.launch, r.issue, r.start, r.end = [0.0] * ops, [0.0] * ops, [0.0] * ops, [0.0] * ops
-        r.left, r.queue, r.busy = [0] + [1] * (ops - 1), deque(), False
+        r.left, r.queue = [0] + [1] * (ops - 1), deque()
         lanes.append(r)
         cpu = (k * 7919) % ranks / ranks * 1e-5
         for i in range(ops):
@@ -274,8 +273,7 @@ def op_floor(ranks: int, ops: int) -> float:
             r.issue[i] = cpu
             r.queue.append(i)
     for k, r in enumerate(lanes):
-        r.busy = True  # the first kernel, started by hand with its rank's index on its event
-        r.queue.popleft()
+        r.queue.popleft()  # the first kernel, started by hand with its rank's index on its event
         r.start[0] = 0.0
         push(q, (dur[0], 1, next(eid), _Event(k, 0)))
     events = 0
@@ -284,7 +282,6 @@ def op_floor(ranks: int, ops: int) -> float:
         if ev.__class__ is _Event:
             r, i = lanes[ev.r], ev.i
             r.end[i] = now
-            r.busy = False
             left = r.left
             for d in dependents[i]:
                 left[d] -= 1
@@ -292,7 +289,6 @@ def op_floor(ranks: int, ops: int) -> float:
                 j = r.queue[0]
                 if left[j] <= 0:
                     r.queue.popleft()
-                    r.busy = True
                     r.start[j] = now
                     push(q, (now + dur[j], 1, next(eid), _Event(ev.r, j)))
         events += 1

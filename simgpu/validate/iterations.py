@@ -119,16 +119,20 @@ def calibrate_host_overhead(cases: pd.DataFrame, layer_sync: bool = True, worker
     return round((a + b) / 2, 1)
 
 
-def _simulate(args: tuple[dict[str, Any], str]) -> float:
+def _job(data: dict[str, Any], platform: str) -> Job:
+    """The checked job of workload ``data`` on the named platform."""
     from ..config.checks import check_job
+
+    plat, pfile = load_platform(platform)
+    job = Job(WorkloadSpec.model_validate(data), plat, "vtrain", pfile)
+    check_job(job)
+    return job
+
+
+def _simulate(args: tuple[dict[str, Any], str]) -> float:
     from ..sim import simulate
 
-    data, platform = args
-    spec = WorkloadSpec.model_validate(data)
-    plat, pfile = load_platform(platform)
-    job = Job(spec, plat, "vtrain", pfile)
-    check_job(job)
-    return simulate(job).iteration_time_s * 1e3
+    return simulate(_job(*args)).iteration_time_s * 1e3
 
 
 _T = TypeVar("_T")
@@ -137,15 +141,11 @@ _T = TypeVar("_T")
 def _steady_lengths(args: tuple[dict[str, Any], str]) -> tuple[float, float]:
     """The second and third iterations' lengths, ms, of the job ``args`` names run with
     ``steady_state: check``."""
-    from ..config.checks import check_job
     from ..sim import simulate
 
     data, platform = args
     data = {**data, "training": {**data["training"], "steady_state": "check"}}
-    plat, pfile = load_platform(platform)
-    job = Job(WorkloadSpec.model_validate(data), plat, "vtrain", pfile)
-    check_job(job)
-    ends = [float(x) for x in simulate(job).meta["iteration_ends_s"]]
+    ends = [float(x) for x in simulate(_job(data, platform)).meta["iteration_ends_s"]]
     return (ends[1] - ends[0]) * 1e3, (ends[2] - ends[1]) * 1e3
 
 
