@@ -203,6 +203,9 @@ def steady_note(job: Job, iterations: int, result: SimResult) -> str:
             lengths = [b - a for a, b in zip(ends, ends[1:], strict=False)]
             note += (f"; iterations 2 to {len(ends)}: " + ", ".join(f"{x * 1e3:.6f}" for x in lengths)
                      + f" ms (the last against the second: {(lengths[-1] - lengths[0]) / lengths[0]:+.1e})")
+            tails = result.meta.get("steady_tails")
+            if tails:
+                note += "; " + tails_note(tails)
         return note
     w = job.workload
     if w.training is None:
@@ -213,6 +216,18 @@ def steady_note(job: Job, iterations: int, result: SimResult) -> str:
         return f"one isolated iteration: the {w.model.kind} builder runs one"
     return ("one isolated iteration: nothing crosses the iteration boundary, and it stands for the steady "
             "one")
+
+
+def tails_note(tails: Sequence[dict[str, Any]]) -> str:
+    """``meta["steady_tails"]`` in words: how far each iteration's ops from its optimizer step on are from
+    the previous iteration's, one window later (the last tail runs under no next iteration)."""
+    def one(t: dict[str, Any]) -> str:
+        k, off = int(t["iteration"]), float(t["offset_s"])
+        where = f" (rank {t['rank']}'s {t['op']!r})" if off >= 5e-10 else ""  # where it shows in ns
+        return f"{k + 1} vs {k}: {off * 1e3:.6f} ms{where}"
+    return ("from the optimizer step on, each iteration's ops against the previous one's, one window later, "
+            "the largest difference: " + ", ".join(one(t) for t in tails)
+            + " (the last iteration's tail runs under no next iteration)")
 
 
 def run_info(job: Job, topo: Topology) -> dict[str, object]:

@@ -127,6 +127,45 @@ def test_check_finds_the_second_iteration_already_steady(extra):
     assert s["iteration_time_ms"] == pytest.approx(auto["iteration_time_ms"], rel=1e-9)
     assert s["steady_state"].startswith("steady: the last of 3 iterations")
     assert f"iterations 2 to 3: {second * 1e3:.6f}, {third * 1e3:.6f} ms" in s["steady_state"]
+    # the tail the cold first iteration leaves (its step and the all-gathers after it, under the second
+    # iteration's head) is the second's (under the third's), one window later
+    tails = r.meta["steady_tails"]
+    assert [t["iteration"] for t in tails] == [1, 2]
+    assert tails[0]["offset_s"] <= 1e-9 * ends[-1]
+    assert "each iteration's ops against the previous one's" in s["steady_state"]
+
+
+def test_tail_repeats_finds_the_op_that_moved(monkeypatch):
+    """tail_repeats gives the largest difference, and where it is, between consecutive tails shifted by
+    the window; an op moved by hand in the third iteration is found, by its rank and name."""
+    from simgpu.engine.shortcuts import Engine
+    from simgpu.engine.steady import tail_repeats
+
+    job = load_job(GPT, [*ZERO1, "parallelism.overlap_param_gather=true", "training.steady_state=check"])
+    w = build(job)
+    assert w.iterations == 3
+    seen = {}
+    real = Engine.run
+
+    def keep(self):
+        out = real(self)
+        seen["w"], seen["times"] = self.workload, {k: tuple(a.copy() for a in v) for k, v in self.op_times.items()}
+        return out
+
+    monkeypatch.setattr(Engine, "run", keep)
+    r = simulate(job)
+    ends = r.meta["iteration_ends_s"]
+    times = seen["times"]
+    clean = tail_repeats(seen["w"], times, ends)
+    assert [t.iteration for t in clean] == [1, 2]
+    assert clean[0].offset_s <= 1e-9 * ends[-1]
+    prog = seen["w"].programs[0]
+    last = max(i for i, o in enumerate(prog.ops) if o.iteration == 2 and o.name.startswith("params.bucket"))
+    times[prog.rank][1][last] += 1e-3  # its start, a millisecond later
+    moved = tail_repeats(seen["w"], times, ends)
+    assert moved[0] == clean[0]
+    assert moved[1].offset_s >= 1e-3 - abs(clean[1].offset_s)
+    assert (moved[1].rank, moved[1].op) == (prog.rank, prog.ops[last].name)
 
 
 def test_overlap_grad_reduce_is_dp_overlap():

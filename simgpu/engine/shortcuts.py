@@ -220,8 +220,16 @@ class _Runs:
                                                 f"{sum(len(p.ops) for p in workload.programs):,} ops simulated)")
                     return short
                 self.say(f"the shortened first iteration may differ ({why}): simulating both in full")
-        result = Engine(topo, workload, durations, models, planner, options).run()
+        # steady_state: check (not a periodic short run): how each iteration's tail repeats the one before
+        check = workload.iterations > 2 and (shape is None or shape.simulated == shape.micro_batches)
+        result = Engine(topo, workload, durations, models, planner, replace(options, op_times=True) if check
+                        else options).run()
         result.meta["steady_cut"] = f"not used: {why}"
+        if check:
+            times = result.meta.pop("op_times")
+            result.meta["steady_tails"] = [
+                {"iteration": t.iteration, "offset_s": t.offset_s, "rank": t.rank, "op": t.op}
+                for t in steady.tail_repeats(workload, times, result.meta["iteration_ends_s"])]
         return result
 
     @staticmethod

@@ -668,3 +668,59 @@ def restore(result: SimResult, cut: Cut, topo: Topology) -> None:
     }, columns=list(stats.columns))
     result.meta["iteration_link_bytes"] = per.tolist()
     result.meta["iteration_link_busy_s"] = busy.tolist()
+
+
+@dataclass(frozen=True)
+class TailRepeat:
+    """How far iteration ``k + 1``'s ops from its optimizer step on are from iteration ``k``'s,
+    shifted by the window between them (``ends[k + 1] - ends[k]``): the largest difference, s, over
+    every rank's starts and ends, and where it is (``rank``, ``op``; -1 and "" where none differs)."""
+
+    iteration: int
+    offset_s: float
+    rank: int
+    op: str
+
+
+def tail_repeats(workload: Workload, op_times: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]],
+                 ends: Sequence[float]) -> list[TailRepeat]:
+    """For each pair of consecutive iterations of a run of ``workload``'s programs (``op_times``: the
+    engine's, ``ends``: each iteration's end), how far the later one's tail (its optimizer step and
+    what follows it: the parameter all-gathers) is from the earlier one's, one window later. Every
+    tail but the last runs under the next iteration's head; the last runs under nothing, so the
+    last pair shows what the next iteration's head does to a tail, the others whether a tail left
+    after a cold start repeats. Ranks whose iterations differ in their ops are left out."""
+    pairs = len(ends) - 1
+    best = [TailRepeat(k + 1, 0.0, -1, "") for k in range(pairs)]
+    layouts: dict[int, list[np.ndarray] | None] = {}
+    for prog in workload.programs:
+        ops = _base(prog)
+        if id(ops) not in layouts:  # worked out once per template
+            its = np.fromiter((o.iteration for o in ops), dtype=np.int64, count=len(ops))
+            got: list[np.ndarray] | None = []
+            for k in range(pairs + 1):
+                idx = np.flatnonzero(its == k)
+                step = next((j for j, i in enumerate(idx.tolist()) if ops[i].phase == "opt"), None)
+                if step is None or got is None:
+                    got = None
+                    break
+                got.append(idx[step:])
+            if got is not None and any(len(a) != len(got[0]) or any(
+                    ops[i].name != ops[j].name for i, j in zip(a.tolist(), got[0].tolist(), strict=True))
+                    for a in got):
+                got = None
+            layouts[id(ops)] = got
+        tails = layouts[id(ops)]
+        if tails is None or prog.rank not in op_times:
+            continue
+        _, start, end = op_times[prog.rank]
+        for k in range(pairs):
+            shift = float(ends[k + 1]) - float(ends[k])
+            for col in (start, end):
+                gap = np.abs(col[tails[k + 1]] - col[tails[k]] - shift)
+                if not len(gap) or np.isnan(gap).all():
+                    continue
+                j = int(np.nanargmax(gap))
+                if float(gap[j]) > best[k].offset_s:
+                    best[k] = TailRepeat(k + 1, float(gap[j]), prog.rank, ops[int(tails[k + 1][j])].name)
+    return best

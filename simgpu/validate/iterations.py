@@ -24,6 +24,7 @@ simgpu.validate.iterations`` runs every row (or ``--sample N``) and prints both.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -138,15 +139,18 @@ def _simulate(args: tuple[dict[str, Any], str]) -> float:
 _T = TypeVar("_T")
 
 
-def _steady_lengths(args: tuple[dict[str, Any], str]) -> tuple[float, float]:
+def _steady_lengths(args: tuple[dict[str, Any], str]) -> tuple[float, float, float, float]:
     """The second and third iterations' lengths, ms, of the job ``args`` names run with
-    ``steady_state: check``."""
+    ``steady_state: check``, and how far the second's and the third's tails (from the optimizer step
+    on) are from the one before, one window later, ms (the third's runs under no next iteration)."""
     from ..sim import simulate
 
     data, platform = args
     data = {**data, "training": {**data["training"], "steady_state": "check"}}
-    ends = [float(x) for x in simulate(_job(data, platform)).meta["iteration_ends_s"]]
-    return (ends[1] - ends[0]) * 1e3, (ends[2] - ends[1]) * 1e3
+    meta = simulate(_job(data, platform)).meta
+    ends = [float(x) for x in meta["iteration_ends_s"]]
+    tails = [float(t["offset_s"]) * 1e3 for t in meta.get("steady_tails", ())] or [math.nan, math.nan]
+    return (ends[1] - ends[0]) * 1e3, (ends[2] - ends[1]) * 1e3, tails[0], tails[1]
 
 
 def simulate_all(fn: Callable[[Any], _T], jobs: Sequence[Any], workers: int | None = None) -> list[_T]:
@@ -317,7 +321,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "'none' for none)")
     ap.add_argument("--steady-check", action="store_true",
                     help="with --published: run each row for three iterations (steady_state: check) and print the "
-                         "second's and third's lengths")
+                         "second's and third's lengths, and how far each one's ops from its optimizer step on are from "
+                         "the one before")
     args = ap.parse_args(argv)
     if args.published:
         overlaps = [] if args.overlaps in ("", "none") else args.overlaps.split(",")
@@ -326,11 +331,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             got = simulate_all(_steady_lengths, [(published_workload(r, overlaps), "dgx_h100")
                                                  for r in rows.itertuples()], args.workers)
             table = rows[["model", "num_gpus", "tp", "pp", "cp", "vp"]].copy()
-            table["second_ms"] = [a for a, _ in got]
-            table["third_ms"] = [b for _, b in got]
-            table["third_vs_second"] = [f"{(b - a) / a:+.1e}" for a, b in got]
+            table["second_ms"] = [g[0] for g in got]
+            table["third_ms"] = [g[1] for g in got]
+            table["third_vs_second"] = [f"{(g[1] - g[0]) / g[0]:+.1e}" for g in got]
+            # from the optimizer step on: the second's tail (under the third's head) against the first's
+            # (under the second's), and the third's (under nothing) against the second's
+            table["tail_2_vs_1_ms"] = [f"{g[2]:.6f}" for g in got]
+            table["tail_3_vs_2_ms"] = [f"{g[3]:.6f}" for g in got]
             print(table.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
-            worst = max(abs(b - a) / a for a, b in got)
+            worst = max(abs(g[1] - g[0]) / g[0] for g in got)
             print(f"largest |third - second| / second: {worst:.1e} over {len(got)} rows")
             return 0
         pub = predict_published(published_cases(), workers=args.workers, overlaps=overlaps)
