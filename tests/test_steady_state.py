@@ -365,15 +365,33 @@ def test_the_shortened_first_iteration_refuses_where_the_copies_share_links():
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layers=st.integers(1, 3), ga=st.integers(2, 5), batch=st.sampled_from([2, 4, 8]),
-       tp=st.sampled_from([1, 2]), nic=st.sampled_from([100, 400]))
-def test_the_shortened_first_iteration_is_the_full_run_on_small_jobs(layers, ga, batch, tp, nic):
+       tp=st.sampled_from([1, 2]), cp=st.sampled_from([1, 2]), nic=st.sampled_from([100, 400]))
+def test_the_shortened_first_iteration_is_the_full_run_on_small_jobs(layers, ga, batch, tp, cp, nic):
     """Whichever way the check decides, the steady iteration is the full run's."""
     over = ["model.vocab=1024", "parallelism.zero=1", "training.framework=megatron",
             "parallelism.overlap_param_gather=true", f"model.layers={layers}", f"training.grad_accumulation={ga}",
-            f"training.batch_per_gpu={batch}", f"parallelism.tp={tp}", f"parallelism.dp={16 // tp}",
-            f"platform.network.nic_gbps={nic}"]
+            f"training.batch_per_gpu={batch}", f"parallelism.tp={tp}", f"parallelism.cp={cp}",
+            f"parallelism.dp={16 // tp // cp}", f"platform.network.nic_gbps={nic}"]
     cut, full = _both(GPT, over)
     _same(cut, full)
+
+
+@pytest.mark.parametrize("cp_comm", ["ring", "all_gather"])
+def test_context_parallel_jobs_are_not_cut(cp_comm, monkeypatch):
+    """Context parallelism's communication is not cut: on this job (found by the property above) the
+    check passes a cut whose window is 3.4e-4 off the full run's; it is refused up front, at no cost."""
+    from simgpu.engine import steady
+
+    over = [*OPG, "model.layers=1", "training.grad_accumulation=5", "parallelism.cp=2", "parallelism.dp=8",
+            "platform.network.nic_gbps=100", f"parallelism.cp_comm={cp_comm}"]
+    cut, full = _both(GPT, over)
+    assert cut.meta["steady_cut"].startswith("not used: rank 0 runs context parallelism's communication")
+    _same(cut, full)
+    if cp_comm == "ring":  # the cut, were it allowed, is not the full run
+        monkeypatch.setattr(steady, "CP_STREAMS", frozenset())
+        forced = simulate(load_job(GPT, over))
+        assert forced.meta["steady_cut"].startswith("used (")
+        assert abs(forced.iteration_time_s / full.iteration_time_s - 1) > 1e-5
 
 
 def test_run_command_turns_the_shortened_first_iteration_off(tmp_path):
