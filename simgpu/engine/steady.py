@@ -140,7 +140,10 @@ def steady_window(result: SimResult) -> SimResult:
 #: Streams of context parallelism's communication (its ring's sends and receives, its all-gathers: where
 #: simgpu.workload.transformer.attention puts them): programs with them are not cut. On small ZeRO-1
 #: jobs with cp 2 and the ring (``tests/test_steady_state.py``) the check passed cuts whose window was up
-#: to 3.4e-4 off the full run's, the tails repeating to 1e-17; what in the window differs is not found.
+#: to 3.4e-4 off the full run's, the tails repeating to 1e-17: inside the window a memory-bound kernel
+#: starts at the instant a collective beside it begins or stops moving bytes, and whether it is slowed
+#: follows the last bits of the two runs' clocks and the order of that instant's events (README, "Context
+#: parallelism is not cut").
 CP_STREAMS: Final = frozenset({"comm.cp_send", "comm.cp_recv", "comm.cp"})
 
 #: Kinds of op that run on a stream (a host_wait and a host op run on the CPU thread).
