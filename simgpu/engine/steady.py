@@ -16,9 +16,10 @@ iteration) and each link's busy time within the window (``meta["iteration_link_b
 **The shortened first iteration.** The first of two iterations is there for the state it leaves at
 the boundary. :func:`shorten` cuts every rank's first iteration to its last micro-batch (from that
 micro-batch's first op, its input copy, on; the earlier micro-batches are dropped) where nothing
-kept depends on a dropped op, no collective is dropped on some members and kept on others, and no
-dropped op waits on the host. The input copies after the cut one, up to the rank's first host wait,
-run there with no bytes (the full run's CPU issues them long before it reaches the last
+kept depends on a dropped op, no collective is dropped on some members and kept on others, no
+dropped op waits on the host and no op runs context parallelism's communication
+(:data:`CP_STREAMS`). The input copies after the cut one, up to the rank's first host wait, run
+there with no bytes (the full run's CPU issues them long before it reaches the last
 micro-batch's kernels, so that they run among the dropped micro-batches, not where the cut run's
 CPU issues them); their bytes are put back into the link counters afterwards (:func:`restore`). The
 engine runs the cut programs keeping each op's issue, start and end times, and :func:`check`
@@ -685,9 +686,10 @@ def restore(result: SimResult, cut: Cut, topo: Topology) -> None:
 
 @dataclass(frozen=True)
 class TailRepeat:
-    """How far iteration ``k + 1``'s ops from its optimizer step on are from iteration ``k``'s,
-    shifted by the window between them (``ends[k + 1] - ends[k]``): the largest difference, s, over
-    every rank's starts and ends, and where it is (``rank``, ``op``; -1 and "" where none differs)."""
+    """How far the ops from the optimizer step on of the iteration after ``iteration`` (counted from 1)
+    are from those of ``iteration``, shifted by the window between the two iterations' ends: the
+    largest difference, s, over every rank's starts and ends, and where it is (``rank``, ``op``; -1
+    and "" where none differs)."""
 
     iteration: int
     offset_s: float
