@@ -414,7 +414,8 @@ class Training(Spec):
                             "isolated iteration otherwise; always: two iterations in every case; never: one "
                             "isolated iteration (what crosses the boundary is then exposed at its end); check: "
                             "three iterations, the third reported, the summary giving the second's and third's "
-                            "lengths (is the second, which auto and always report, already steady?)")
+                            "lengths and how far each iteration's tail (its step and what follows) is from the one "
+                            "before (is the second, which auto and always report, already steady?)")
     host_overhead_us: Annotated[float, Field(ge=0)] | None = Field(
         None, description="CPU time the framework spends per launched op (Python, dispatcher, autograd), us; "
                           "default: the platform's host.launch_us")

@@ -139,7 +139,7 @@ def _simulate(args: tuple[dict[str, Any], str]) -> float:
 _T = TypeVar("_T")
 
 
-def _steady_lengths(args: tuple[dict[str, Any], str]) -> tuple[float, float, float, float]:
+def _steady_check(args: tuple[dict[str, Any], str]) -> tuple[float, float, float, float]:
     """The second and third iterations' lengths, ms, of the job ``args`` names run with
     ``steady_state: check``, and how far the second's and the third's tails (from the optimizer step
     on) are from the one before, one window later, ms (the third's runs under no next iteration)."""
@@ -328,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         overlaps = [] if args.overlaps in ("", "none") else args.overlaps.split(",")
         if args.steady_check:
             rows = published_cases()
-            got = simulate_all(_steady_lengths, [(published_workload(r, overlaps), "dgx_h100")
+            got = simulate_all(_steady_check, [(published_workload(r, overlaps), "dgx_h100")
                                                  for r in rows.itertuples()], args.workers)
             table = rows[["model", "num_gpus", "tp", "pp", "cp", "vp"]].copy()
             table["second_ms"] = [g[0] for g in got]
