@@ -22,7 +22,16 @@ from ..config.platform import GPUSpec
 from ..elementwise import DEFAULT_FLOPS_PER_ELEMENT, flops_per_element
 from ..errors import ConfigError
 from ..graph import KernelSpec
-from .analytical import DTYPE_BYTES, VECTOR_DTYPE, Analytical, attention_pairs
+from .analytical import (
+    DTYPE_BYTES,
+    SERVING_PARAMS,
+    VECTOR_DTYPE,
+    Analytical,
+    attention_pairs,
+    operand_bytes,
+    peak_dtype,
+    serving_work,
+)
 
 #: The names of the reuse statistics of embedding lookups (fractions in [0, 1]), see :func:`reuse_stats`.
 REUSE: Final = ("reuse_top0p1", "reuse_top1", "reuse_top10", "reuse_unique")
@@ -41,7 +50,10 @@ ATTENTION_OPTIONAL: Final[Mapping[str, float]] = {"kv_heads": np.nan, "window": 
 #: this rank's experts) over ``experts`` local experts, ``hidden`` -> ``inter`` (after tensor
 #: parallelism; ``gated``: SwiGLU's gate and up projections) -> ``hidden``; ``skew`` is the exponent
 #: of a power law of tokens over experts (0: balanced routing); ``bwd`` 0 the forward, 1 the input
-#: gradients, 2 the weight gradients (:func:`~simgpu.kernels.analytical.moe_gemms`).
+#: gradients, 2 the weight gradients (:func:`~simgpu.kernels.analytical.moe_gemms`). The serving
+#: families (``mla_context``, ``mla_decode``, ``linear_attention``, ``sparse_attention``, ``quantize``)
+#: are :data:`~simgpu.kernels.analytical.SERVING_PARAMS`, their work
+#: :func:`~simgpu.kernels.analytical.serving_work`.
 FAMILY_PARAMS: Final[Mapping[str, Mapping[str, float | None]]] = {
     "gemm": {"m": None, "n": None, "k": None},
     "bmm": {"b": None, "m": None, "n": None, "k": None},
@@ -60,6 +72,7 @@ FAMILY_PARAMS: Final[Mapping[str, Mapping[str, float | None]]] = {
     "memcpy": {"nbytes": None, "to_device": 1.0},
     "moe": {"rows": None, "experts": None, "hidden": None, "inter": None, "topk": 1.0, "gated": 1.0,
             "skew": 0.0, "bwd": 0.0},
+    **SERVING_PARAMS,
 }
 #: Families the analytical model has no formula for: their models learn the time itself.
 NO_BASELINE: Final = frozenset({"memcpy"})
@@ -136,11 +149,10 @@ def kernel_params(kernel: KernelSpec) -> dict[str, float]:
             raise KeyError(f"{kernel.family} kernel has no parameter {name!r}")
         else:
             out[name] = default
-    if kernel.family.startswith("attention"):
-        if np.isnan(out["kv_heads"]):
-            out["kv_heads"] = out["heads"]
-        if np.isnan(out["kv_bytes"]):
-            out["kv_bytes"] = float(DTYPE_BYTES[kernel.dtype])
+    if kernel.family.startswith("attention") and np.isnan(out["kv_heads"]):
+        out["kv_heads"] = out["heads"]
+    if "kv_bytes" in out and np.isnan(out["kv_bytes"]):
+        out["kv_bytes"] = float(DTYPE_BYTES[kernel.dtype])
     if kernel.family.startswith("embedding") and np.isnan(out["reuse_unique"]):
         out.update(uniform_reuse(out["rows"], out["batch"] * out["pooling"]))
     return out
@@ -180,11 +192,23 @@ def kernels_from_table(family: str, table: pd.DataFrame) -> list[KernelSpec]:
     return out
 
 
-def _flops_bytes(family: str, p: Mapping[str, np.ndarray], e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """FLOPs and bytes moved of each kernel (the same accounting as the analytical model)."""
+def _flops_bytes(family: str, p: Mapping[str, np.ndarray], e: np.ndarray,
+                 ops: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """FLOPs and bytes moved of each kernel (the same accounting as the analytical model); ``ops``: a
+    GEMM's (or MoE's) bytes per element of activations, weights and output
+    (:func:`~simgpu.kernels.analytical.operand_bytes`), all ``e`` when omitted."""
+    a, w, c = ops if ops is not None else (e, e, e)
+    uniform = (a == w) & (w == c)
+    if family in SERVING_PARAMS:
+        kv = p["kv_bytes"] if "kv_bytes" in p else np.full_like(e, 2.0)
+        work = serving_work(family, p, e, kv)
+        flops = sum((np.asarray(v, dtype=float) for u, v in work.items() if u != "bytes"), np.zeros_like(e))
+        return flops, np.asarray(work["bytes"], dtype=float) + np.zeros_like(e)
     if family in ("gemm", "bmm"):
         b = p.get("b", np.ones_like(p["m"]))
-        return 2 * b * p["m"] * p["n"] * p["k"], b * (p["m"] * p["k"] + p["k"] * p["n"] + p["m"] * p["n"]) * e
+        m, n, k = p["m"], p["n"], p["k"]
+        nbytes = np.where(uniform, b * (m * k + k * n + m * n) * e, b * (m * k * a + k * n * w + m * n * c))
+        return 2 * b * m * n * k, nbytes
     if family.startswith("attention"):
         bh = p["batch"] * p["heads"]
         flops = 4 * bh * p["head_dim"] * attention_pairs(p["seq_q"], p["seq_kv"], p["causal"], p["window"])
@@ -208,7 +232,8 @@ def _flops_bytes(family: str, p: Mapping[str, np.ndarray], e: np.ndarray) -> tup
         active = np.minimum(p["experts"], np.maximum(p["rows"], 1.0))
         flops = 2 * p["rows"] * p["hidden"] * p["inter"] * width
         weights = active * width * p["hidden"] * p["inter"]   # of every expert that gets a token
-        return flops, (weights + p["rows"] * (2 * p["hidden"] + width * p["inter"])) * e
+        acts = p["rows"] * (2 * p["hidden"] + width * p["inter"])
+        return flops, np.where(uniform, (weights + acts) * e, weights * w + acts * a)
     raise KeyError(f"no features for kernel family {family!r}")
 
 
@@ -240,7 +265,10 @@ def feature_columns(family: str, kernels: Sequence[KernelSpec], gpu: GPUSpec,
     if family.startswith("embedding"):
         for n in REUSE:
             f[n] = p[n]
-    flops, nbytes = _flops_bytes(family, p, e)
+    peaks = gpu.peak_tflops
+    opb = [operand_bytes(k.dtype, peaks) for k in kernels]
+    ops = (np.array([o[0] for o in opb]), np.array([o[1] for o in opb]), np.array([o[2] for o in opb]))
+    flops, nbytes = _flops_bytes(family, p, e, ops)
     # elementwise arithmetic runs on the vector units, in fp32 whatever the storage dtype
     peak = np.array([_peak(gpu, k.dtype, vector=family == "elementwise") for k in kernels])
     bw = gpu.hbm_gbytes_per_s * 1e9
@@ -278,6 +306,13 @@ def feature_columns(family: str, kernels: Sequence[KernelSpec], gpu: GPUSpec,
         f["wave_tail"] = np.ceil(waves) - waves
         f["log_mem_us"] = np.log2(nbytes / bw * 1e6 + 1e-3)
         f["log_compute_us"] = np.log2(flops / peak * 1e6 + 1e-3)
+    if family in SERVING_PARAMS:
+        # this GPU's compute and memory times in microseconds, and the thread blocks per SM of the
+        # kernels' usual grid (a block per sequence and head; per 128 rows of a quantized activation)
+        f["log_mem_us"] = np.log2(nbytes / bw * 1e6 + 1e-3)
+        f["log_compute_us"] = np.log2(flops / peak * 1e6 + 1e-3)
+        heads = p["m"] / _TILE if family == "quantize" else p["batch"] * p.get("heads", p.get("heads_v"))
+        f["log_ctas_per_sm"] = np.log2(np.maximum(heads, 1e-3) / gpu.sms)
     if family.startswith("attention"):
         # this GPU's compute and memory times in microseconds, and how the work spreads over its
         # SMs: a decode kernel runs a block per sequence and KV head, a prefill one per query tile
@@ -303,7 +338,7 @@ def _peak(gpu: GPUSpec, dtype: str, vector: bool = False) -> float:
     """FLOP/s peak of ``dtype`` (the fp32 one where the GPU lists none); with ``vector``, the fp32 peak
     first (elementwise arithmetic, as :meth:`Analytical.vector_rate`)."""
     peaks = {str(k): float(v) for k, v in gpu.peak_tflops.items()}
-    peak = (peaks.get(VECTOR_DTYPE) if vector else None) or peaks.get(dtype) or peaks.get("fp32")
+    peak = (peaks.get(VECTOR_DTYPE) if vector else None) or peaks.get(peak_dtype(dtype, peaks)) or peaks.get("fp32")
     if peak is None:
         raise ValueError(f"{gpu.name} has no {dtype} (or fp32) peak in its platform file")
     return float(peak) * 1e12
