@@ -19,7 +19,7 @@ from .comm.planner import Planner
 from .config.checks import check_memory, gpus_per_node
 from .config.loader import Job, load_job
 from .config.platform import PlatformSpec
-from .config.workload import INFERENCE_KINDS
+from .config.workload import INFERENCE_KINDS, TransformerModel
 from .engine import EngineOptions, SimResult, shortcuts
 from .engine.fold import local_shift_unit
 from .engine.shortcuts import Choose
@@ -39,7 +39,8 @@ def build(job: Job, *, fold: bool = False, topo: Topology | None = None,
     ``whole_nodes`` is off; ``micro_batches`` chooses how many micro-batches a pipeline's programs run
     (see :mod:`simgpu.engine.periodic`)."""
     local = partial(local_shift_unit, topo) if fold and topo is not None else None
-    world = World(job.workload.nodes, gpus_per_node(job), job.platform.gpu.memory_gib, fold=fold, local_unit=local,
+    world = World(job.workload.nodes, gpus_per_node(job), job.platform.gpu.memory_gib, fold=fold,
+                  gpu_dtypes=tuple(job.platform.gpu.peak_tflops), local_unit=local,
                   micro_batches=micro_batches, whole_nodes=whole_nodes)
     # Building makes millions of objects and frees few, so the cyclic collector's passes over them
     # during the build find nothing; it is off until the builder returns.
@@ -138,12 +139,34 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
         fold=1 if reps is None else reps.factor, fold_note=note, run=run_info(job, topo),
         steady_state=steady_note(job, workload.iterations, result), periodic=outcome.periodic,
     )
+    notes = model_notes(job)
+    if notes:
+        result.meta["model_notes"] = notes
     pp = job.workload.parallelism.pp
     if job.workload.model.kind == "transformer_inference" and pp > 1:
         result.meta["pipeline_note"] = (
             f"one batch passes the {pp} stages one after another, so each stage is idle about {pp - 1}/{pp} of "
             f"the iteration; `simgpu serve` keeps {pp} batches in flight per replica (vLLM's virtual engines)")
     return result
+
+
+def model_notes(job: Job) -> list[str]:
+    """What the run reads but approximates of its model: the config adapter's notes, and a precision
+    that runs another GEMM path on this GPU."""
+    from .config.hf import notes
+    from .precision import gemm_path
+
+    md, out = job.workload.model, []
+    if isinstance(md, TransformerModel) and md.config is not None:
+        out += [f"{Path(md.config).name}: {n}" for n in notes(md.config)]
+    inf = job.workload.inference
+    if inf is not None:
+        for key, prec in (("precision", inf.precision), ("moe_precision", inf.moe_precision)):
+            path = gemm_path(prec, job.platform.gpu.peak_tflops) if prec else None
+            if prec and path and path != prec:
+                out.append(f"inference.{key} {prec}: {job.platform.gpu.name} has no {prec} tensor cores; its GEMMs "
+                           f"run as {path} (4-bit weights dequantised into 16-bit GEMMs)")
+    return out
 
 
 #: rows :func:`kernel_seconds` reads at a time

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
+from ..precision import gemm_path, why_no_path
 from .workload import DLRMModel, TransformerModel, WorkloadSpec
 
 if TYPE_CHECKING:
@@ -32,11 +33,15 @@ def check_job(job: Job) -> None:
                           f"{p.node.gpus}; expected at most {p.node.gpus}", file=f, key="gpus_per_node")
     check_world(w.nodes, gpus_per_node(job), file=f)
     check_parallelism(w, w.nodes, gpus_per_node(job), file=f)
-    if w.precision not in p.gpu.peak_tflops:
+    if w.training is not None and w.precision not in p.gpu.peak_tflops:
         raise ConfigError(
             f"{w.precision} is not supported by {p.gpu.name} on platform {p.name}; "
-            f"expected one of: {', '.join(p.gpu.peak_tflops)}", file=f,
-            key="training.precision" if w.training is not None else "inference.precision")
+            f"expected one of: {', '.join(p.gpu.peak_tflops)}", file=f, key="training.precision")
+    if w.inference is not None:
+        for key, prec in (("precision", w.inference.precision), ("moe_precision", w.inference.moe_precision)):
+            if prec is not None and gemm_path(prec, p.gpu.peak_tflops) is None:
+                raise ConfigError(f"{why_no_path(prec, p.gpu.name, p.gpu.peak_tflops)} (platform {p.name})", file=f,
+                                  key=f"inference.{key}")
     if isinstance(w.model, DLRMModel):
         check_dlrm(w, w.nodes, gpus_per_node(job), file=f)
     check_transformer(w, world_size(job), file=f)
@@ -117,8 +122,15 @@ def check_transformer(spec: WorkloadSpec, world: int, file: str | None = None) -
     dp = par.dp or world // (tp * pp * cp)
     if md.heads % tp:
         fail("model.heads", f"{md.heads} heads do not split over tp={tp}; expected a multiple of tp")
-    if md.kv_heads_n % tp:
-        fail("model.kv_heads", f"{md.kv_heads_n} key/value heads do not split over tp={tp}; expected a multiple of tp")
+    served = tr is None
+    if md.mla is None and md.kv_heads_n % tp and not (served and tp % md.kv_heads_n == 0):
+        # a serving engine replicates KV heads over the ranks beyond them (vLLM's, TensorRT-LLM's GQA)
+        fail("model.kv_heads", f"{md.kv_heads_n} key/value heads do not split over tp={tp}; expected a multiple of tp"
+                               + (" or a divisor of it" if served else ""))
+    la = md.linear_attention
+    if la is not None and (la.key_heads % tp or la.value_heads % tp):
+        fail("model.linear_attention", f"linear attention's {la.key_heads} key and {la.value_heads} value heads do "
+                                       f"not split over tp={tp}; expected multiples of tp")
     if md.ffn % tp:
         fail("model.ffn_hidden", f"MLP width {md.ffn} does not split over tp={tp}; expected a multiple of tp")
     if md.layers % (pp * v):
@@ -140,11 +152,18 @@ def check_transformer(spec: WorkloadSpec, world: int, file: str | None = None) -
         fail("model.attention", "context parallelism runs flash attention; expected attention: flash")
     if ep > 1 and md.moe is None:
         fail("parallelism.ep", f"ep={ep} splits experts, but the model has none; expected ep: 1 or a model.moe section")
+    split = [k for k in ("attention_dp", "moe_tp", "moe_ep") if getattr(par, k) is not None]
+    if split and md.moe is None:
+        fail(f"parallelism.{split[0]}", f"{split[0]} splits a served model's MoE layers, but the model has none; "
+                                         "expected a model.moe section or no moe_tp / moe_ep / attention_dp")
     if md.moe is not None:
-        if md.moe.experts % ep:
-            fail("model.moe.experts", f"{md.moe.experts} experts do not split over ep={ep}")
-        if md.expert_ffn % tp:
-            fail("model.moe.expert_ffn_hidden", f"expert width {md.expert_ffn} does not split over tp={tp}")
+        _, moe_tp, moe_ep = par.serving_split if served else (0, tp, ep)
+        if md.moe.experts % moe_ep:
+            fail("model.moe.experts", f"{md.moe.experts} experts do not split over "
+                                      f"{'moe_ep' if split else 'ep'}={moe_ep}; expected a divisor of the experts")
+        if md.expert_ffn % moe_tp:
+            fail("model.moe.expert_ffn_hidden", f"expert width {md.expert_ffn} does not split over "
+                                                f"{'moe_tp' if split else 'tp'}={moe_tp}")
     if dp % ep:
         fail("parallelism.ep", f"ep={ep} must divide dp={dp} (experts are sharded over data-parallel ranks)")
     if tr is None:  # served: no micro-batches, no schedule

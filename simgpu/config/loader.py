@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..errors import ConfigError
 from .base import kind_error, unwrap_models
+from .hf import expand as expand_config
 from .platform import PlatformSpec
 from .workload import WorkloadSpec
 from .yamlio import DuplicateKey, load_yaml_value, read_yaml
@@ -284,6 +285,7 @@ def load_job(workload: str | Path, overrides: Sequence[str] = ()) -> Job:
     if "nodes" not in data:
         raise ConfigError("missing required key; expected the number of nodes of the platform the job uses "
                           "(nodes: 1 for one machine)", file=wfile, key="nodes")
+    data = expand_config(data, wfile)
     spec = validate(WorkloadSpec, data, wfile, lines)
     check_name(spec.name, wfile, lines.get(("name",)))
     platform, pfile = load_platform(ref, plat_over, relative_to=Path(wfile).parent)

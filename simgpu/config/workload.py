@@ -191,12 +191,91 @@ class MoESpec(Spec):
     every: PositiveInt = Field(1, description="an MoE MLP in every `every`-th block (1: all blocks)")
     expert_ffn_hidden: PositiveInt | None = Field(
         None, description="inner width of each expert; default model.ffn_hidden")
+    shared_experts: NonNegativeInt = Field(
+        0, description="shared experts every token passes through beside its routed ones (DeepSeek's "
+                       "n_shared_experts), run as one dense MLP of shared_ffn_hidden")
+    shared_ffn_hidden: PositiveInt | None = Field(
+        None, description="inner width of the shared experts together; default shared_experts x the expert width "
+                          "(Qwen's shared_expert_intermediate_size)")
+    first_dense: NonNegativeInt = Field(
+        0, description="the first blocks whose MLPs are dense (model.ffn_hidden wide), not MoE (DeepSeek's "
+                       "first_k_dense_replace)")
+    expert_bias: bool = Field(False, description="the experts' linears have biases (gpt-oss)")
+    skew: Annotated[float, Field(ge=0)] = Field(
+        0.0, description="routing load imbalance: exponent of a power law of tokens over experts (0: balanced); "
+                         "the busiest expert-parallel rank sets the MoE layer's time")
 
     @model_validator(mode="after")
     def _top_k_fits(self) -> MoESpec:
         if self.top_k > self.experts:
             raise ValueError(f"top_k ({self.top_k}) cannot exceed experts ({self.experts})")
+        if self.shared_ffn_hidden is not None and not self.shared_experts:
+            raise ValueError("shared_ffn_hidden is the shared experts' width; expected shared_experts >= 1")
         return self
+
+
+class MLASpec(Spec):
+    """Multi-head latent attention (DeepSeek-V2/V3, Kimi K2, GLM-5): queries through a low-rank
+    ``q_lora_rank`` projection (none: a full one), keys and values through one latent of
+    ``kv_lora_rank`` per token plus a shared rotary key of ``qk_rope_head_dim``; each head's query
+    and key are ``qk_nope_head_dim + qk_rope_head_dim`` wide, its value ``v_head_dim``. The KV cache
+    holds the latent and the rotary key only. Prefill expands the latent into per-head keys and
+    values; decode absorbs the key and value up-projections into the query and output (two batched
+    GEMMs a layer) and attends over the latent directly."""
+
+    q_lora_rank: PositiveInt | None = Field(None, description="rank of the query's low-rank projection; null: full")
+    kv_lora_rank: PositiveInt = Field(description="width of the compressed key/value latent per token")
+    qk_nope_head_dim: PositiveInt = Field(description="per-head query/key width without rotary embedding")
+    qk_rope_head_dim: PositiveInt = Field(description="per-head query/key width with rotary embedding (shared key)")
+    v_head_dim: PositiveInt = Field(description="per-head value width")
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def latent(self) -> int:
+        """Elements cached per token and layer: the latent and the rotary key."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+
+class SparseAttentionSpec(Spec):
+    """DeepSeek sparse attention (DSA; DeepSeek-V3.2, GLM-5) over MLA: a lightning indexer of
+    ``index_heads`` heads of ``index_head_dim`` scores every cached token, and each query attends to
+    its ``index_topk`` best only. The indexer's keys are cached beside the latent."""
+
+    index_topk: PositiveInt = Field(2048, description="keys each query attends to")
+    index_heads: PositiveInt = Field(64, description="indexer heads")
+    index_head_dim: PositiveInt = Field(128, description="indexer head width (its cached key per token)")
+
+
+class LinearAttentionSpec(Spec):
+    """Gated DeltaNet linear attention (Qwen3-Next, Qwen3.5): per block, a short causal convolution
+    over the projected queries, keys and values, then the gated delta rule's recurrence, whose state
+    per request is ``value_heads x key_head_dim x value_head_dim`` whatever the context's length (no KV
+    cache), then a gated RMSNorm and the output projection."""
+
+    key_heads: PositiveInt = Field(description="query/key heads (linear_num_key_heads)")
+    value_heads: PositiveInt = Field(description="value heads (linear_num_value_heads)")
+    key_head_dim: PositiveInt = Field(128, description="query/key head width")
+    value_head_dim: PositiveInt = Field(128, description="value head width")
+    conv_kernel: PositiveInt = Field(4, description="width of the causal convolution (its state is cached too)")
+
+    @model_validator(mode="after")
+    def _heads(self) -> LinearAttentionSpec:
+        if self.value_heads % self.key_heads:
+            raise ValueError(f"value_heads ({self.value_heads}) must be a multiple of key_heads ({self.key_heads})")
+        return self
+
+    def state_elements(self) -> int:
+        """Elements of one request's recurrent and convolution state in one block."""
+        conv = ((2 * self.key_heads * self.key_head_dim + self.value_heads * self.value_head_dim)
+                * (self.conv_kernel - 1))
+        return self.value_heads * self.key_head_dim * self.value_head_dim + conv
+
+
+#: The attention of a block: full (causal) attention, a sliding window, or linear attention.
+AttentionKind = Literal["full", "sliding", "linear"]
 
 
 class TransformerModel(Spec):
@@ -231,14 +310,64 @@ class TransformerModel(Spec):
     dropout: Annotated[float, Field(ge=0, lt=1)] = Field(
         0.0, description="dropout probability of hidden states and attention probabilities (0: none)")
     moe: MoESpec | None = Field(None, description="mixture of experts; null: dense MLPs")
+    head_dim: PositiveInt | None = Field(
+        None, description="width of each attention head; default hidden / heads (Qwen3, gpt-oss and others set "
+                          "their own)")
+    qk_norm: bool = Field(False, description="an RMSNorm over each head's query and key before RoPE (Qwen3)")
+    attention_output_gate: bool = Field(
+        False, description="a sigmoid gate on the attention output, projected with the query (Qwen3.5's "
+                           "attn_output_gate)")
+    mla: MLASpec | None = Field(None, description="multi-head latent attention instead of grouped-query attention")
+    sparse_attention: SparseAttentionSpec | None = Field(
+        None, description="DeepSeek sparse attention over MLA (an indexer picks the keys each query attends to)")
+    layer_types: list[AttentionKind] | None = Field(
+        None, min_length=1, description="the attention of each block: full, sliding (a window of sliding_window "
+                                        "keys) or linear (linear_attention); a list shorter than layers repeats; "
+                                        "default full everywhere")
+    sliding_window: PositiveInt | None = Field(None, description="keys a sliding-window block attends to")
+    attention_sinks: bool = Field(
+        False, description="a learned per-head sink logit joins each softmax (gpt-oss); timed as the attention it "
+                           "belongs to")
+    linear_attention: LinearAttentionSpec | None = Field(
+        None, description="the linear attention of blocks whose layer type is linear (Gated DeltaNet)")
+    config: str | None = Field(
+        None, description="a Hugging Face config.json this model was read from (a path relative to the workload "
+                          "file); the fields given here override the file's")
 
     @model_validator(mode="after")
     def _heads_divide(self) -> TransformerModel:
-        if self.hidden % self.heads:
-            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
+        if self.head_dim is None and self.mla is None and self.hidden % self.heads:
+            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads}), or head_dim given")
         if self.heads % self.kv_heads_n:
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads_n})")
+        kinds = set(self.layer_types or ())
+        if self.layer_types is not None and self.layers % len(self.layer_types):
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries; expected one per block or a pattern "
+                             f"that divides layers ({self.layers})")
+        if "sliding" in kinds and self.sliding_window is None:
+            raise ValueError("layer_types has sliding blocks; expected sliding_window (keys each attends to)")
+        if "linear" in kinds and self.linear_attention is None:
+            raise ValueError("layer_types has linear blocks; expected a linear_attention section")
+        if self.linear_attention is not None and "linear" not in kinds:
+            raise ValueError("linear_attention describes the linear blocks; expected layer_types naming some linear")
+        if self.sparse_attention is not None and self.mla is None:
+            raise ValueError("sparse_attention (DSA) runs over multi-head latent attention; expected an mla section")
+        if self.mla is not None and (self.kv_heads not in (None, self.heads) or kinds - {"full"}):
+            raise ValueError("mla replaces grouped-query attention in every block; expected no kv_heads and no "
+                             "sliding or linear layer_types")
+        if self.moe is not None and self.moe.first_dense >= self.layers:
+            raise ValueError(f"moe.first_dense ({self.moe.first_dense}) leaves no MoE block of {self.layers}")
         return self
+
+    def attention_kind(self, layer: int) -> str:
+        """The attention of block ``layer`` (0-based): full, sliding or linear."""
+        if self.layer_types is None:
+            return "full"
+        return self.layer_types[layer % len(self.layer_types)]
+
+    def count_kind(self, kind: str) -> int:
+        """Blocks whose attention is ``kind``."""
+        return sum(self.attention_kind(i) == kind for i in range(self.layers))
 
     def _default(self, i: int) -> str | bool:
         return ARCH_DEFAULTS[self.arch][i]
@@ -272,8 +401,11 @@ class TransformerModel(Spec):
         return self.kv_heads or self.heads
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+    def d_head(self) -> int:
+        """Width of each attention head: ``head_dim``, else hidden / heads (under MLA, the query/key's)."""
+        if self.mla is not None:
+            return self.mla.qk_head_dim
+        return self.head_dim or self.hidden // self.heads
 
     @property
     def ffn(self) -> int:
@@ -287,9 +419,17 @@ class TransformerModel(Spec):
     def expert_ffn(self) -> int:
         return (self.moe.expert_ffn_hidden if self.moe else None) or self.ffn
 
+    @property
+    def shared_ffn(self) -> int:
+        """Inner width of the shared experts' MLP (0: none)."""
+        if self.moe is None or not self.moe.shared_experts:
+            return 0
+        return self.moe.shared_ffn_hidden or self.moe.shared_experts * self.expert_ffn
+
     def is_moe_layer(self, layer: int) -> bool:
-        """Whether block ``layer`` (0-based) has an MoE MLP: the last of every ``moe.every`` blocks."""
-        return self.moe is not None and (layer + 1) % self.moe.every == 0
+        """Whether block ``layer`` (0-based) has an MoE MLP: past the ``moe.first_dense`` dense blocks, the
+        last of every ``moe.every`` blocks."""
+        return (self.moe is not None and layer >= self.moe.first_dense and (layer + 1) % self.moe.every == 0)
 
 
 class TransformerInferenceModel(TransformerModel):
@@ -313,7 +453,8 @@ INFERENCE_KINDS = ("transformer_inference", "dlrm_inference")
 Model = Annotated[DLRMModel | TransformerModel | TransformerInferenceModel | DLRMInferenceModel,
                   Field(discriminator="kind")]
 
-InferencePrecision = Literal["fp32", "bf16", "fp16", "fp8", "fp4"]
+InferencePrecision = Literal["fp32", "bf16", "fp16", "fp8", "fp8_block", "mxfp8", "fp4", "nvfp4", "mxfp4", "w4a16",
+                             "int4"]
 
 
 class Inference(Spec):
@@ -328,7 +469,12 @@ class Inference(Spec):
     """
 
     precision: InferencePrecision = Field(
-        "bf16", description="dtype of the weights and of the matmuls (fp8 / fp4: quantised weights and inputs)")
+        "bf16", description="dtype of the weights and of the matmuls: bf16, fp16, fp32; fp8 (per tensor), fp8_block "
+                            "(128x128 blocks), mxfp8, fp4 (NVFP4, also nvfp4), mxfp4, w4a16 (4-bit weights, 16-bit "
+                            "activations: int4 AWQ, also int4); see simgpu.precision")
+    moe_precision: InferencePrecision | None = Field(
+        None, description="dtype of the experts' weights and matmuls; default precision (gpt-oss: mxfp4 experts "
+                          "beside bf16 attention)")
     kv_dtype: Literal["bf16", "fp16", "fp8"] | None = Field(
         None, description="dtype of the KV cache; default fp8 under fp8 / fp4 precision, else bf16 (fp16 for fp16)")
     prefill_requests: NonNegativeInt = Field(0, description="requests prefilling in the iteration")
@@ -350,11 +496,12 @@ class Inference(Spec):
     iteration_overhead_us: Annotated[float, Field(ge=0)] = Field(
         0.0, description="CPU time per iteration outside the ops (scheduling, input preparation, "
                          "detokenisation), us")
-    framework: Literal["vllm", "tensorrt_llm"] = Field(
+    framework: Literal["vllm", "tensorrt_llm", "sglang"] = Field(
         "vllm", description="which kernels are fused: vllm (the residual add into the next RMSNorm; RoPE, the KV-cache "
-                            "write and SwiGLU as kernels of their own) or tensorrt_llm (also RoPE and the KV-cache "
-                            "write into attention, SwiGLU and the fp8 / fp4 quantisation of activations into the "
-                            "GEMMs' epilogues)")
+                            "write and SwiGLU as kernels of their own), sglang (the same fusions as vllm: "
+                            "fused_add_rmsnorm, silu_and_mul, RoPE and the cache write apart) or tensorrt_llm (also "
+                            "RoPE and the KV-cache write into attention, SwiGLU and the fp8 / fp4 quantisation of "
+                            "activations into the GEMMs' epilogues)")
     request_overhead_us: Annotated[float, Field(ge=0)] = Field(
         0.0, description="further CPU time per iteration per request in its batch (the request's inputs, "
                          "block table, sampling and detokenisation), us")
@@ -364,11 +511,25 @@ class Inference(Spec):
     cuda_graphs: bool = Field(
         False, description="decode-only iterations replay a captured CUDA graph: one launch for all their ops")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _aliases(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            from ..precision import ALIASES
+            data = {k: ALIASES.get(v, v) if k in ("precision", "moe_precision") and isinstance(v, str) else v
+                    for k, v in data.items()}
+        return data
+
     @property
     def kv(self) -> str:
         if self.kv_dtype is not None:
             return self.kv_dtype
-        return "fp8" if self.precision in ("fp8", "fp4") else "fp16" if self.precision == "fp16" else "bf16"
+        return ("fp8" if self.precision in ("fp8", "fp8_block", "mxfp8", "fp4", "mxfp4") else
+                "fp16" if self.precision == "fp16" else "bf16")
+
+    @property
+    def experts_precision(self) -> str:
+        return self.moe_precision or self.precision
 
 
 class Training(Spec):
@@ -468,7 +629,17 @@ class Parallelism(Spec):
     tp: PositiveInt = Field(1, description="tensor-parallel degree (Megatron column/row splits)")
     pp: PositiveInt = Field(1, description="pipeline-parallel degree (stages)")
     cp: PositiveInt = Field(1, description="context-parallel degree (the sequence split over ranks)")
-    ep: PositiveInt = Field(1, description="expert-parallel degree (experts split over ep data-parallel ranks)")
+    ep: PositiveInt = Field(1, description="expert-parallel degree (experts split over ep data-parallel ranks); "
+                                           "served: short for attention_dp = moe_ep = ep")
+    attention_dp: PositiveInt | None = Field(
+        None, description="served MoE models: attention data parallelism, ranks of a replica each running attention "
+                          "for its own requests with its own KV cache (TensorRT-LLM's enable_attention_dp, SGLang's "
+                          "dp-attention); tp x attention_dp GPUs a pipeline stage; default ep")
+    moe_tp: PositiveInt | None = Field(
+        None, description="served MoE models: ranks each expert is split over; moe_tp x moe_ep = tp x attention_dp; "
+                          "default tp")
+    moe_ep: PositiveInt | None = Field(
+        None, description="served MoE models: ranks the experts are spread over; default attention_dp")
     sp: bool = Field(False, description="sequence parallelism: all-gather / reduce-scatter instead of the tp "
                                         "all-reduces, norms and dropout on 1/tp of the tokens (needs tp > 1)")
     zero: Literal[0, 1, 2, 3] = Field(
@@ -588,6 +759,26 @@ class Parallelism(Spec):
     def zero_stage(self) -> int:
         return 3 if self.fsdp else int(self.zero)
 
+    @property
+    def serving_split(self) -> tuple[int, int, int]:
+        """A served model's (attention_dp, moe_tp, moe_ep), defaults resolved."""
+        adp = self.attention_dp or self.ep
+        moe_tp = self.moe_tp or (self.tp if self.moe_ep is None else self.tp * adp // self.moe_ep)
+        moe_ep = self.moe_ep or (adp if self.moe_tp is None else self.tp * adp // self.moe_tp)
+        return adp, moe_tp, moe_ep
+
+    @model_validator(mode="after")
+    def _serving_split(self) -> Parallelism:
+        given = [k for k in ("attention_dp", "moe_tp", "moe_ep") if getattr(self, k) is not None]
+        if given and self.ep > 1:
+            raise ValueError(f"ep is short for attention_dp = moe_ep; expected ep or {given[0]}, not both")
+        if given:
+            adp, mt, me = self.serving_split
+            if mt * me != self.tp * adp:
+                raise ValueError(f"moe_tp x moe_ep ({mt} x {me}) must equal tp x attention_dp ({self.tp} x {adp}): "
+                                 "the MoE layers run on the same GPUs as attention")
+        return self
+
 
 class Comm(Spec):
     """Communication settings of the job."""
@@ -636,6 +827,9 @@ class WorkloadSpec(Spec):
         if not served and self.inference is not None:
             raise ValueError(f"inference: a {self.model.kind} model is trained; expected a training section instead "
                              "of inference (or a transformer_inference / dlrm_inference model)")
+        split = [k for k in ("attention_dp", "moe_tp", "moe_ep") if getattr(self.parallelism, k) is not None]
+        if split and not served:
+            raise ValueError(f"parallelism.{split[0]} is a serving engine's split; expected ep for a trained model")
         if served and self.inference is None:
             raise ValueError(f"inference: missing required key (a {self.model.kind} model is served); expected "
                              "inference: {...}")

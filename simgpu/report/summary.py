@@ -446,6 +446,8 @@ def summarize(result: SimResult) -> dict[str, Any]:
         out["steady_state"] = str(meta["steady_state"])
     if meta.get("periodic"):  # whether a pipeline's middle micro-batches were repeated, or why not
         out["periodic"] = str(meta["periodic"])
+    if meta.get("model_notes"):  # what the model's config reads but approximates
+        out["model_notes"] = [str(n) for n in meta["model_notes"]]
     if meta.get("pipeline_note"):  # an inference iteration's one batch through its pipeline stages
         out["pipeline"] = str(meta["pipeline_note"])
     if "fold" in meta:  # how many identical ranks each simulated rank stood for

@@ -121,6 +121,12 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         lines.append("kernel models (share of kernel time)  "
                      + ", ".join(f"{k} {100 * float(v):.1f}%" for k, v in models.items()))
 
+    notes = summary.get("model_notes") or []
+    if notes:
+        lines.append("")
+        lines.append("model read but approximated")
+        lines += [f"  {n}" for n in notes]
+
     lines.append("")
     versions = run.get("versions") or {}
     tail = f"   simgpu {versions['simgpu']}" if "simgpu" in versions else ""

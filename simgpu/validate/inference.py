@@ -48,7 +48,7 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -546,7 +546,7 @@ def dlrm_envelope(path: Path = DLRM_WORKLOAD) -> dict[str, float]:
     r = simulate(job)
     flops = float(r.meta["model_flops"]) / gpus
     lookups = row_bytes / (g.hbm_gbytes_per_s * 1e9 * g.memory_efficiency)
-    dense = flops / (g.peak_tflops[inf.precision] * 1e12 * g.matmul_efficiency)
+    dense = flops / (cast(Any, g.peak_tflops)[inf.precision] * 1e12 * g.matmul_efficiency)
     t = float(r.iteration_time_s)
     return {"samples": batch, "gpus": gpus, "lookup_mb_per_gpu": row_bytes / 1e6, "gflop_per_gpu": flops / 1e9,
             "lookups_ms": lookups * 1e3, "dense_ms": dense * 1e3, "batch_ms": t * 1e3,

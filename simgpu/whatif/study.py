@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import Field
 
 from ..config.base import Spec
+from ..config.hf import expand as expand_config
 from ..config.loader import check_name, read_yaml, validate
 from ..errors import ConfigError
 
@@ -175,7 +176,7 @@ def _validate_one(wdata: dict[str, Any], common: list[tuple[str, Any]], key: str
         else:
             apply_override(data, k.removeprefix("workload."), v, wfile)
     if key is None or not key.startswith("platform."):
-        validate(WorkloadSpec, data, wfile)
+        validate(WorkloadSpec, expand_config(data, wfile), wfile)
     if key is None or key.startswith("platform."):
         ref = data.get("platform")
         if isinstance(ref, str):

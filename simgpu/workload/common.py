@@ -42,11 +42,15 @@ def dtype_bytes(dtype: str) -> int:
         raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}") from None
 
 
+#: The served formats whose activations stay 16-bit (:mod:`simgpu.precision`).
+_SERVED_FORMATS = frozenset({"fp4", "fp8_block", "mxfp8", "mxfp4", "w4a16"})
+
+
 def aux_dtype(precision: str) -> str:
     """Dtype of the non-matmul kernels (elementwise, norm, softmax) under ``precision``. Under fp4
     (serving only) the activations stay in bf16 as under fp8: NVFP4 quantises the weights and each
     GEMM's input (TensorRT-LLM and ModelOpt's NVFP4 recipe), not the residual stream or the norms."""
-    return "bf16" if precision in _MIXED or precision == "fp4" else "fp32"
+    return "bf16" if precision in _MIXED or precision in _SERVED_FORMATS else "fp32"
 
 
 def is_mixed(precision: str) -> bool:

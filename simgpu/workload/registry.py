@@ -38,6 +38,9 @@ class World:
     #: with ``fold``: whole nodes (data-parallel replicas) may fold too; False: only ranks inside nodes
     #: (where the network core may limit replicas that share it, see :mod:`simgpu.engine.fold`)
     whole_nodes: bool = True
+    #: the dtypes the GPU has tensor-core peaks for (a served model's precision picks its GEMM path
+    #: from them, :func:`simgpu.precision.gemm_path`); None: every precision runs as itself
+    gpu_dtypes: tuple[str, ...] | None = None
 
     @property
     def size(self) -> int:

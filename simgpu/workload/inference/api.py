@@ -44,6 +44,7 @@ class ReplicaMemory:
     gpu_bytes: float             # usable memory per GPU
     block_tokens: int            # tokens per KV-cache block (paged attention)
     kv_blocks: int               # blocks one replica can hold (the least over its GPUs)
+    state_bytes: float = 0.0     # per GPU: sliding windows and linear-attention state of max_batch_size requests
 
     @property
     def kv_tokens(self) -> int:

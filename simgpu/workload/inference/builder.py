@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from ...config.workload import Inference, TransformerInferenceModel, WorkloadSpec
 from ...errors import ConfigError
 from ...graph import CollectiveCall, KernelTable, MemoryEstimate, Op, Program, Replicas, Workload
+from ...precision import PEAK_OF, gemm_path
 from ..parallel import Layout
 from ..registry import World, register
 from ..stage import retarget
@@ -55,29 +56,52 @@ def deployment(spec: WorkloadSpec, world: World) -> Deployment:
         raise TypeError(f"the inference builder got a {md.kind} model")
     inf, p = spec.serve, spec.parallelism
     if p.cp > 1 or p.sp or p.zero_stage or p.pp_schedule != "1f1b":
-        raise ValueError("a served model takes tp, pp, ep and dp only; expected cp: 1, sp: false, zero: 0")
-    per = p.tp * p.ep * p.pp
-    replicas = p.dp // p.ep if p.dp is not None else world.size // per
+        raise ValueError("a served model takes tp, pp, ep (or attention_dp, moe_tp, moe_ep) and dp only; expected "
+                         "cp: 1, sp: false, zero: 0")
+    adp, moe_tp, moe_ep = p.serving_split
+    per = p.tp * adp * p.pp
+    replicas = p.dp // adp if p.dp is not None else world.size // per
     if replicas * per != world.size:
-        raise ValueError(f"tp*ep*pp = {per} GPUs per replica do not fill {world.size} GPUs")
-    layout = Layout(tp=p.tp, dp=p.ep, pp=p.pp, ep=p.ep)
+        raise ValueError(f"tp*attention_dp*pp = {per} GPUs per replica do not fill {world.size} GPUs")
+    _check_split(md, p.tp, moe_tp, moe_ep)
+    layout = Layout(tp=p.tp, dp=adp, pp=p.pp, ep=adp)
     schedule: Schedule = "1f1b"
     setup = Setup(model=md, layout=layout, micro=1, m=1, precision=inf.precision, framework="megatron",
                   recompute="none", sp=False, zero=0, schedule=schedule, v=1, cp_comm="ring", dp_overlap=True,
-                  bucket_bytes=spec.comm.bucket_mib * 2**20, optimizer="sgd", host_s=None)
+                  bucket_bytes=spec.comm.bucket_mib * 2**20, optimizer="sgd", host_s=None,
+                  moe_precision=inf.experts_precision, moe_tp=moe_tp, moe_ep=moe_ep)
     kv = inf.kv
     attn = "fp16" if inf.precision == "fp16" else "fp32" if inf.precision == "fp32" else "bf16"
     host = inf.host_overhead_us
+    peaks = world.gpu_dtypes
+    gemm = inf.precision if peaks is None else gemm_path(inf.precision, peaks) or inf.precision
+    moe = inf.experts_precision if peaks is None else gemm_path(inf.experts_precision, peaks) or inf.experts_precision
     serving = Serving(attn_dtype=attn, kv_dtype=kv, kv_bytes=SERVE_BYTES[kv],
                       host_s=None if host is None else host * 1e-6, iteration_s=inf.iteration_overhead_us * 1e-6,
                       request_s=inf.request_overhead_us * 1e-6, prefill_s=inf.prefill_block_overhead_us * 1e-6,
                       fused=inf.framework == "tensorrt_llm",
-                      cuda_graphs=inf.cuda_graphs)
+                      cuda_graphs=inf.cuda_graphs, gemm_dtype=gemm, moe_dtype=moe)
     gib = world.gpu_memory_gib if world.gpu_memory_gib is not None else 80.0
     mem = replica_memory(setup, kv_width=SERVE_BYTES[kv], max_tokens=inf.max_batch_tokens,
                          max_rows=inf.max_batch_size, gpu_bytes=gib * 2**30 * inf.gpu_memory_utilization,
                          block_tokens=inf.block_tokens)
     return Deployment(setup, serving, inf, replicas, mem)
+
+
+def _check_split(md: TransformerInferenceModel, tp: int, moe_tp: int, moe_ep: int) -> None:
+    """The model's heads, experts and widths divide as the deployment splits them."""
+    for what, n in (("heads", md.heads), ("kv_heads", md.kv_heads_n if md.mla is None else tp)):
+        if n % tp and not (what == "kv_heads" and tp % n == 0):
+            raise ValueError(f"tp ({tp}) must divide the model's {what} ({n})")
+    la = md.linear_attention
+    if la is not None and (la.key_heads % tp or la.value_heads % tp):
+        raise ValueError(f"tp ({tp}) must divide linear_attention's key_heads ({la.key_heads}) and value_heads "
+                         f"({la.value_heads})")
+    if md.moe is not None:
+        if md.moe.experts % moe_ep:
+            raise ValueError(f"moe_ep ({moe_ep}) must divide the model's experts ({md.moe.experts})")
+        if md.expert_ffn % moe_tp:
+            raise ValueError(f"moe_tp ({moe_tp}) must divide the experts' width ({md.expert_ffn})")
 
 
 def spec_step(inf: Inference) -> Step:
@@ -148,7 +172,7 @@ def model_flops(dep: Deployment, step: Step) -> float:
     4 x head dim x heads per (query, key) pair attended, per layer."""
     md = dep.setup.model
     pairs = sum(n * c + n * (n + 1) / 2 for n, c in step.prefill) + sum(c + 1 for c in step.decode)
-    return 2.0 * active_matmul_params(md) * step.tokens + 4.0 * md.layers * md.heads * md.head_dim * pairs
+    return 2.0 * active_matmul_params(md) * step.tokens + 4.0 * md.layers * md.heads * md.d_head * pairs
 
 
 @register("transformer_inference")
@@ -183,5 +207,6 @@ def build(spec: WorkloadSpec, world: World) -> Workload:
     n = dep.replicas
     return Workload(name=spec.name, programs=programs, kernels=kernels.specs, memory=memory,
                     samples=n * (len(step.prefill) + len(step.decode)), tokens=n * step.tokens,
-                    model_flops=n * model_flops(dep, step), compute_dtype=dep.inference.precision,
+                    model_flops=n * model_flops(dep, step),
+                    compute_dtype=PEAK_OF.get(dep.serving.gemm_dtype, dep.serving.gemm_dtype),
                     replicas=Replicas(world=g * n, levels=((g * n, g),)) if fold else None)

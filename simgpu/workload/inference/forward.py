@@ -23,13 +23,16 @@ weight is cast or quantised per iteration.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ...graph import KernelTable, Op
+from ..common import Linear
 from ..parallel import Coord
 from ..stage import Pair, StageEmitter
 from ..transformer.blocks import Blocks
-from ..transformer.moe import moe_fwd
 from ..transformer.shapes import Block, Setup, block, head_linears
+from .attention import linear_attention_fwd, mla_fwd
+from .moe import serve_moe_fwd
 from .shape import Shape
 
 #: Bytes the host copies per token (token id and position, int64) and per request (its block table
@@ -53,6 +56,8 @@ class Serving:
     prefill_s: float                # further host work per block of an iteration that prefills
     fused: bool                     # TensorRT-LLM's fusions (see Inference.framework)
     cuda_graphs: bool
+    gemm_dtype: str = "bf16"        # the linears' GEMM path on this GPU (simgpu.precision.gemm_path)
+    moe_dtype: str = "bf16"         # the experts'
 
 
 def stage_setup(base: Setup, tokens: int) -> Setup:
@@ -73,8 +78,10 @@ class StageForward:
         self.bl = Blocks(s, self.em)
         self.bl.mb = 1  # quantised weights are stored: no per-iteration weight quantisation
         self.bl.attn_dtype = sv.attn_dtype
-        if s.precision == "fp4":
-            self.bl.aux_gemm = "fp4"
+        self.bl.prec, self.bl.moe_prec = sv.gemm_dtype, sv.moe_dtype
+        # the output layer (and any linear a quantised checkpoint leaves out) in 16 bits; NVFP4's
+        # output layer as it was measured in MLPerf's fp4 systems
+        self.bl.aux_gemm = "fp4" if sv.gemm_dtype == "fp4" else sv.attn_dtype
         per = s.model.layers // lay.pp
         first = stage * per
         self.blocks = [block(s, i) for i in range(first, first + (per if layers is None else layers))]
@@ -117,8 +124,9 @@ class StageForward:
                     self.host[i] = 0.0
                 launched = True
 
-    def attention(self, n: str) -> int:
-        """Paged attention of the batch's three kinds of sequences, and the K/V write before it."""
+    def attention(self, n: str, window: int = 0) -> int:
+        """Paged attention of the batch's three kinds of sequences, and the K/V write before it;
+        ``window``: a sliding window of keys (0: all)."""
         bl, sh, sv = self.bl, self.shape, self.sv
         em = self.em
         last = em.last
@@ -126,9 +134,10 @@ class StageForward:
             kv_numel = sh.tokens * 2 * bl.kv * bl.d
             last = em.elementwise(f"{n}.kv_cache.write", kv_numel, 1, 1, sv.kv_dtype, op="copy", phase="fwd")
         def paged(kind: str, batch: int, sq: int, skv: int, causal: int) -> int:
+            extra: dict[str, Any] = {"window": window} if window else {}
             return em.kernel(f"{n}.attention.{kind}", "attention_fwd", sv.attn_dtype, phase="fwd", batch=batch,
                              seq_q=sq, seq_kv=skv, causal=causal, heads=bl.heads, head_dim=bl.d, kv_heads=bl.kv,
-                             kv_bytes=sv.kv_bytes)
+                             kv_bytes=sv.kv_bytes, **extra)
 
         if sh.prefill and sv.prefill_s > 0:
             # the host prepares the prompts' attention (metadata, bias) at every block; the GPU
@@ -144,32 +153,49 @@ class StageForward:
         return last
 
     def block_fwd(self, blk: Block, deps: tuple[int, ...]) -> int:
-        """One block's forward, as :meth:`Blocks.block_fwd` with paged attention for the core."""
+        """One block's forward, as :meth:`Blocks.block_fwd` with paged attention for the core (MLA,
+        sliding-window or linear attention as the block has), and the MoE as a serving engine splits it."""
         s, bl, fused = self.s, self.bl, self.sv.fused
         n = blk.name
         # the residual add of the block's input is fused into its first norm (vLLM's
         # fused_add_rms_norm, TensorRT-LLM's fused residual norm); the norm waits for the reduction
         bl.norm(f"{n}.ln1", False, "fwd", deps=deps)
-        bl.lin_fwd(blk.qkv, "fwd")
-        if s.model.rope and not fused:
-            bl.ew(f"{n}.rope", s.tokens * (bl.heads + bl.kv) * bl.d, 1, 1, "fwd", op="rope")
-        self.attention(n)
+        if blk.kv_up is not None:
+            mla_fwd(self, blk)
+        elif blk.kind == "linear":
+            linear_attention_fwd(self, blk)
+        else:
+            bl.lin_fwd(blk.qkv, "fwd")
+            if s.model.qk_norm:  # one RMSNorm per query and key head
+                self.em.kernel(f"{n}.qk_norm", "norm", bl.aux, phase="fwd", rows=s.tokens * (bl.heads + bl.kv),
+                               cols=bl.d, bwd=0, rms=1)
+            if s.model.rope and not fused:
+                bl.ew(f"{n}.rope", s.tokens * (bl.heads + bl.kv) * bl.d, 1, 1, "fwd", op="rope")
+            window = s.model.sliding_window or 0 if blk.kind == "sliding" else 0
+            self.attention(n, window)
+            if s.model.attention_output_gate:
+                bl.ew(f"{n}.attn_gate", s.tokens * bl.heads * bl.d, 2, 1, "fwd", op="mul")
         out = bl.lin_fwd(blk.proj, "fwd", quantize_input=not fused)
         red = bl.tp_comm("ar", blk.proj.name, "fwd", deps=(out,))
         red = self.unfused_epilogue(blk.proj.name, out if red is None else red)
         bl.norm(f"{n}.ln2", False, "fwd", deps=(red,))
         if blk.experts is not None:
-            out = moe_fwd(bl, blk.experts, "fwd", "")
+            out = serve_moe_fwd(self, blk)
             name = f"{n}.moe"
         else:
             assert blk.fc1 is not None and blk.fc2 is not None
-            act = bl.lin_fwd(blk.fc1, "fwd")
-            if not fused:
-                bl.activation(blk.fc2.inputs, blk.fc1.name, "fwd", deps=(act,))
-            out = bl.lin_fwd(blk.fc2, "fwd", quantize_input=not fused)
+            out = self.mlp(blk.fc1, blk.fc2)
             name = blk.fc2.name
         red = bl.tp_comm("ar", name, "fwd", deps=(out,))
         return self.unfused_epilogue(name, out if red is None else red)
+
+    def mlp(self, fc1: Linear, fc2: Linear, deps: tuple[int, ...] = ()) -> int:
+        """A dense (tp-split) MLP: fc1, its activation (fused into the GEMM by TensorRT-LLM), fc2."""
+        bl = self.bl
+        act = bl.lin_fwd(fc1, "fwd", deps=deps)
+        if not self.sv.fused:
+            bl.activation(fc2.inputs, fc1.name, "fwd", deps=(act,))
+        return bl.lin_fwd(fc2, "fwd", quantize_input=not self.sv.fused)
 
     def unfused_epilogue(self, name: str, dep: int) -> int:
         """What vLLM runs after a row-parallel linear's all-reduce as kernels of their own: the bias

@@ -53,7 +53,7 @@ class EngineTimer:
                  kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MODEL) -> None:
         p, w = job.platform, job.workload
         gpn = gpus_per_node(job)
-        world = World(w.nodes, gpn, p.gpu.memory_gib)
+        world = World(w.nodes, gpn, p.gpu.memory_gib, gpu_dtypes=tuple(p.gpu.peak_tflops))
         try:
             self.deployment: Deployment = deployment(w, world)
         except (TypeError, ValueError) as e:

@@ -17,7 +17,7 @@ block, attention of the local queries over the whole sequence, dK/dV reduce-scat
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..stage import Pair
 
@@ -34,8 +34,10 @@ def _kv_bytes(bl: Blocks) -> int:
 
 def _flash(bl: Blocks, name: str, bwd: bool, phase: str, sq: int, skv: int, causal: bool,
            deps: tuple[int, ...] = ()) -> int:
+    extra: dict[str, Any] = {"window": bl.window} if bl.window else {}
     return bl.em.kernel(name, "attention_bwd" if bwd else "attention_fwd", bl.attn_dtype, phase=phase, deps=deps,
-                        batch=bl.s.micro, heads=bl.heads, seq_q=sq, seq_kv=skv, head_dim=bl.d, causal=int(causal))
+                        batch=bl.s.micro, heads=bl.heads, seq_q=sq, seq_kv=skv, head_dim=bl.d, causal=int(causal),
+                        **extra)
 
 
 def fused_softmax_available(attn_batches: int, sq: int, sk: int, causal: bool, half: bool) -> bool:

@@ -24,13 +24,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from ...graph import CollectiveOp
+from ...precision import QUANTIZED_ACTIVATIONS
 from ..common import Linear, Param
 from ..dataparallel import GradSink
 from ..stage import Pair, StageEmitter
 from .attention import core_bwd, core_fwd
+from .mixers import linear_bwd, linear_fwd, mla_bwd, mla_fwd
 from .moe import moe_bwd, moe_fwd
 from .shapes import Block, Setup, embedding_params, head_linears, norm_params
 
+#: GEMM dtypes of quantised linears (a served model's formats, and training's fp8)
+QUANTIZED = frozenset({*QUANTIZED_ACTIVATIONS, "w4a16"})
 _TP_OPS: dict[str, CollectiveOp] = {"ar": "all_reduce", "rs": "reduce_scatter", "ag": "all_gather"}
 
 
@@ -64,12 +68,14 @@ class Blocks:
         self.s, self.em = s, em
         self.mb = 0
         self.prec = s.precision
+        self.moe_prec = s.moe_dtype
         self.aux = s.aux
         self.attn_dtype = "bf16" if s.precision == "fp8" else s.precision
         self.aux_gemm = self.attn_dtype  # GEMMs kept out of FP8
         self.w = s.width
-        self.h, self.d = md.hidden, md.head_dim
+        self.h, self.d = md.hidden, md.d_head
         self.heads, self.kv = md.heads // s.tp, md.kv_heads_n // s.tp
+        self.window = 0  # the keys a sliding-window block attends to (0: all)
         self.p = md.dropout
         self.causal = md.causal
         self.norm_kind = md.norm_kind
@@ -109,8 +115,9 @@ class Blocks:
                                 deps=deps, stream="comm.tp")
 
     def fp8(self, lin: Linear) -> bool:
-        """Whether ``lin`` runs in FP8 (Transformer Engine); the output layer stays in bf16, as in Megatron."""
-        return self.prec == "fp8" and not lin.name.startswith(("lm_head", "mlm", "pooler", "nsp"))
+        """Whether ``lin`` runs in a quantised dtype (FP8 under Transformer Engine; a served model's fp8,
+        fp4 and other formats, :mod:`simgpu.precision`); the output layer stays 16-bit, as in Megatron."""
+        return self.prec in QUANTIZED and not lin.name.startswith(("lm_head", "mlm", "pooler", "nsp"))
 
     def lin_fwd(self, lin: Linear, phase: str, tag: str = "", deps: Iterable[int] = (), rows: int | None = None,
                 quantize_input: bool = False, weight_ready: bool = False, sm_taken: int = 0) -> int:
@@ -127,7 +134,7 @@ class Blocks:
         fp8 = self.fp8(lin)
         if fp8 and self.mb == 0 and not tag and not weight_ready:
             self.ew(f"{lin.name}.weight_fp8", lin.numel, 1, 1, phase, op="quantize", deps=wait)
-        if fp8 and quantize_input:
+        if fp8 and quantize_input and self.prec in QUANTIZED_ACTIVATIONS:
             # counted in fp8 bytes: a 2-byte read and a 1-byte write per element
             self.em.elementwise(f"{lin.name}.quantize{tag}", t * lin.inputs, 2, 1, "fp8", op="quantize", phase=phase,
                                 deps=deps)
@@ -280,17 +287,34 @@ class Blocks:
         if not tag:
             self.sync(f"{n}.sync", phase)
         ln1 = self.norm(f"{n}.ln1", False, phase, tag, deps=deps)
-        self.gather_lin_fwd(blk.qkv, f"{n}.ln1", phase, tag, ln1)
-        if s.model.rope:
-            self.ew(f"{n}.rope{tag}", s.tokens * (self.heads + self.kv) * self.d, 1, 1, phase, op="rope")
-        core_fwd(self, n, phase, tag)
+        self.attention_dims(blk)
+        if blk.kv_up is not None:
+            mla_fwd(self, blk, phase, tag, ln1)
+        elif blk.kind == "linear":
+            linear_fwd(self, blk, phase, tag, ln1)
+        else:
+            self.gather_lin_fwd(blk.qkv, f"{n}.ln1", phase, tag, ln1)
+            if s.model.qk_norm:
+                self.em.kernel(f"{n}.qk_norm{tag}", "norm", self.aux, phase=phase,
+                               rows=s.tokens * (self.heads + self.kv), cols=self.d, bwd=0, rms=1)
+            if s.model.rope:
+                self.ew(f"{n}.rope{tag}", s.tokens * (self.heads + self.kv) * self.d, 1, 1, phase, op="rope")
+            core_fwd(self, n, phase, tag)
+            if s.model.attention_output_gate:
+                self.ew(f"{n}.attn_gate{tag}", s.tokens * self.heads * self.d, 2, 1, phase, op="mul")
         red = self.lin_fwd_reduce(blk.proj, blk.proj.name, phase, tag, quantize_input=True)
         self.residual(f"{blk.proj.name}.residual{tag}", phase, deps=_d(red))
         ln2 = self.norm(f"{n}.ln2", False, phase, tag)
         if blk.experts is not None:
             ag = self.tp_comm("ag", f"{n}.ln2{tag}", phase, deps=(ln2,)) if s.sp else None
             out = moe_fwd(self, blk.experts, phase, tag, deps=_d(ag))
-            red = self.tp_comm("rs" if s.sp else "ar", f"{n}.moe{tag}", phase, deps=(out,))
+            outs: tuple[int, ...] = (out,)
+            if blk.shared is not None:  # the shared experts: a dense MLP beside the routed ones
+                fc1, fc2 = blk.shared
+                act = self.lin_fwd(fc1, phase, tag, deps=_d(ag))
+                self.activation(fc2.inputs, fc1.name, phase, tag, deps=(act,))
+                outs = (out, self.lin_fwd(fc2, phase, tag, quantize_input=True))
+            red = self.tp_comm("rs" if s.sp else "ar", f"{n}.moe{tag}", phase, deps=outs)
             name = f"{n}.moe"
         else:
             assert blk.fc1 is not None and blk.fc2 is not None
@@ -302,6 +326,17 @@ class Blocks:
         if not tag:
             self.sync(f"{n}.sync", phase)
         return last
+
+    def attention_dims(self, blk: Block) -> None:
+        """The attention core's head width, KV heads and window for ``blk``: under MLA the mean of the
+        query/key and value widths (the two matmuls' FLOPs exact) over as many KV heads as heads; a
+        sliding block's window."""
+        md = self.s.model
+        self.window = (md.sliding_window or 0) if blk.kind == "sliding" else 0
+        if md.mla is not None:
+            self.d, self.kv = (md.mla.qk_head_dim + md.mla.v_head_dim) // 2, self.heads
+        else:
+            self.d, self.kv = md.d_head, md.kv_heads_n // self.s.tp
 
     def activation(self, width: int, name: str, phase: str, tag: str = "", deps: Iterable[int] = (),
                    rows: int | None = None, bwd: bool = False) -> int:
@@ -323,6 +358,13 @@ class Blocks:
         if blk.experts is not None:
             self.residual_bwd(f"{n}.moe.residual", phase)
             ag = self.tp_comm("ag", f"{n}.moe.grad", phase, deps=(self.em.last,)) if s.sp else None
+            if blk.shared is not None:  # the shared experts' backward; its input gradient joins the routed one's
+                fc1, fc2 = blk.shared
+                self.lin_dgrad(fc2, phase, deps=_d(ag))
+                self.lin_wgrad(fc2, phase, sink)
+                self.activation(fc2.inputs, fc1.name, phase, bwd=True)
+                self.lin_dgrad(fc1, phase)
+                self.lin_wgrad(fc1, phase, sink)
             red = moe_bwd(self, blk.experts, phase, sink, esink, deps=_d(ag))
         else:
             assert blk.fc1 is not None and blk.fc2 is not None
@@ -339,10 +381,23 @@ class Blocks:
         self.residual_bwd(f"{blk.proj.name}.residual", phase)
         self.gather_dgrad(blk.proj, f"{blk.proj.name}.grad", phase)
         self.lin_wgrad(blk.proj, phase, sink)
-        core_bwd(self, n, phase)
-        if s.model.rope:
-            self.ew(f"{n}.rope_bwd", s.tokens * (self.heads + self.kv) * self.d, 1, 1, phase, op="rope")
-        red = self.column_bwd(blk.qkv, blk.qkv.name, phase, sink)
+        self.attention_dims(blk)
+        if blk.kv_up is not None:
+            red = mla_bwd(self, blk, phase, sink)
+        elif blk.kind == "linear":
+            red = linear_bwd(self, blk, phase, sink)
+        else:
+            if s.model.attention_output_gate:
+                self.ew(f"{n}.attn_gate_bwd", s.tokens * self.heads * self.d, 3, 2, phase, op="mul")
+            core_bwd(self, n, phase)
+            if s.model.rope:
+                self.ew(f"{n}.rope_bwd", s.tokens * (self.heads + self.kv) * self.d, 1, 1, phase, op="rope")
+            if s.model.qk_norm:
+                self.em.kernel(f"{n}.qk_norm_bwd", "norm", self.aux, phase=phase,
+                               rows=s.tokens * (self.heads + self.kv), cols=self.d, bwd=1, rms=1)
+            red = self.column_bwd(blk.qkv, blk.qkv.name, phase, sink)
+        if sink is not None and blk.attn_norms:
+            sink.ready(blk.attn_norms, self.em.last)
         ln1 = self.norm(f"{n}.ln1", True, phase, deps=_d(red))
         if sink is not None:
             sink.ready(blk.ln1, ln1)

@@ -40,7 +40,7 @@ def block_activation_bytes(s: Setup, blk: Block, recompute: str | None = None) -
     """Bytes one block keeps for its backward per micro-batch on one rank."""
     recompute = s.recompute if recompute is None else recompute
     w, md, tp = s.width, s.model, s.tp
-    t, r, h, d = s.tokens, s.rows, md.hidden, md.head_dim
+    t, r, h, d = s.tokens, s.rows, md.hidden, md.d_head
     if recompute == "full":
         return r * h * w
     a, kv = md.heads // tp, md.kv_heads_n // tp

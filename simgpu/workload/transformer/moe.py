@@ -61,7 +61,7 @@ def moe_fwd(bl: Blocks, ex: Experts, phase: str, tag: str, deps: Iterable[int] =
     dispatch = _a2a(bl, ex, "dispatch", phase, tag, perm)
     if s.cast:
         bl.ew(f"{ex.name}.experts.cast{tag}", (ex.fc1.numel + ex.fc2.numel) * ex.local, 1, 1, phase, op="cast")
-    out = em.kernel(f"{ex.name}.experts.fwd{tag}", "moe", bl.prec, phase=phase,
+    out = em.kernel(f"{ex.name}.experts.fwd{tag}", "moe", bl.moe_prec, phase=phase,
                     deps=() if dispatch is None else (dispatch,), **expert_shape(bl, ex), bwd=0)
     combine = _a2a(bl, ex, "combine", phase, tag, out)
     return bl.ew(f"{ex.name}.unpermute{tag}", t * k * h, 2, 1, phase, deps=() if combine is None else (combine,),

@@ -73,6 +73,23 @@ class Setup:
     reshard_after_forward: bool = True      # FSDP: free gathered weights after the forward (ZeRO-3)
     first_bucket_bytes: float = DDP_FIRST_BUCKET_BYTES   # DDP's first gradient bucket
     bucket_view: bool = False               # DDP gradient_as_bucket_view
+    moe_precision: str = ""                 # the experts' GEMM dtype (served models; "" : precision)
+    moe_tp: int = 0                         # the experts' tensor split (served models; 0: tp)
+    moe_ep: int = 0                         # the experts' expert split (served models; 0: layout.ep)
+
+    @property
+    def moe_dtype(self) -> str:
+        return self.moe_precision or self.precision
+
+    @property
+    def expert_tp(self) -> int:
+        """Ranks each expert is split over (tensor parallelism of the MoE layers)."""
+        return self.moe_tp or self.layout.tp
+
+    @property
+    def expert_ep(self) -> int:
+        """Ranks the experts are spread over (expert parallelism of the MoE layers)."""
+        return self.moe_ep or self.layout.ep
 
     @property
     def bucket_copies(self) -> bool:
@@ -149,6 +166,12 @@ def make_setup(spec: WorkloadSpec, world: World) -> Setup:
     if not isinstance(model, TransformerModel):
         raise TypeError(f"the transformer builder got a {model.kind} model")
     p, t = spec.parallelism, spec.train
+    if model.sparse_attention is not None:
+        raise ValueError("model.sparse_attention: training with DeepSeek sparse attention is not modelled; expected a "
+                         "served model (transformer_inference) or no sparse_attention")
+    if p.cp > 1 and (model.mla is not None or model.layer_types is not None):
+        raise ValueError("context parallelism is modelled for full grouped-query attention only; expected cp: 1 with "
+                         "mla or layer_types")
     mp = p.tp * p.pp * p.cp
     dp = p.dp or world.size // mp
     if mp * dp != world.size:
@@ -206,7 +229,15 @@ class Experts:
 
 @dataclass(frozen=True)
 class Block:
-    """The parameterised modules of one Transformer block on one rank."""
+    """The parameterised modules of one Transformer block on one rank.
+
+    ``qkv`` is the block's first projection: grouped-query attention's fused QKV (with the output
+    gate's half under ``attention_output_gate``); under MLA the fused low-rank query and latent
+    projection (``q_a`` and ``kv_a``, whole on every tp rank), followed by ``q_up`` (the query's
+    up-projection, column-parallel) and ``kv_up`` (the latent's key/value up-projection); in a
+    linear-attention block Gated DeltaNet's ``in_proj_qkvz``, beside ``gates`` (its ``in_proj_ba``).
+    ``indexer`` is DSA's (its query up-projection, keys and head weights as one linear). ``shared``
+    is the shared experts' MLP (fc1, fc2) beside an MoE block's routed experts."""
 
     index: int
     name: str
@@ -217,6 +248,13 @@ class Block:
     fc1: Linear | None
     fc2: Linear | None
     experts: Experts | None
+    kind: str = "full"
+    q_up: Linear | None = None
+    kv_up: Linear | None = None
+    gates: Linear | None = None
+    indexer: Linear | None = None
+    shared: tuple[Linear, Linear] | None = None
+    attn_norms: tuple[Param, ...] = ()
 
     def dense_params(self) -> tuple[Param, ...]:
         """Parameters reduced over the data-parallel group, in the order backward readies them."""
@@ -225,35 +263,106 @@ class Block:
             mlp = (*self.fc2.params, *self.fc1.params)
         elif self.experts is not None:
             mlp = self.experts.router.params
-        return (*mlp, *self.ln2, *self.proj.params, *self.qkv.params, *self.ln1)
+            if self.shared is not None:
+                mlp = (*self.shared[1].params, *self.shared[0].params, *mlp)
+        attn: tuple[Param, ...] = ()
+        for lin in (self.kv_up, self.q_up, self.indexer, self.gates):
+            if lin is not None:
+                attn = (*attn, *lin.params)
+        return (*mlp, *self.ln2, *self.proj.params, *attn, *self.attn_norms, *self.qkv.params, *self.ln1)
 
     def numel(self) -> int:
         n = sum(p.numel for p in self.dense_params())
         return n + (sum(p.numel for p in self.experts.params) if self.experts else 0)
 
 
+def attention_linears(md: TransformerModel, i: int, tp: int) -> dict[str, Linear]:
+    """Block ``i``'s attention linears as one rank holds them under tensor parallelism ``tp``
+    (``tp`` 1: the whole model's), and the widths of its per-head norms (``norms``: their parameter
+    count as a pseudo-linear's inputs)."""
+    h, bias, name = md.hidden, md.has_bias, f"h{i}"
+    kind = md.attention_kind(i)
+    out: dict[str, Linear] = {}
+    if md.mla is not None:
+        ml = md.mla
+        first = (ml.q_lora_rank or 0) + ml.latent
+        out["qkv"] = Linear(f"{name}.attn.qkv_a", h, first, bias)
+        q_in = ml.q_lora_rank or h
+        out["q_up"] = Linear(f"{name}.attn.q_b", q_in, md.heads * ml.qk_head_dim // tp, False)
+        if ml.q_lora_rank is None:  # the query straight from the block's input, column-parallel
+            out["qkv"] = Linear(f"{name}.attn.kv_a", h, ml.latent, bias)
+        out["kv_up"] = Linear(f"{name}.attn.kv_b", ml.kv_lora_rank,
+                              md.heads * (ml.qk_nope_head_dim + ml.v_head_dim) // tp, False)
+        out["proj"] = Linear(f"{name}.attn.proj", md.heads * ml.v_head_dim // tp, h, bias)
+        if md.sparse_attention is not None:
+            sa = md.sparse_attention
+            q_in = ml.q_lora_rank or h
+            # wq_b (from the query latent), wk (from the input) and the head weights, tp-replicated
+            out["indexer"] = Linear(f"{name}.attn.indexer", q_in + h,
+                                    sa.index_heads * sa.index_head_dim + sa.index_head_dim + sa.index_heads, False)
+        return out
+    if kind == "linear":
+        la = md.linear_attention
+        assert la is not None
+        qkvz = 2 * la.key_heads * la.key_head_dim + 2 * la.value_heads * la.value_head_dim
+        out["qkv"] = Linear(f"{name}.attn.in_proj_qkvz", h, qkvz // tp, False)
+        out["gates"] = Linear(f"{name}.attn.in_proj_ba", h, 2 * la.value_heads // tp, False)
+        out["proj"] = Linear(f"{name}.attn.out_proj", la.value_heads * la.value_head_dim // tp, h, False)
+        return out
+    d = md.d_head
+    q = md.heads * d * (2 if md.attention_output_gate else 1)
+    out["qkv"] = Linear(f"{name}.attn.qkv", h, (q + 2 * md.kv_heads_n * d) // tp, bias)
+    out["proj"] = Linear(f"{name}.attn.proj", md.heads * d // tp, h, bias)
+    return out
+
+
+def _attn_norms(md: TransformerModel, i: int, name: str) -> tuple[Param, ...]:
+    """The norms inside attention: QK-norm's two (one head wide), MLA's two latent norms, a linear
+    block's gated output norm."""
+    if md.mla is not None:
+        ml = md.mla
+        return ((Param(f"{name}.attn.q_a_norm.weight", ml.q_lora_rank),) if ml.q_lora_rank else ()) + (
+            Param(f"{name}.attn.kv_a_norm.weight", ml.kv_lora_rank),)
+    if md.attention_kind(i) == "linear":
+        la = md.linear_attention
+        assert la is not None
+        return (Param(f"{name}.attn.norm.weight", la.value_head_dim),
+                Param(f"{name}.attn.conv1d.weight",
+                      (2 * la.key_heads * la.key_head_dim + la.value_heads * la.value_head_dim) * la.conv_kernel),
+                Param(f"{name}.attn.A_log", 2 * la.value_heads))
+    if md.qk_norm:
+        return (Param(f"{name}.attn.q_norm.weight", md.d_head), Param(f"{name}.attn.k_norm.weight", md.d_head))
+    return ()
+
+
 def block(s: Setup, i: int) -> Block:
     """Block ``i`` as one rank holds it."""
     md, tp = s.model, s.tp
-    h, d, bias = md.hidden, md.head_dim, md.has_bias
-    qkv_out = (md.heads + 2 * md.kv_heads_n) * d // tp
+    h, bias = md.hidden, md.has_bias
     gate = 2 if md.act == "swiglu" else 1
     name = f"h{i}"
-    qkv = Linear(f"{name}.attn.qkv", h, qkv_out, bias)
-    proj = Linear(f"{name}.attn.proj", md.heads * d // tp, h, bias)
+    att = attention_linears(md, i, tp)
     fc1 = fc2 = None
     experts = None
+    shared = None
     if md.is_moe_layer(i):
         assert md.moe is not None
-        f = md.expert_ffn // tp
-        experts = Experts(f"{name}.moe", Linear(f"{name}.moe.router", h, md.moe.experts, False),
-                          md.moe.experts // s.layout.ep, Linear(f"{name}.moe.fc1", h, gate * f, bias),
-                          Linear(f"{name}.moe.fc2", f, h, bias))
+        f = md.expert_ffn // s.expert_tp
+        ebias = bias or md.moe.expert_bias
+        experts = Experts(f"{name}.moe", Linear(f"{name}.moe.router", h, md.moe.experts, md.moe.expert_bias),
+                          md.moe.experts // s.expert_ep, Linear(f"{name}.moe.fc1", h, gate * f, ebias),
+                          Linear(f"{name}.moe.fc2", f, h, ebias))
+        if md.shared_ffn:
+            sf = md.shared_ffn // tp
+            shared = (Linear(f"{name}.moe.shared.fc1", h, gate * sf, bias),
+                      Linear(f"{name}.moe.shared.fc2", sf, h, bias))
     else:
         fc1 = Linear(f"{name}.mlp.fc1", h, gate * md.ffn // tp, bias)
         fc2 = Linear(f"{name}.mlp.fc2", md.ffn // tp, h, bias)
-    return Block(i, name, norm_params(f"{name}.ln1", h, md.norm_kind), qkv, proj,
-                 norm_params(f"{name}.ln2", h, md.norm_kind), fc1, fc2, experts)
+    return Block(i, name, norm_params(f"{name}.ln1", h, md.norm_kind), att["qkv"], att["proj"],
+                 norm_params(f"{name}.ln2", h, md.norm_kind), fc1, fc2, experts, kind=md.attention_kind(i),
+                 q_up=att.get("q_up"), kv_up=att.get("kv_up"), gates=att.get("gates"), indexer=att.get("indexer"),
+                 shared=shared, attn_norms=_attn_norms(md, i, name))
 
 
 def embedding_params(s: Setup) -> tuple[Param, ...]:
@@ -304,25 +413,32 @@ def _mlp_params(h: int, f: int, gate: int, bias: bool) -> int:
     return h * gate * f + f * h + ((gate * f + h) if bias else 0)
 
 
+def _block_params(md: TransformerModel, i: int) -> tuple[int, int]:
+    """Block ``i``'s parameters (whole model, tp 1): all of them, and those of its experts a token skips."""
+    h, bias = md.hidden, md.has_bias
+    nb = 2 if md.norm_kind == "layernorm" else 1
+    gate = 2 if md.act == "swiglu" else 1
+    total = sum(lin.numel for lin in attention_linears(md, i, 1).values()) + 2 * nb * h
+    total += sum(p.numel for p in _attn_norms(md, i, "x"))
+    skipped = 0
+    if md.is_moe_layer(i):
+        assert md.moe is not None
+        f = md.expert_ffn
+        expert = _mlp_params(h, f, gate, bias or md.moe.expert_bias)
+        total += h * md.moe.experts + md.moe.experts * expert + (_mlp_params(h, md.shared_ffn, gate, bias)
+                                                                  if md.shared_ffn else 0)
+        skipped = (md.moe.experts - md.moe.top_k) * expert
+    else:
+        total += _mlp_params(h, md.ffn, gate, bias)
+    return total, skipped
+
+
 def parameter_count(model: TransformerModel) -> int:
     """Parameters of the whole model, a tied output layer counted once (GPT-2 small: 124,439,808)."""
     md = model
-    h, d = md.hidden, md.head_dim
+    h = md.hidden
     nb = 2 if md.norm_kind == "layernorm" else 1
-    bias = md.has_bias
-    gate = 2 if md.act == "swiglu" else 1
-    qkv_out = (md.heads + 2 * md.kv_heads_n) * d
-    qkv = h * qkv_out + (qkv_out if bias else 0)
-    proj = md.heads * d * h + (h if bias else 0)
-    total = 0
-    for i in range(md.layers):
-        total += qkv + proj + 2 * nb * h
-        if md.is_moe_layer(i):
-            assert md.moe is not None
-            f = md.expert_ffn
-            total += h * md.moe.experts + md.moe.experts * _mlp_params(h, f, gate, bias)
-        else:
-            total += _mlp_params(h, md.ffn, gate, bias)
+    total = sum(_block_params(md, i)[0] for i in range(md.layers))
     total += md.vocab * h + (0 if md.rope else md.seq_len * h) + nb * h
     if not md.tied:
         total += md.vocab * h
@@ -338,10 +454,7 @@ def active_matmul_params(model: TransformerModel) -> int:
     if not md.tied:
         n -= md.vocab * md.hidden  # the input embedding is a lookup; the output layer is a matmul
     if md.moe is not None:
-        gate = 2 if md.act == "swiglu" else 1
-        per_expert = md.hidden * gate * md.expert_ffn + md.expert_ffn * md.hidden
-        moe_layers = sum(md.is_moe_layer(i) for i in range(md.layers))
-        n -= moe_layers * (md.moe.experts - md.moe.top_k) * per_expert
+        n -= sum(_block_params(md, i)[1] for i in range(md.layers))
     return n
 
 
@@ -353,5 +466,24 @@ def model_flops(model: TransformerModel, samples: int) -> float:
     experts), plus attention QK^T and AV counted as full (non-causal) matrices:
     12 * layers * samples * s^2 * hidden. Recomputation is not useful work and is not counted.
     """
-    s, h = model.seq_len, model.hidden
-    return 6.0 * active_matmul_params(model) * samples * s + 12.0 * model.layers * samples * s * s * h
+    s = model.seq_len
+    return 6.0 * active_matmul_params(model) * samples * s + 3.0 * samples * attention_flops(model, s)
+
+
+def attention_flops(md: TransformerModel, s: int) -> float:
+    """Forward FLOPs of QK^T and AV over one sequence of ``s`` tokens, as full matrices, summed over the
+    blocks: ``2 s kv heads (d_qk + d_v)`` a block, ``kv`` the keys a query sees (``s``, a sliding
+    window's at most, DSA's top-k at most); none in a linear-attention block (its recurrence is
+    linear in ``s``). Plain attention: 4 s^2 hidden a block."""
+    dqk = md.d_head
+    dv = md.mla.v_head_dim if md.mla is not None else dqk
+    total = 0.0
+    for i in range(md.layers):
+        kind = md.attention_kind(i)
+        if kind == "linear":
+            continue
+        kv = min(s, md.sliding_window or s) if kind == "sliding" else s
+        if md.sparse_attention is not None:
+            kv = min(kv, md.sparse_attention.index_topk)
+        total += 2.0 * s * kv * md.heads * (dqk + dv)
+    return total

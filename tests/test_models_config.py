@@ -1,0 +1,234 @@
+"""Models from their Hugging Face config.json: the adapters, the fields they set, the memory they
+imply, the parallelism of served MoE models, and the refusals of bad configs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import DATA, ROOT, edit_keys
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simgpu import run
+from simgpu.config.hf import ADAPTERS, adapt, checkpoint_precision, read_config
+from simgpu.config.loader import load_job
+from simgpu.config.workload import TransformerInferenceModel
+from simgpu.precision import gemm_path
+from simgpu.workload.inference.builder import deployment
+from simgpu.workload.inference.memory import kv_bytes_per_token, request_state_bytes
+from simgpu.workload.registry import World
+from simgpu.workload.transformer.shapes import active_matmul_params, parameter_count
+
+MODELS = ROOT / "workloads" / "models"
+SAMPLE = DATA / "inference" / "aiconfigurator-silicon"
+DSR1 = ROOT / "workloads" / "inference" / "deepseek_r1_fp8_8x_h200_adp8.yaml"
+
+#: The published sizes (total, active per token; billions), from each model's card.
+PUBLISHED = {"deepseek-r1": (671, 37), "gpt-oss-120b": (117, 5.1), "qwen3-235b-a22b": (235, 22),
+             "qwen3-30b-a3b": (30.5, 3.3), "qwen3.5-397b-a17b": (397, 17), "glm-5": (744, 40)}
+
+
+def _model(name: str) -> TransformerInferenceModel:
+    fields, _ = adapt(read_config(MODELS / name / "config.json"))
+    return TransformerInferenceModel.model_validate({**fields, "kind": "transformer_inference"})
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_shipped_configs_give_the_published_sizes(name: str) -> None:
+    md = _model(name)
+    total, active = PUBLISHED[name]
+    assert parameter_count(md) / 1e9 == pytest.approx(total, rel=0.03)
+    assert active_matmul_params(md) / 1e9 == pytest.approx(active, rel=0.12)
+
+
+def test_deepseek_config_reads_mla_shared_experts_and_dense_blocks() -> None:
+    md = _model("deepseek-r1")
+    assert md.mla is not None and md.mla.kv_lora_rank == 512 and md.mla.latent == 576
+    assert md.moe is not None and md.moe.experts == 256 and md.moe.top_k == 8 and md.moe.shared_experts == 1
+    assert md.moe.first_dense == 3 and not md.is_moe_layer(2) and md.is_moe_layer(3)
+    assert md.shared_ffn == 2048 and md.d_head == 192
+
+
+def test_gpt_oss_config_reads_alternating_windows_and_sinks() -> None:
+    md = _model("gpt-oss-120b")
+    assert md.count_kind("sliding") == md.count_kind("full") == 18
+    assert md.sliding_window == 128 and md.attention_sinks and md.head_dim == 64
+    assert md.moe is not None and md.moe.expert_bias
+
+
+def test_qwen35_config_reads_hybrid_linear_attention() -> None:
+    md = _model("qwen3.5-397b-a17b")
+    assert md.count_kind("linear") == 45 and md.count_kind("full") == 15
+    assert md.linear_attention is not None and md.linear_attention.value_heads == 64
+    assert md.qk_norm and md.attention_output_gate
+
+
+def _setup(workload: dict[str, object], tmp: Path):  # type: ignore[no-untyped-def]
+    path = tmp / "w.yaml"
+    path.write_text(yaml.safe_dump(workload))
+    job = load_job(path)
+    world = World(job.workload.nodes, job.workload.gpus_per_node or job.platform.node.gpus,
+                  job.platform.gpu.memory_gib, gpu_dtypes=tuple(job.platform.gpu.peak_tflops))
+    return job, deployment(job.workload, world)
+
+
+def _served(config: str, **par: int) -> dict[str, object]:
+    return {"name": "t", "platform": "dgx_h200", "nodes": 1, "model": {"config": str(MODELS / config / "config.json")},
+            "inference": {"decode_requests": 8, "context_tokens": 1024}, "parallelism": {"tp": 1, **par}}
+
+
+def test_mla_caches_the_latent_only(tmp_path: Path) -> None:
+    _, dep = _setup(_served("deepseek-r1", attention_dp=8, moe_ep=8), tmp_path)
+    # 61 blocks x (512 latent + 64 rotary key) x 1 byte (fp8 cache, from the fp8 checkpoint)
+    assert kv_bytes_per_token(dep.setup, 1.0) == 61 * 576
+    assert dep.inference.precision == "fp8_block" and dep.inference.kv == "fp8"
+
+
+def test_sliding_and_linear_blocks_hold_bounded_state(tmp_path: Path) -> None:
+    _, dep = _setup(_served("gpt-oss-120b"), tmp_path)
+    s = dep.setup
+    # 18 full blocks a token; 18 sliding blocks hold 128 tokens a request, whatever its length
+    assert kv_bytes_per_token(s, 2.0) == 18 * 8 * 64 * 2 * 2
+    assert request_state_bytes(s, 2.0) == 18 * 128 * 8 * 64 * 2 * 2
+    _, dep = _setup(_served("qwen3.5-397b-a17b", tp=8, moe_tp=1, moe_ep=8), tmp_path)
+    assert kv_bytes_per_token(dep.setup, 2.0) == 15 * 1 * 256 * 2 * 2  # 2 KV heads replicated over tp 8
+    assert request_state_bytes(dep.setup, 2.0) > 45 * 64 * 128 * 128 * 4 / 8
+
+
+def test_experts_split_as_the_deployment_says(tmp_path: Path) -> None:
+    from simgpu.workload.transformer.shapes import block
+
+    _, dep = _setup(_served("qwen3-235b-a22b", tp=8, moe_tp=1, moe_ep=8), tmp_path)
+    ex = block(dep.setup, 0).experts
+    assert ex is not None and ex.local == 16 and ex.fc2.inputs == 1536
+    _, dep = _setup(_served("qwen3-235b-a22b", tp=8), tmp_path)  # experts tensor-split by default
+    ex = block(dep.setup, 0).experts
+    assert ex is not None and ex.local == 128 and ex.fc2.inputs == 1536 // 8
+
+
+def test_inline_fields_override_the_config(tmp_path: Path) -> None:
+    w = _served("qwen3-235b-a22b", tp=8)
+    w["model"] = {**w["model"], "layers": 4, "moe": {"top_k": 2}}  # type: ignore[dict-item]
+    job, _ = _setup(w, tmp_path)
+    md = job.workload.model
+    assert isinstance(md, TransformerInferenceModel)
+    assert md.layers == 4 and md.moe is not None and md.moe.top_k == 2 and md.moe.experts == 128
+
+
+def test_fp4_on_hopper_takes_the_dequantize_path() -> None:
+    assert gemm_path("fp4", ["fp32", "bf16", "fp8"]) == "w4a16"
+    assert gemm_path("fp4", ["fp32", "bf16", "fp8", "fp4"]) == "fp4"
+    assert gemm_path("mxfp4", ["fp32", "fp16"]) is None
+    assert gemm_path("fp8_block", ["fp32", "bf16"]) is None
+
+
+def test_checkpoint_precisions() -> None:
+    assert checkpoint_precision(MODELS / "deepseek-r1" / "config.json") == {"precision": "fp8_block"}
+    assert checkpoint_precision(MODELS / "gpt-oss-120b" / "config.json") == {"moe_precision": "mxfp4"}
+    assert checkpoint_precision(MODELS / "glm-5" / "config.json") == {}
+
+
+@settings(max_examples=25, deadline=None)
+@given(adp=st.sampled_from([1, 2, 4, 8]), tp=st.sampled_from([1, 2, 4, 8]), moe_tp=st.sampled_from([1, 2, 4, 8]))
+def test_moe_split_covers_the_stage(adp: int, tp: int, moe_tp: int) -> None:
+    """Whatever split is written, the experts' ranks are attention's: moe_tp x moe_ep = tp x attention_dp."""
+    from pydantic import ValidationError
+
+    from simgpu.config.workload import Parallelism
+
+    if tp * adp % moe_tp:
+        with pytest.raises(ValidationError):
+            Parallelism(tp=tp, attention_dp=adp, moe_tp=moe_tp, moe_ep=max(1, tp * adp // moe_tp) + 1)
+        return
+    p = Parallelism(tp=tp, attention_dp=adp, moe_tp=moe_tp)
+    a, mt, me = p.serving_split
+    assert a == adp and mt * me == tp * adp
+
+
+def _bad(tmp: Path, edits: dict[str, object], base: Path = DSR1) -> Path:
+    data = yaml.safe_load(base.read_text())
+    data["model"]["config"] = str((base.parent / data["model"]["config"]).resolve())
+    edit_keys(data, edits)
+    path = tmp / "w.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _unknown_arch(tmp: Path) -> str:
+    cfg = json.loads((MODELS / "deepseek-r1" / "config.json").read_text())
+    cfg["architectures"] = ["FancyNewForCausalLM"]
+    (tmp / "fancy.json").write_text(json.dumps(cfg))
+    return str(tmp / "fancy.json")
+
+
+def _dense(tmp: Path) -> str:
+    cfg = json.loads((MODELS / "qwen3-30b-a3b" / "config.json").read_text())
+    cfg["architectures"] = ["Qwen3ForCausalLM"]  # the same widths, dense MLPs
+    (tmp / "dense.json").write_text(json.dumps(cfg))
+    return str(tmp / "dense.json")
+
+
+BAD = {
+    "unknown architecture": (lambda t: {"model.config": _unknown_arch(t)}, ["FancyNewForCausalLM", "expected"]),
+    "missing config": (lambda t: {"model.config": str(t / "nope.json")}, ["model.config", "not found", "expected"]),
+    "config not JSON": (lambda t: {"model.config": str(t / "w.yaml")}, ["not JSON", "expected"]),
+    "ep that does not divide the experts": (lambda t: {"parallelism.moe_ep": 3, "parallelism.attention_dp": 3,
+                                                       "nodes": 1, "gpus_per_node": 3},
+                                            ["experts", "moe_ep=3", "expected"]),
+    "attention_dp x tp that does not match the GPUs": (lambda t: {"parallelism.attention_dp": 3},
+                                                       ["moe_tp x moe_ep", "tp x attention_dp"]),
+    "fp4 where no path exists": (lambda t: {"platform": "dgx1_v100", "inference.precision": "nvfp4"},
+                                 ["inference.precision", "V100", "expected"]),
+    "moe split on a dense model": (lambda t: {"model.config": _dense(t)},
+                                   ["parallelism.attention_dp", "has none", "expected"]),
+}
+
+
+@pytest.mark.parametrize("name", BAD)
+def test_a_bad_model_config_is_refused_in_one_line(name: str, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    make, words = BAD[name]
+    path = _bad(tmp_path, make(tmp_path))
+    out = tmp_path / "out"
+    code = run.main([str(path), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    for w in words:
+        assert w in err, (w, err)
+    assert not out.exists()
+
+
+@pytest.mark.skipif(not SAMPLE.is_dir(), reason=f"the serving sample is not at {SAMPLE} (../shared/data)")
+def test_every_config_of_the_sample_loads_or_is_refused_by_name() -> None:
+    from simgpu.errors import ConfigError
+
+    loaded = 0
+    for path in sorted((SAMPLE / "model_configs").glob("*_config.json")):
+        if path.name.endswith("_hf_quant_config.json"):
+            continue
+        cfg = read_config(path)
+        arch = cfg["architectures"][0]
+        if arch in ADAPTERS:
+            fields, _ = adapt(cfg)
+            TransformerInferenceModel.model_validate({**fields, "kind": "transformer_inference"})
+            loaded += 1
+        else:
+            with pytest.raises(ConfigError, match=arch):
+                adapt(cfg)
+    assert loaded >= 50
+
+
+@pytest.mark.skipif(not SAMPLE.is_dir(), reason=f"the serving sample is not at {SAMPLE} (../shared/data)")
+def test_the_sample_rows_are_listed_expressible_or_why_not() -> None:
+    from simgpu.validate.silicon import table
+
+    t = table(SAMPLE)
+    assert len(t) == 3931
+    assert t["expressible"].mean() > 0.9
+    assert (t.loc[~t["expressible"], "reason"].str.len() > 0).all()
+    every = set(t["model"])
+    assert every == set(t.loc[t["expressible"], "model"]), "every model has some expressible rows"
