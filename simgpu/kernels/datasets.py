@@ -95,6 +95,11 @@ def platform_tables(folder: Path, *, check_only: bool = False) -> tuple[dict[str
         if not check_only:
             tables = read_source(src.source, where, src.gpu)
             info["rows"] = {f: len(t) for f, t in sorted(tables.items())}
+            # which framework's table each family's dtype was taken from, where the source says
+            fws = {f: {str(d): str(g["framework"].iloc[0]) for d, g in t.groupby("dtype", sort=True)}
+                   for f, t in sorted(tables.items()) if "framework" in t.columns}
+            if fws:
+                info["frameworks"] = fws
             for family, t in tables.items():
                 parts.setdefault(family, []).append(t)
         listed.append(info)

@@ -280,6 +280,10 @@ def feature_columns(family: str, kernels: Sequence[KernelSpec], gpu: GPUSpec,
     f["ridge_rel"] = f["log_intensity"] - np.log2(peak / bw)
     f["bound"] = np.log2((flops / peak + 1e-12) / (nbytes / bw + 1e-12))
     f["dtype_bytes"] = e
+    if family in ("gemm", "bmm", "moe"):
+        # the operands' widths with their scales: what tells fp8 from block-scaled fp8 (the same peak
+        # and element width) and 4-bit weights beside 16-bit activations from a 4-bit GEMM
+        f["act_bytes"], f["weight_bytes"] = ops[0], ops[1]
     if family in ("gemm", "bmm"):
         b = p.get("b", np.ones_like(p["m"]))
         tiles = b * np.ceil(p["m"] / _TILE) * np.ceil(p["n"] / _TILE)

@@ -37,8 +37,9 @@ from .datasets import KERNEL_DATA, stale_sources
 from .features import NO_BASELINE, analytical_for, feature_frame, feature_matrix, kernels_from_table
 
 #: Bumped whenever features or training change, so that models fitted before are refitted.
-VERSION: Final = 3  # 2: elementwise flops_per_element; 3: attention GQA/window/KV width, larger trees on
-# large tables, the kinds of kernel published tables measured
+VERSION: Final = 4  # 2: elementwise flops_per_element; 3: attention GQA/window/KV width, larger trees on
+# large tables, the kinds of kernel published tables measured; 4: GEMM/BMM/MoE operand widths (act_bytes,
+# weight_bytes: block-scaled and 4-bit dtypes), the serving families
 ROUNDS: Final = 400
 LEAVES: Final = 7  # small trees: as accurate as 31 leaves on a few thousand rows, a quarter of the file size
 #: Tables of at least this many rows get :data:`LARGE_LEAVES` leaves: on the published GPU tables
@@ -412,8 +413,11 @@ TRANSFER: Final = "transfer"
 
 
 def models_folder(platform: PlatformSpec) -> Path | None:
-    """The platform folder whose models time ``platform``'s GPU: ``gpu.kernel_models`` if set, else
-    the platform's own."""
+    """The platform folder whose models time ``platform``'s GPU: the platform's own where it has fitted
+    models (``models/manifest.json``), else ``gpu.kernel_models`` if set, else the platform's own."""
+    own = store.platform_dir(platform.name)
+    if own is not None and (own / "models" / store.MANIFEST).is_file():
+        return own
     ref = platform.gpu.kernel_models or platform.name
     folder = store.platform_dir(ref)
     if folder is None and platform.gpu.kernel_models:

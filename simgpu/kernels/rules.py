@@ -48,6 +48,23 @@ not seen from the leaves of another (a dropout from the leaves of vLLM's SwiGLU 
 - **Layer norm** = the RMS norm of the same shape (one more reduction, the same bytes) and back;
   **a norm's backward** = its forward scaled by the roofline ratio (three passes over the data
   instead of two).
+
+The quantized dtypes of serving (:data:`DTYPE_PROXIES`), where no table measured a kernel's dtype:
+
+- **mxfp8** = the block-scaled fp8 (``fp8_block``), else the per-tensor fp8 kernel of the same shape,
+  **fp8_block** = the fp8 kernel, **mxfp4** = the NVFP4 (``fp4``) kernel, else the 4-bit weight-only
+  one (``w4a16``), **fp4** = ``w4a16`` (a GPU without an fp4 path dequantizes, as ``w4a16`` does),
+  **w4a16** = the bf16 kernel: each scaled by the two kernels' roofline ratio (the same tensor-core
+  path and bytes up to the scales give 1; 4-bit weights against 16-bit ones, the bytes they save).
+- **An activation quantize to another target or block size** (``quantize`` with ``block`` > 0: fp8
+  per 128, mx per 32, NVFP4 per 16) = the measured per-tensor fp8 quantize of the same tensor, scaled
+  by the roofline ratio (the bytes of the narrower output and of the scales): the tables measure the
+  per-tensor fp8 kernel only.
+- **Full (non-causal) MLA prefill** = the causal one, as attention's.
+
+MLA's absorbed BMMs (``k``, ``n`` of 128 and 512) are a kind of ``bmm`` of their own (``mla``): the
+published tables measure them alone, and a model fitted on them times no other batched GEMM (those
+go through the batched-GEMM rule to the GEMM model, as before).
 """
 
 from __future__ import annotations
@@ -60,6 +77,12 @@ from ..graph import KernelSpec
 
 #: Dtypes timed by each other's measurements.
 ALIASES: Final = {"bf16": ("fp16",), "fp16": ("bf16",)}
+#: (k, n) of MLA's absorbed BMMs (qk_nope_head_dim 128 <-> kv_lora 512, v_head_dim 128): a kind of batched
+#: GEMM of its own, so that a model fitted on them answers for no other batched GEMM.
+MLA_BMM: Final = (128.0, 512.0)
+#: Quantized dtypes timed, where unmeasured, by the kernel of another dtype scaled by the roofline ratio.
+DTYPE_PROXIES: Final = {"mxfp8": ("fp8_block", "fp8"), "fp8_block": ("fp8",), "mxfp4": ("fp4", "w4a16"),
+                        "fp4": ("w4a16",), "w4a16": ("bf16",)}
 #: FlashAttention's backward FLOPs over its forward's.
 ATTENTION_BWD_FLOPS: Final = 2.5
 #: Backward over forward share of peak of fused attention (Triton on A100: 0.25 / 0.37).
@@ -91,6 +114,14 @@ def kind(k: KernelSpec) -> str:
         return ("rms" if k.get("rms", 0.0) else "ln") + ("_bwd" if k.get("bwd", 0.0) else "")
     if k.family == "softmax":
         return "bwd" if k.get("bwd", 0.0) else "fwd"
+    if k.family == "bmm":
+        return "mla" if sorted((k.get("k"), k.get("n"))) == list(MLA_BMM) else "any"
+    if k.family in ("linear_attention", "sparse_attention"):
+        return "decode" if k.get("decode", 0.0) else "prefill"
+    if k.family == "mla_context":
+        return "causal" if k.get("causal", 1.0) else "full"
+    if k.family == "quantize":
+        return f"block{k.get('block', 0.0):g}"
     if k.family == "moe":
         return (("gated" if k.get("gated", 1.0) else "plain") + ("_skewed" if k.get("skew", 0.0) else "")
                 + MOE_PASSES[int(k.get("bwd", 0.0))])
@@ -113,6 +144,14 @@ def _with(k: KernelSpec, family: str | None = None, dtype: str | None = None, **
 def _candidates(k: KernelSpec) -> Iterator[tuple[KernelSpec, Factor]]:
     for alt in ALIASES.get(k.dtype, ()):
         yield _with(k, dtype=alt), 1.0
+    if k.family == "quantize":
+        if k.dtype != "fp8" or k.get("block", 0.0):
+            yield _with(k, dtype="fp8", block=0.0), ROOFLINE
+        return
+    for alt in DTYPE_PROXIES.get(k.dtype, ()):
+        yield _with(k, dtype=alt), ROOFLINE
+    if k.family == "mla_context" and not k.get("causal", 1.0):
+        yield _with(k, causal=1.0), full_over_causal(k.get("seq_q"), k.get("seq_kv"))
     if k.family == "attention_bwd":
         yield _with(k, "attention_fwd"), ATTENTION_BWD_FLOPS / ATTENTION_BWD_EFFICIENCY
     elif k.family == "attention_fwd" and kind(k) == "full":

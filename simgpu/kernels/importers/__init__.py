@@ -6,7 +6,8 @@ the tables of :mod:`simgpu.kernels.store`: one row per measured kernel shape wit
 for a platform's ``kernel_data.yaml`` (the list of tables its models are fitted on):
 
 - ``neusight``: NeuSight's fp32 per-op tables (:mod:`.neusight`), rows of one ``gpu``;
-- ``aiconfigurator``: NVIDIA AIConfigurator's bf16/fp8 GEMM, attention and fused MoE tables (:mod:`.aiconfigurator`);
+- ``aiconfigurator``: NVIDIA AIConfigurator's GEMM, attention, fused MoE and serving-family tables (MLA,
+  MLA's BMMs, Gated DeltaNet, DSA, activation quantize), per framework (:mod:`.aiconfigurator`);
 - ``vidur``: Microsoft Vidur's fp16 per-operator times of LLM layers (:mod:`.vidur`).
 
 :func:`provenance` reads the commit and licence a source's ``provenance.md`` states, for the
@@ -93,7 +94,11 @@ def source_hash(path: Path, source: str | None = None) -> str:
 
 #: The files each importer reads, as globs under its folder: what the content hash and the sizes cover.
 READS: Final[dict[str, tuple[str, ...]]] = {
-    "aiconfigurator": ("gemm/*.parquet", "attention/*.parquet", "moe/*.parquet"),
+    "aiconfigurator": ("gemm/*.parquet", "gemm/*/gemm_perf.parquet", "attention/*.parquet",
+                       "attention/*/*_attention_perf.parquet", "moe/*.parquet", "moe/*/moe_perf.parquet",
+                       "mla_bmm/*/mla_bmm_perf.parquet", "mla/*/context_mla_perf.parquet",
+                       "mla/*/generation_mla_perf.parquet", "linear_attention/*/gdn_perf.parquet",
+                       "sparse_attention/*/dsa_*_module_perf.parquet", "quantize/*/scale_matrix_perf.parquet"),
     "vidur": ("*/*/mlp.csv",),
     "neusight": ("data/dataset/test/*.csv", "data/dataset/test/device_configs/*.json", "*.csv",
                  "device_configs/*.json"),
