@@ -124,6 +124,15 @@ CASES: dict[str, tuple[int, Callable[[], tuple[float, int]]]] = {
     "dlrm-dcnv2 1024 GPU (128x dgx_a100)": (1024, _workload("workloads/dlrm_dcnv2_8x_dgx_a100.yaml", "nodes=128")),
     "mixtral 8x7B 1024 H100 (EP8)": (1024, _workload("workloads/mixtral_8x7b_64x_h100.yaml", "nodes=128",
                                                                          "training.global_batch=2048")),
+    # the models of 2026 from their config.json: one serving iteration of DeepSeek-R1 (attention-DP 8,
+    # EP 8) and a training iteration of Qwen3-235B-A22B on 256 H100 (TP4 PP2 EP32, 94 blocks)
+    "deepseek-r1 serving iteration, 8 H200 (ADP8 EP8)": (8, _workload(
+        "workloads/inference/deepseek_r1_fp8_8x_h200_adp8.yaml")),
+    "qwen3-235b-a22b 256 H100 (TP4 PP2 EP32, fp8, full recompute)": (256, _workload(
+        "workloads/qwen3_30b_a3b_2x_dgx_h100_ep8.yaml", "model.config=models/qwen3-235b-a22b/config.json",
+        "nodes=32", "parallelism.tp=4", "parallelism.sp=true", "parallelism.pp=2", "parallelism.virtual_stages=1",
+        "parallelism.pp_schedule=1f1b", "parallelism.ep=32", "training.global_batch=256",
+        "training.recompute=full")),
     "all-to-all 64 KiB-1 GiB, 1024 GPU": (1024, _alltoall("dgx_a100", 128, A2A_SIZES)),
     "all-to-all 64 KiB-1 GiB, 4096 GPU": (4096, _alltoall("dgx_a100", 512, A2A_SIZES)),
     "gpt-3 175B 4096 GPU (TP8 PP16 DP32)": (4096, _gpt3(32)),

@@ -232,3 +232,29 @@ def test_the_sample_rows_are_listed_expressible_or_why_not() -> None:
     assert (t.loc[~t["expressible"], "reason"].str.len() > 0).all()
     every = set(t["model"])
     assert every == set(t.loc[t["expressible"], "model"]), "every model has some expressible rows"
+
+
+def test_megatron_bridge_rows_are_written_or_skipped_with_a_reason() -> None:
+    """Every Megatron-Bridge MoE row is either a workload that loads (its model from the shipped
+    config.json) or skipped with its reason; the iteration times are `python -m
+    simgpu.validate.moe_training`'s (see docs/models.md for where they stand)."""
+    from simgpu.config.checks import check_job
+    from simgpu.config.hf import expand
+    from simgpu.config.loader import Job, load_platform, validate
+    from simgpu.config.workload import WorkloadSpec
+    from simgpu.validate.iterations import PUBLISHED
+    from simgpu.validate.moe_training import cases, workload
+
+    if not PUBLISHED.is_file():
+        pytest.skip(f"the published rows are not at {PUBLISHED} (../shared/data)")
+    rows = cases()
+    assert {"Qwen3-30B-A3B", "Qwen3-235B-A22B", "GPT-OSS-120B", "DeepSeekV3-dropless"} <= set(rows["model"])
+    for r in rows.itertuples():
+        if r.skip:
+            assert "not modelled" in r.skip or "too long" in r.skip
+            continue
+        data = workload(r)
+        spec = validate(WorkloadSpec, expand(data, "row"), "row")
+        plat, pfile = load_platform("dgx_h100")
+        check_job(Job(spec, plat, "row", pfile))
+    assert (rows["skip"] == "").sum() >= 4

@@ -387,11 +387,13 @@ def test_context_parallel_jobs_are_not_cut(cp_comm, monkeypatch):
     cut, full = _both(GPT, over)
     assert cut.meta["steady_cut"].startswith("not used: rank 0 runs context parallelism's communication")
     _same(cut, full)
-    if cp_comm == "ring":  # the cut, were it allowed, is not the full run
+    if cp_comm == "ring":  # the cut, were it allowed, runs (it was 3.4e-4 off the full run under the kernel
+        # models of version 3; those of version 4 happen to leave this job's cut exact, so the refusal
+        # rests on the mechanism (a memory-bound kernel's slowdown decided by one instant's order), not
+        # on this job's figure)
         monkeypatch.setattr(steady, "CP_STREAMS", frozenset())
         forced = simulate(load_job(GPT, over))
         assert forced.meta["steady_cut"].startswith("used (")
-        assert abs(forced.iteration_time_s / full.iteration_time_s - 1) > 1e-5
 
 
 def test_run_command_turns_the_shortened_first_iteration_off(tmp_path):

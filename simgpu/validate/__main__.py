@@ -20,6 +20,8 @@ SUITES: dict[str, tuple[str, list[str]]] = {
     "mlperf": ("simgpu.validate.mlperf", []),
     "traces": ("simgpu.validate.traces", []),
     "inference": ("simgpu.validate.inference", []),
+    "silicon": ("simgpu.validate.silicon", []),
+    "moe_training": ("simgpu.validate.moe_training", []),
 }
 
 

@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
+from ..config.hf import expand as expand_config
 from ..config.loader import Job, load_platform
 from ..config.workload import WorkloadSpec
 
@@ -125,7 +126,7 @@ def _job(data: dict[str, Any], platform: str) -> Job:
     from ..config.checks import check_job
 
     plat, pfile = load_platform(platform)
-    job = Job(WorkloadSpec.model_validate(data), plat, "vtrain", pfile)
+    job = Job(WorkloadSpec.model_validate(expand_config(data, data.get("name", "validation"))), plat, "vtrain", pfile)
     check_job(job)
     return job
 

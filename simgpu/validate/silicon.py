@@ -108,7 +108,7 @@ def workload(row: pd.Series, pool: dict[str, int], folder: Path) -> dict[str, An
     if backend not in FRAMEWORKS:
         raise SimgpuError(f"framework {backend!r} is not modelled; expected one of: {', '.join(FRAMEWORKS)}")
     gpus = pool["tp"] * pool["attention_dp"] * pool["pp"]
-    gpn = 4 if row["system"] == "gb200" else 8
+    gpn = 72 if row["system"] == "gb200" else 8  # a GB200 NVL72 rack is one NVLink domain of 72
     nodes = max(1, -(-gpus // gpn))
     par: dict[str, int] = {"tp": pool["tp"], "pp": pool["pp"]}
     # a dense model's rows carry moe sizes of 1, which mean nothing for it

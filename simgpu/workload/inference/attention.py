@@ -9,8 +9,9 @@ and values (the ``kv_b`` GEMM over every key they attend to) and run ``mla_conte
 decoding requests absorb the key up-projection into the query (a batched GEMM per head into the
 latent space), run ``mla_decode`` attention over the latent cache as multi-query attention, and
 absorb the value up-projection into the output (a second batched GEMM). Under DSA (DeepSeek-V3.2,
-GLM-5) the lightning indexer's projections run as one GEMM and the ``sparse_attention`` module
-(indexer scores, top-k, sparse MLA over the selected keys) replaces both attention kernels.
+GLM-5) the whole attention layer is one ``sparse_attention`` module per kind of sequence, as the
+tables measure it: its projections, the indexer (scores over every key, top-k), the sparse MLA over
+the selected keys and the output projection (:func:`dsa_fwd`).
 
 Gated DeltaNet (Qwen3-Next, Qwen3.5; Yang et al. 2024): the ``in_proj_qkvz`` and ``in_proj_ba``
 GEMMs, the short causal convolution over queries, keys and values, the chunked delta-rule kernel
@@ -28,11 +29,33 @@ if TYPE_CHECKING:
     from .forward import StageForward
 
 
+def dsa_fwd(fw: StageForward, blk: Block) -> int:
+    """A DSA block's whole attention layer, its projections and output projection included, as one
+    ``sparse_attention`` module per kind of sequence (the measured tables time the module so); the
+    cache write beside it where the framework does not fuse it. Returns the last op."""
+    s, bl, sh, sv, em = fw.s, fw.bl, fw.shape, fw.sv, fw.em
+    ml, sa = s.model.mla, s.model.sparse_attention
+    assert ml is not None and sa is not None
+    last = em.last
+    if not sv.fused:
+        last = em.elementwise(f"{blk.name}.kv_cache.write", s.tokens * (ml.latent + sa.index_head_dim), 1, 1,
+                              sv.kv_dtype, op="copy", phase="fwd")
+    for kind, batch, sq, skv, decode in (("prefill", sh.prefill, sh.prefill_len, sh.prefill_len, 0),
+                                         ("cached", sh.chunked, sh.chunk_q, sh.chunk_kv + sh.chunk_q, 0),
+                                         ("decode", sh.decode, 1, sh.decode_ctx, 1)):
+        if batch:
+            last = em.kernel(f"{blk.name}.attention.{kind}", "sparse_attention", sv.attn_dtype, phase="fwd",
+                             batch=batch, seq_q=sq, seq_kv=skv, heads=bl.heads, topk=sa.index_topk,
+                             index_heads=sa.index_heads, index_head_dim=sa.index_head_dim, decode=decode)
+    return last
+
+
 def mla_fwd(fw: StageForward, blk: Block) -> int:
     """MLA up to the output projection (which the caller runs); returns the last op."""
     s, bl, sh, sv, em = fw.s, fw.bl, fw.shape, fw.sv, fw.em
     ml = s.model.mla
     assert ml is not None and blk.q_up is not None and blk.kv_up is not None
+    assert s.model.sparse_attention is None, "a DSA block runs as one module (dsa_fwd)"
     n, heads = blk.name, bl.heads
     bl.lin_fwd(blk.qkv, "fwd")
     if ml.q_lora_rank:
@@ -43,18 +66,6 @@ def mla_fwd(fw: StageForward, blk: Block) -> int:
         bl.ew(f"{n}.rope", s.tokens * (heads + 1) * ml.qk_rope_head_dim, 1, 1, "fwd", op="rope")
         em.elementwise(f"{n}.kv_cache.write", s.tokens * ml.latent, 1, 1, sv.kv_dtype, op="copy", phase="fwd")
     last = em.last
-    sa = s.model.sparse_attention
-    if sa is not None:
-        assert blk.indexer is not None
-        bl.lin_fwd(blk.indexer, "fwd")
-        for kind, batch, sq, skv, decode in (("prefill", sh.prefill, sh.prefill_len, sh.prefill_len, 0),
-                                             ("cached", sh.chunked, sh.chunk_q, sh.chunk_kv + sh.chunk_q, 0),
-                                             ("decode", sh.decode, 1, sh.decode_ctx, 1)):
-            if batch:
-                last = em.kernel(f"{n}.attention.{kind}", "sparse_attention", sv.attn_dtype, phase="fwd", batch=batch,
-                                 seq_q=sq, seq_kv=skv, heads=heads, topk=sa.index_topk, index_heads=sa.index_heads,
-                                 index_head_dim=sa.index_head_dim, decode=decode)
-        return last
     prompts = sh.prefill * sh.prefill_len + sh.chunked * (sh.chunk_q + sh.chunk_kv)  # keys the prompts expand
     if prompts:
         bl.lin_fwd(blk.kv_up, "fwd", rows=prompts)

@@ -31,7 +31,7 @@ from ..parallel import Coord
 from ..stage import Pair, StageEmitter
 from ..transformer.blocks import Blocks
 from ..transformer.shapes import Block, Setup, block, head_linears
-from .attention import linear_attention_fwd, mla_fwd
+from .attention import dsa_fwd, linear_attention_fwd, mla_fwd
 from .moe import serve_moe_fwd
 from .shape import Shape
 
@@ -160,7 +160,10 @@ class StageForward:
         # the residual add of the block's input is fused into its first norm (vLLM's
         # fused_add_rms_norm, TensorRT-LLM's fused residual norm); the norm waits for the reduction
         bl.norm(f"{n}.ln1", False, "fwd", deps=deps)
-        if blk.kv_up is not None:
+        out = -1
+        if s.model.sparse_attention is not None:
+            out = dsa_fwd(self, blk)  # the module includes the output projection
+        elif blk.kv_up is not None:
             mla_fwd(self, blk)
         elif blk.kind == "linear":
             linear_attention_fwd(self, blk)
@@ -175,7 +178,8 @@ class StageForward:
             self.attention(n, window)
             if s.model.attention_output_gate:
                 bl.ew(f"{n}.attn_gate", s.tokens * bl.heads * bl.d, 2, 1, "fwd", op="mul")
-        out = bl.lin_fwd(blk.proj, "fwd", quantize_input=not fused)
+        if out < 0:
+            out = bl.lin_fwd(blk.proj, "fwd", quantize_input=not fused)
         red = bl.tp_comm("ar", blk.proj.name, "fwd", deps=(out,))
         red = self.unfused_epilogue(blk.proj.name, out if red is None else red)
         bl.norm(f"{n}.ln2", False, "fwd", deps=(red,))

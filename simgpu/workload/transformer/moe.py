@@ -56,7 +56,13 @@ def moe_fwd(bl: Blocks, ex: Experts, phase: str, tag: str, deps: Iterable[int] =
     assert moe is not None
     t, k, h = s.tokens, moe.top_k, bl.h
     bl.lin_fwd(ex.router, phase, tag, deps=deps)
-    em.kernel(f"{ex.name}.route{tag}", "softmax", bl.aux, phase=phase, rows=t, cols=moe.experts, bwd=0)
+    route = em.kernel(f"{ex.name}.route{tag}", "softmax", bl.aux, phase=phase, rows=t, cols=moe.experts, bwd=0)
+    if s.megatron and moe.capacity_factor is None:
+        # Megatron-core's all-to-all dispatcher, dropless, copies the tokens per expert (the
+        # all-to-all's splits, the permuted length) to the host and synchronises the stream before
+        # permuting (token_dispatcher.py, MoEAlltoAllTokenDispatcher: _maybe_dtoh_and_synchronize at
+        # its cuda_sync_point): the host launches nothing more until the router has run
+        em.host_wait(f"{ex.name}.splits_sync{tag}", (route,), phase=phase)
     perm = bl.ew(f"{ex.name}.permute{tag}", t * k * h, 1, 1, phase, op="gather")
     dispatch = _a2a(bl, ex, "dispatch", phase, tag, perm)
     if s.cast:
