@@ -44,7 +44,8 @@ HELDOUT = 0.05
 def moe(rows: float = 4096, experts: float = 8, hidden: float = 4096, inter: float = 14336, dtype: str = "bf16",
         **extra: float) -> KernelSpec:
     return KernelSpec.make("moe", dtype, rows=rows, experts=experts, hidden=hidden, inter=inter, topk=2,
-                           gated=extra.pop("gated", 1.0), skew=extra.pop("skew", 0.0), bwd=extra.pop("bwd", 0.0))
+                           gated=extra.pop("gated", 1.0), skew=extra.pop("skew", 0.0), bwd=extra.pop("bwd", 0.0),
+                           **extra)
 
 
 def test_grouped_gemms_of_each_pass():
@@ -112,8 +113,10 @@ def test_importer_maps_the_fused_moe_rows_onto_one_ranks_kernel(tmp_path):
     assert list(t["experts"]) == [2, 2] and list(t["inter"]) == [7168, 7168]
     assert list(t["gated"]) == [1, 0] and list(t["skew"]) == [0, 1.2] and list(t["op"]) == ["moe", "moe_nongated"]
     assert list(t["median_s"]) == [0.5e-3, 0.25e-3]
+    assert list(t["group_tokens"]) == [64, 64]                       # every token of the group is routed
     k = kernels_from_table("moe", t)[0]
-    assert kernel_params(k) == kernel_params(moe(rows=32, experts=2, inter=7168))
+    assert kernel_params(k) == kernel_params(moe(rows=32, experts=2, inter=7168, group_tokens=64))
+    assert kernel_params(moe(rows=32, experts=2, inter=7168))["group_tokens"] == 32 / 2  # the rank's own
 
 
 def test_importer_refuses_an_unknown_distribution_in_one_line(tmp_path):

@@ -251,10 +251,31 @@ def test_megatron_bridge_rows_are_written_or_skipped_with_a_reason() -> None:
     assert {"Qwen3-30B-A3B", "Qwen3-235B-A22B", "GPT-OSS-120B", "DeepSeekV3-dropless"} <= set(rows["model"])
     for r in rows.itertuples():
         if r.skip:
-            assert "not modelled" in r.skip or "too long" in r.skip
+            assert "not modelled" in r.skip or "too long" in r.skip or "do not split" in r.skip
             continue
         data = workload(r)
         spec = validate(WorkloadSpec, expand(data, "row"), "row")
         plat, pfile = load_platform("dgx_h100")
         check_job(Job(spec, plat, "row", pfile))
     assert (rows["skip"] == "").sum() >= 4
+
+
+@settings(max_examples=30, deadline=None)
+@given(pp=st.sampled_from([2, 4, 8]), v=st.sampled_from([1, 2, 4]), per=st.integers(2, 5))
+def test_embedding_and_loss_in_the_pipeline_split(pp: int, v: int, per: int) -> None:
+    """Megatron's split with the embedding and the loss counted: every block in exactly one chunk,
+    in order, the first and the last chunk one block short."""
+    from dataclasses import replace
+
+    from simgpu.workload.transformer.shapes import make_setup
+
+    layers = pp * v * per - 2
+    path = ROOT / "workloads" / "qwen3_30b_a3b_2x_dgx_h100_ep8.yaml"
+    job = load_job(path, ["model.layers=46", "parallelism.account_for_embedding_and_loss=true",
+                          "parallelism.virtual_stages=1", "parallelism.pp_schedule=1f1b"])
+    s = make_setup(job.workload, World(2, 8))
+    assert s.embedding_in_split
+    s = replace(s, model=s.model.model_copy(update={"layers": layers}), layout=replace(s.layout, pp=pp), v=v)
+    chunks = [s.chunk_layers(g) for g in range(pp * v)]
+    assert [i for c in chunks for i in c] == list(range(layers))
+    assert len(chunks[0]) == len(chunks[-1]) == per - 1 and all(len(c) == per for c in chunks[1:-1])

@@ -133,9 +133,16 @@ def check_transformer(spec: WorkloadSpec, world: int, file: str | None = None) -
                                        f"not split over tp={tp}; expected multiples of tp")
     if md.ffn % tp:
         fail("model.ffn_hidden", f"MLP width {md.ffn} does not split over tp={tp}; expected a multiple of tp")
-    if md.layers % (pp * v):
+    if par.account_for_embedding_and_loss:
+        if (md.layers + 2) % (pp * v) or (md.layers + 2) // (pp * v) < 2:
+            fail("model.layers", f"{md.layers} layers with the embedding and the loss do not divide into "
+                                 f"pp*virtual_stages = {pp}*{v} chunks of 2 or more; expected layers + 2 a multiple "
+                                 f"of {pp * v}")
+    elif md.layers % (pp * v):
         fail("model.layers", f"{md.layers} layers do not divide into pp*virtual_stages = {pp}*{v} equal chunks; "
-                             f"expected a multiple of {pp * v}")
+                             f"expected a multiple of {pp * v}"
+                             + ("" if (md.layers + 2) % (pp * v) else
+                                " (or parallelism.account_for_embedding_and_loss: true, Megatron's split)"))
     if v > 1 and par.pp_schedule != "interleaved":
         fail("parallelism.virtual_stages", f"virtual_stages={v} needs pp_schedule: interleaved")
     if par.pp_schedule == "interleaved" and (v < 2 or pp < 2):
@@ -166,6 +173,9 @@ def check_transformer(spec: WorkloadSpec, world: int, file: str | None = None) -
                                                 f"{'moe_tp' if split else 'tp'}={moe_tp}")
     if dp % ep:
         fail("parallelism.ep", f"ep={ep} must divide dp={dp} (experts are sharded over data-parallel ranks)")
+    if tr is None and par.account_for_embedding_and_loss:
+        fail("parallelism.account_for_embedding_and_loss", "the pipeline split of a trained model's chunks; a served "
+                                                           "model's stages hold layers / pp blocks each")
     if tr is None:  # served: no micro-batches, no schedule
         if pp > 1 and par.pp_schedule != "1f1b":
             fail("parallelism.pp_schedule", "a served model's stages run one iteration at a time; expected 1f1b")

@@ -676,6 +676,11 @@ class Parallelism(Spec):
         "1f1b", description="pipeline schedule: 1f1b, gpipe (all forwards, then all backwards) or interleaved "
                             "1F1B over virtual_stages model chunks per stage")
     virtual_stages: PositiveInt = Field(1, description="model chunks per pipeline stage (interleaved only)")
+    account_for_embedding_and_loss: bool = Field(
+        False, description="the embedding and the loss count as a block each when the blocks are split over the "
+                           "pipeline's chunks, so the first and the last chunk hold one block fewer (Megatron-core's "
+                           "account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split); "
+                           "layers + 2 must divide into pp x virtual_stages chunks")
     cp_comm: Literal["ring", "all_gather"] = Field(
         "ring", description="context parallelism: ring (K/V passed around the ring, overlapping attention) or "
                             "all_gather (K/V all-gathered per block)")

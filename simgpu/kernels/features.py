@@ -50,7 +50,9 @@ ATTENTION_OPTIONAL: Final[Mapping[str, float]] = {"kv_heads": np.nan, "window": 
 #: this rank's experts) over ``experts`` local experts, ``hidden`` -> ``inter`` (after tensor
 #: parallelism; ``gated``: SwiGLU's gate and up projections) -> ``hidden``; ``skew`` is the exponent
 #: of a power law of tokens over experts (0: balanced routing); ``bwd`` 0 the forward, 1 the input
-#: gradients, 2 the weight gradients (:func:`~simgpu.kernels.analytical.moe_gemms`). The serving
+#: gradients, 2 the weight gradients (:func:`~simgpu.kernels.analytical.moe_gemms`); ``group_tokens``
+#: the tokens the whole expert-parallel group routes, every one of which a serving engine's fused MoE
+#: reads (NaN: this rank's own, ``rows / topk``). The serving
 #: families (``mla_context``, ``mla_decode``, ``linear_attention``, ``sparse_attention``, ``quantize``)
 #: are :data:`~simgpu.kernels.analytical.SERVING_PARAMS`, their work
 #: :func:`~simgpu.kernels.analytical.serving_work`.
@@ -71,7 +73,7 @@ FAMILY_PARAMS: Final[Mapping[str, Mapping[str, float | None]]] = {
     "optimizer": {"numel": None, "states": 0.0},
     "memcpy": {"nbytes": None, "to_device": 1.0},
     "moe": {"rows": None, "experts": None, "hidden": None, "inter": None, "topk": 1.0, "gated": 1.0,
-            "skew": 0.0, "bwd": 0.0},
+            "skew": 0.0, "bwd": 0.0, "group_tokens": np.nan},
     **SERVING_PARAMS,
 }
 #: Families the analytical model has no formula for: their models learn the time itself.
@@ -153,6 +155,8 @@ def kernel_params(kernel: KernelSpec) -> dict[str, float]:
         out["kv_heads"] = out["heads"]
     if "kv_bytes" in out and np.isnan(out["kv_bytes"]):
         out["kv_bytes"] = float(DTYPE_BYTES[kernel.dtype])
+    if kernel.family == "moe" and np.isnan(out["group_tokens"]):
+        out["group_tokens"] = out["rows"] / max(out["topk"], 1.0)
     if kernel.family.startswith("embedding") and np.isnan(out["reuse_unique"]):
         out.update(uniform_reuse(out["rows"], out["batch"] * out["pooling"]))
     return out

@@ -37,9 +37,10 @@ from .datasets import KERNEL_DATA, stale_sources
 from .features import NO_BASELINE, analytical_for, feature_frame, feature_matrix, kernels_from_table
 
 #: Bumped whenever features or training change, so that models fitted before are refitted.
-VERSION: Final = 4  # 2: elementwise flops_per_element; 3: attention GQA/window/KV width, larger trees on
+VERSION: Final = 5  # 2: elementwise flops_per_element; 3: attention GQA/window/KV width, larger trees on
 # large tables, the kinds of kernel published tables measured; 4: GEMM/BMM/MoE operand widths (act_bytes,
-# weight_bytes: block-scaled and 4-bit dtypes), the serving families
+# weight_bytes: block-scaled and 4-bit dtypes), the serving families; 5: MoE group_tokens (the tokens the
+# whole expert-parallel group routes)
 ROUNDS: Final = 400
 LEAVES: Final = 7  # small trees: as accurate as 31 leaves on a few thousand rows, a quarter of the file size
 #: Tables of at least this many rows get :data:`LARGE_LEAVES` leaves: on the published GPU tables

@@ -24,7 +24,9 @@ SGLang's (:data:`FRAMEWORKS`), and the ``framework`` column says which (the fit'
   and ``int4_wo``: 4-bit weights, 16-bit activations; where a framework measured both, the one with
   more rows). ``num_tokens`` are read as the tokens of the whole expert-parallel group, of which this
   rank's experts take their share of copies, ``rows = num_tokens x topk / moe_ep_size``; the rank
-  holds ``num_experts / moe_ep_size`` experts of ``inter_size / moe_tp_size``. Non-gated experts
+  holds ``num_experts / moe_ep_size`` experts of ``inter_size / moe_tp_size``, and ``group_tokens``
+  is ``num_tokens`` (the kernel routes every token of the group: the same local shape takes longer
+  at a larger expert-parallel degree). Non-gated experts
   (``gated`` 0, op ``moe_nongated``) are TensorRT-LLM's ``moe_torch_flow_nongated`` rows and, in the
   frameworks' tables, which do not say, the shapes of those rows (:data:`NONGATED_SHAPES`: the
   Nemotron models' relu^2 experts); ``distribution`` ``balanced`` is ``skew`` 0, ``power_law_<a>``
@@ -92,7 +94,7 @@ MLA_BMM: Final = {"mla_gen_pre": ("mla_pre", 128.0, 512.0), "mla_gen_post": ("ml
 #: The model whose DSA module rows the ``sparse_attention`` family is fitted on.
 DSA_MODEL: Final = "deepseek-ai/DeepSeek-V3.2"
 MOE_COLUMNS: Final = ("family", "op", "dtype", "rows", "experts", "hidden", "inter", "topk", "gated", "skew",
-                      "median_s")
+                      "group_tokens", "median_s")
 
 
 def _read(path: Path) -> pd.DataFrame:
@@ -210,6 +212,7 @@ def _moe(raw: pd.DataFrame, path: Path) -> pd.DataFrame:
         "experts": raw["num_experts"].astype(float) / ep, "hidden": raw["hidden_size"].astype(float),
         "inter": raw["inter_size"].astype(float) / tp, "topk": raw["topk"].astype(float),
         "gated": np.where(nongated, 0.0, 1.0), "skew": raw["distribution"].map(skews).astype(float),
+        "group_tokens": raw["num_tokens"].astype(float),
         "median_s": raw["latency"].astype(float) * 1e-3})
 
 

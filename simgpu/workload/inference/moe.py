@@ -8,8 +8,9 @@ without it every rank of the stage already holds every token (attention's all-re
 its own experts' share, and the MLP's tensor-parallel all-reduce that follows sums the experts'
 partial outputs (TensorRT-LLM's and vLLM's MoE under attention TP). A rank's experts take
 ``tokens x top_k / moe_ep`` copies of the stage's tokens, over ``experts / moe_ep`` experts of
-``expert width / moe_tp``, times the busiest rank's excess under a stated routing skew
-(``moe.skew``, the ``moe`` kernel's power-law exponent). Shared experts run as a dense MLP
+``expert width / moe_tp``, under a stated routing skew (``moe.skew``, the ``moe`` kernel's
+power-law exponent); the kernel routes every token of the stage (``group_tokens``), as the engines'
+fused MoE kernels filter the gathered tokens for their own experts. Shared experts run as a dense MLP
 (tp-split as attention) beside the routed ones.
 """
 
@@ -44,7 +45,8 @@ def serve_moe_fwd(fw: StageForward, blk: Block) -> int:
                                phase="fwd", deps=(perm,), stream="comm.ep")
     out = em.kernel(f"{ex.name}.experts.fwd", "moe", bl.moe_prec, phase="fwd",
                     deps=() if dispatch is None else (dispatch,), rows=rows, experts=ex.local, hidden=h,
-                    inter=ex.fc2.inputs, topk=k, gated=float(s.model.act == "swiglu"), skew=moe.skew, bwd=0)
+                    inter=ex.fc2.inputs, topk=k, gated=float(s.model.act == "swiglu"), skew=moe.skew, bwd=0,
+                    group_tokens=stage_tokens)
     if adp > 1:
         out = em.group_op("ep", f"{ex.name}.combine", f"{ex.name}.combine.mb{bl.mb}", "all_to_all", copies,
                           phase="fwd", deps=(out,), stream="comm.ep") or out

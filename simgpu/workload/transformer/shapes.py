@@ -73,6 +73,7 @@ class Setup:
     reshard_after_forward: bool = True      # FSDP: free gathered weights after the forward (ZeRO-3)
     first_bucket_bytes: float = DDP_FIRST_BUCKET_BYTES   # DDP's first gradient bucket
     bucket_view: bool = False               # DDP gradient_as_bucket_view
+    embedding_in_split: bool = False        # the embedding and the loss count as a block in the pipeline split
     moe_precision: str = ""                 # the experts' GEMM dtype (served models; "" : precision)
     moe_tp: int = 0                         # the experts' tensor split (served models; 0: tp)
     moe_ep: int = 0                         # the experts' expert split (served models; 0: layout.ep)
@@ -151,9 +152,15 @@ class Setup:
         return self.layout.pp * self.v
 
     def chunk_layers(self, g: int) -> range:
-        """Blocks of global model chunk ``g`` (0-based, in model order)."""
-        per = self.model.layers // self.chunks
-        return range(g * per, (g + 1) * per)
+        """Blocks of global model chunk ``g`` (0-based, in model order). Under ``embedding_in_split``
+        the embedding and the loss count as a block each (Megatron-core's
+        account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split): the first
+        and the last chunk hold one block fewer."""
+        extra = 2 if self.embedding_in_split else 0
+        per = (self.model.layers + extra) // self.chunks
+        shift = 1 if extra and g > 0 else 0
+        end = self.model.layers if extra and g == self.chunks - 1 else (g + 1) * per - (1 if extra else 0)
+        return range(g * per - shift, end)
 
     def stage_chunks(self, stage: int) -> list[int]:
         """Global chunks that ``stage`` holds, in local chunk order."""
@@ -199,7 +206,7 @@ def make_setup(spec: WorkloadSpec, world: World) -> Setup:
                  p2p_overlap=p.overlap_p2p_comm, forward_prefetch=p.forward_prefetch,
                  backward_prefetch=p.backward_prefetch, limit_all_gathers=p.limit_all_gathers,
                  reshard_after_forward=p.reshard_after_forward, first_bucket_bytes=spec.comm.first_bucket_mib * 2**20,
-                 bucket_view=p.gradient_as_bucket_view)
+                 bucket_view=p.gradient_as_bucket_view, embedding_in_split=p.account_for_embedding_and_loss)
 
 
 def _bucket_bytes(spec: WorkloadSpec, dp: int) -> float:
