@@ -159,6 +159,15 @@ def model_notes(job: Job) -> list[str]:
     md, out = job.workload.model, []
     if isinstance(md, TransformerModel) and md.config is not None:
         out += [f"{Path(md.config).name}: {n}" for n in notes(md.config)]
+    if isinstance(md, TransformerModel) and job.workload.training is not None:
+        if md.mla is not None:
+            out.append("mla in training: the attention core timed as flash attention of the mean of the query/key and "
+                       "value head widths (both matmuls' FLOPs exact)")
+        if md.sparse_attention is not None:
+            out.append("sparse_attention in training: each query's top-k keys timed as attention over a window of "
+                       "index_topk keys, the indexer's scores as batched GEMMs")
+        if md.linear_attention is not None:
+            out.append("linear_attention in training: the backward timed as two passes of the chunked kernel")
     inf = job.workload.inference
     if inf is not None:
         for key, prec in (("precision", inf.precision), ("moe_precision", inf.moe_precision)):

@@ -180,6 +180,9 @@ BAD = {
                                             ["experts", "moe_ep=3", "expected"]),
     "attention_dp x tp that does not match the GPUs": (lambda t: {"parallelism.attention_dp": 3},
                                                        ["moe_tp x moe_ep", "tp x attention_dp"]),
+    "replicas that do not fill the GPUs": (lambda t: {"parallelism.attention_dp": 2, "parallelism.moe_ep": 2,
+                                                      "gpus_per_node": 3},
+                                           ["parallelism", "do not fill 3 GPUs", "expected"]),
     "fp4 where no path exists": (lambda t: {"platform": "dgx1_v100", "inference.precision": "nvfp4"},
                                  ["inference.precision", "V100", "expected"]),
     "moe split on a dense model": (lambda t: {"model.config": _dense(t)},
@@ -279,3 +282,36 @@ def test_embedding_and_loss_in_the_pipeline_split(pp: int, v: int, per: int) -> 
     chunks = [s.chunk_layers(g) for g in range(pp * v)]
     assert [i for c in chunks for i in c] == list(range(layers))
     assert len(chunks[0]) == len(chunks[-1]) == per - 1 and all(len(c) == per for c in chunks[1:-1])
+
+
+#: Every model of the measured serving sample (its config.json in the sample's folder; the shipped
+#: copies where they are the same) -> its MoE-ness decides the split.
+SAMPLE_MODELS = {"deepseek-ai--DeepSeek-R1": True, "openai--gpt-oss-120b": True, "meta-llama--Meta-Llama-3.1-8B": False,
+                 "meta-llama--Meta-Llama-3.1-70B": False, "Qwen--Qwen3-32B": False, "Qwen--Qwen3-235B-A22B": True,
+                 "Qwen--Qwen3.5-397B-A17B": True, "zai-org--GLM-5": True, "deepseek-ai--DeepSeek-V3": True}
+
+
+@pytest.mark.skipif(not SAMPLE.is_dir(), reason=f"the serving sample is not at {SAMPLE} (../shared/data)")
+@pytest.mark.parametrize("name", sorted(SAMPLE_MODELS))
+def test_every_model_of_the_sample_serves_and_trains(name: str, tmp_path: Path) -> None:
+    """One serving iteration on an HGX H200 and one training iteration on a DGX H100, each model cut
+    to its first 4 blocks (so that it fits one node; the blocks are the model's own)."""
+    from simgpu.sim import simulate
+
+    config = str(SAMPLE / "model_configs" / f"{name}_config.json")
+    moe = SAMPLE_MODELS[name]
+    model = {"config": config, "layers": 4}
+    served = {"name": "s", "platform": "dgx_h200", "nodes": 1, "model": model,
+              "inference": {"prefill_requests": 2, "prompt_tokens": 512, "decode_requests": 16, "context_tokens": 1024},
+              "parallelism": {"tp": 1, "attention_dp": 8, "moe_ep": 8} if moe else {"tp": 8}}
+    trained = {"name": "t", "platform": "dgx_h100", "nodes": 1, "model": {**model, "seq_len": 1024},
+               "training": {"micro_batch": 1, "global_batch": 8, "precision": "bf16", "framework": "megatron"},
+               "parallelism": {"tp": 1, "ep": 8, "zero": 1} if moe else {"tp": 8, "sp": True}}
+    for i, w in enumerate((served, trained)):
+        path = tmp_path / f"{i}.yaml"
+        path.write_text(yaml.safe_dump(w))
+        r = simulate(load_job(path))
+        assert r.iteration_time_s > 0 and r.events > 0
+        notes = r.meta.get("model_notes", [])
+        if "DeepSeek" in name:
+            assert any("multi-token-prediction" in n for n in notes)

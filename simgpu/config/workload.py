@@ -322,8 +322,8 @@ class TransformerModel(Spec):
         None, description="DeepSeek sparse attention over MLA (an indexer picks the keys each query attends to)")
     layer_types: list[AttentionKind] | None = Field(
         None, min_length=1, description="the attention of each block: full, sliding (a window of sliding_window "
-                                        "keys) or linear (linear_attention); a list shorter than layers repeats; "
-                                        "default full everywhere")
+                                        "keys) or linear (linear_attention); a list shorter than layers repeats, "
+                                        "a longer one gives the first blocks'; default full everywhere")
     sliding_window: PositiveInt | None = Field(None, description="keys a sliding-window block attends to")
     attention_sinks: bool = Field(
         False, description="a learned per-head sink logit joins each softmax (gpt-oss); timed as the attention it "
@@ -341,9 +341,9 @@ class TransformerModel(Spec):
         if self.heads % self.kv_heads_n:
             raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads_n})")
         kinds = set(self.layer_types or ())
-        if self.layer_types is not None and self.layers % len(self.layer_types):
-            raise ValueError(f"layer_types has {len(self.layer_types)} entries; expected one per block or a pattern "
-                             f"that divides layers ({self.layers})")
+        if self.layer_types is not None and self.layers % len(self.layer_types) and len(self.layer_types) < self.layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries; expected one per block (the first "
+                             f"layers are used), or a pattern that divides layers ({self.layers})")
         if "sliding" in kinds and self.sliding_window is None:
             raise ValueError("layer_types has sliding blocks; expected sliding_window (keys each attends to)")
         if "linear" in kinds and self.linear_attention is None:

@@ -62,7 +62,8 @@ def deployment(spec: WorkloadSpec, world: World) -> Deployment:
     per = p.tp * adp * p.pp
     replicas = p.dp // adp if p.dp is not None else world.size // per
     if replicas * per != world.size:
-        raise ValueError(f"tp*attention_dp*pp = {per} GPUs per replica do not fill {world.size} GPUs")
+        raise ValueError(f"tp*attention_dp*pp = {per} GPUs per replica do not fill {world.size} GPUs; expected the "
+                         f"GPUs a multiple of {per}")
     _check_split(md, p.tp, moe_tp, moe_ep)
     layout = Layout(tp=p.tp, dp=adp, pp=p.pp, ep=adp)
     schedule: Schedule = "1f1b"

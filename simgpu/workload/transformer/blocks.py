@@ -333,6 +333,8 @@ class Blocks:
         sliding block's window."""
         md = self.s.model
         self.window = (md.sliding_window or 0) if blk.kind == "sliding" else 0
+        if md.sparse_attention is not None:  # each query attends to its top-k keys: a window's work
+            self.window = md.sparse_attention.index_topk
         if md.mla is not None:
             self.d, self.kv = (md.mla.qk_head_dim + md.mla.v_head_dim) // 2, self.heads
         else:

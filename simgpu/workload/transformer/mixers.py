@@ -9,6 +9,9 @@ query and of the latent into per-head keys and values, RoPE, and the attention c
 mean width, which makes both matmuls' FLOPs exact). Backward mirrors it with the same rules as a
 dense block (each GEMM's dgrad and wgrad; flash attention's backward kernel); the all-reduce of the
 down-projections' input gradient over tp is left out (a latent's width, small beside the block's).
+Under DeepSeek sparse attention each query attends to its ``index_topk`` best keys, timed as the
+same attention over a window of that many keys, beside the lightning indexer's projections and
+scores (:func:`_indexer`).
 
 Gated DeltaNet (Yang et al., "Gated Delta Networks", ICLR 2025; Qwen3-Next): ``in_proj_qkvz`` and
 ``in_proj_ba`` (column-parallel), the short causal convolution, the chunked delta rule
@@ -48,7 +51,28 @@ def mla_fwd(bl: Blocks, blk: Block, phase: str, tag: str, src: int) -> int:
     bl.lin_fwd(blk.kv_up, phase, tag)
     if s.model.rope:
         bl.ew(f"{n}.rope{tag}", s.tokens * (bl.heads + 1) * ml.qk_rope_head_dim, 1, 1, phase, op="rope")
+    if blk.indexer is not None:
+        _indexer(bl, blk, phase, tag, bwd=False)
     return core_fwd(bl, n, phase, tag)
+
+
+def _indexer(bl: Blocks, blk: Block, phase: str, tag: str, bwd: bool, sink: GradSink | None = None) -> int:
+    """DSA's lightning indexer in training: its projections, the scores of every query over every
+    earlier key (a batched GEMM per indexer head) and the top-k over them; backward, the scores'
+    two gradient GEMMs and the projections' (the indexer is trained beside the model, DeepSeek-V3.2
+    technical report, section 2.1)."""
+    s, em = bl.s, bl.em
+    sa = s.model.sparse_attention
+    assert sa is not None and blk.indexer is not None
+    b, S, n = s.micro * sa.index_heads, s.seq, blk.name
+    if not bwd:
+        bl.lin_fwd(blk.indexer, phase, tag)
+        em.kernel(f"{n}.attn.index_scores{tag}", "bmm", bl.attn_dtype, phase=phase, b=b, m=S, n=S, k=sa.index_head_dim)
+        return em.kernel(f"{n}.attn.index_topk{tag}", "softmax", bl.aux, phase=phase, rows=s.micro * S, cols=S, bwd=0)
+    em.kernel(f"{n}.attn.index_scores.dgrad_q", "bmm", bl.attn_dtype, phase=phase, b=b, m=S, n=sa.index_head_dim, k=S)
+    em.kernel(f"{n}.attn.index_scores.dgrad_k", "bmm", bl.attn_dtype, phase=phase, b=b, m=S, n=sa.index_head_dim, k=S)
+    bl.lin_dgrad(blk.indexer, phase)
+    return bl.lin_wgrad(blk.indexer, phase, sink)
 
 
 def mla_bwd(bl: Blocks, blk: Block, phase: str, sink: GradSink | None) -> int | None:
@@ -59,6 +83,8 @@ def mla_bwd(bl: Blocks, blk: Block, phase: str, sink: GradSink | None) -> int | 
     assert ml is not None and blk.q_up is not None and blk.kv_up is not None
     n = blk.name
     core_bwd(bl, n, phase)
+    if blk.indexer is not None:
+        _indexer(bl, blk, phase, "", bwd=True, sink=sink)
     if s.model.rope:
         bl.ew(f"{n}.rope_bwd", s.tokens * (bl.heads + 1) * ml.qk_rope_head_dim, 1, 1, phase, op="rope")
     bl.lin_dgrad(blk.kv_up, phase)

@@ -173,9 +173,6 @@ def make_setup(spec: WorkloadSpec, world: World) -> Setup:
     if not isinstance(model, TransformerModel):
         raise TypeError(f"the transformer builder got a {model.kind} model")
     p, t = spec.parallelism, spec.train
-    if model.sparse_attention is not None:
-        raise ValueError("model.sparse_attention: training with DeepSeek sparse attention is not modelled; expected a "
-                         "served model (transformer_inference) or no sparse_attention")
     if p.cp > 1 and (model.mla is not None or model.layer_types is not None):
         raise ValueError("context parallelism is modelled for full grouped-query attention only; expected cp: 1 with "
                          "mla or layer_types")
