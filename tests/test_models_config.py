@@ -315,3 +315,17 @@ def test_every_model_of_the_sample_serves_and_trains(name: str, tmp_path: Path) 
         notes = r.meta.get("model_notes", [])
         if "DeepSeek" in name:
             assert any("multi-token-prediction" in n for n in notes)
+
+
+@pytest.mark.skipif(not SAMPLE.is_dir(), reason=f"the serving sample is not at {SAMPLE} (../shared/data)")
+def test_pre_quantised_checkpoints_of_the_sample() -> None:
+    """compressed-tensors int4 experts (Kimi K2.5), ModelOpt NVFP4 with attention left out (DeepSeek),
+    NVFP4 everywhere (Qwen3-235B), per-tensor fp8 (Llama-3.1-70B), each read as deployed."""
+    m = SAMPLE / "model_configs"
+    assert checkpoint_precision(m / "moonshotai--Kimi-K2.5_config.json") == {"moe_precision": "w4a16"}
+    assert checkpoint_precision(m / "nvidia--DeepSeek-V3.1-NVFP4_config.json") == {"moe_precision": "fp4",
+                                                                                  "kv_dtype": "fp8"}
+    assert checkpoint_precision(m / "nvidia--Qwen3-235B-A22B-NVFP4_config.json") == {"precision": "fp4",
+                                                                                    "kv_dtype": "fp8"}
+    assert checkpoint_precision(m / "nvidia--Llama-3.1-70B-Instruct-FP8_config.json") == {"precision": "fp8",
+                                                                                         "kv_dtype": "fp8"}

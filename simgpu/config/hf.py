@@ -316,7 +316,7 @@ def checkpoint_precision(path: Path) -> dict[str, str]:
             algo = str(q.get("quant_algo", "")).lower()
             if algo in ("nvfp4", "fp8", "w4a16_awq", "mxfp4", "fp8_block_scales"):
                 names = {"nvfp4": "fp4", "w4a16_awq": "w4a16", "fp8_block_scales": "fp8_block"}
-                out["precision"] = names.get(algo, algo)
+                out[_which(q.get("exclude_modules"))] = names.get(algo, algo)
             if str(q.get("kv_cache_quant_algo", "")).lower() == "fp8":
                 out["kv_dtype"] = "fp8"
             return out
@@ -330,8 +330,34 @@ def checkpoint_precision(path: Path) -> dict[str, str]:
         elif method in ("awq", "gptq") and qc.get("bits") == 4:
             out["precision"] = "w4a16"
         elif method in ("modelopt",) and str(qc.get("quant_algo", "")).lower() == "nvfp4":
-            out["precision"] = "fp4"
+            out[_which(qc.get("ignore") or qc.get("exclude_modules"))] = "fp4"
+        elif method == "compressed-tensors":
+            out.update(_compressed_tensors(qc))
     return out
+
+
+def _compressed_tensors(qc: dict[str, Any]) -> dict[str, str]:
+    """The precision a compressed-tensors checkpoint's first config group implies: 4-bit integer
+    weights without quantised activations are w4a16 (Kimi K2.5's int4 experts), 4-bit float weights
+    and activations NVFP4, 8-bit float fp8; where attention is left out (``ignore`` names self_attn),
+    the experts only (``moe_precision``)."""
+    groups = qc.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        return {}
+    first = next(iter(groups.values()))
+    w, a = first.get("weights") or {}, first.get("input_activations")
+    bits, kind = w.get("num_bits"), w.get("type")
+    prec = ("w4a16" if bits == 4 and kind == "int" and not a else "fp4" if bits == 4 and kind == "float"
+            else "fp8" if bits == 8 and kind == "float" else None)
+    if prec is None:
+        return {}
+    return {_which(qc.get("ignore")): prec}
+
+
+def _which(left_out: Any) -> str:
+    """``moe_precision`` where a checkpoint leaves attention out of its quantisation (the experts, and
+    here the dense MLPs, quantised; attention in 16 bits), else ``precision``."""
+    return "moe_precision" if any("self_attn" in str(x) for x in left_out or []) else "precision"
 
 
 def expand(data: dict[str, Any], file: str) -> dict[str, Any]:
