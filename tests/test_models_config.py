@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import DATA, ROOT, edit_keys
+from conftest import DATA, ROOT, edit_keys, refused_in_one_line
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -179,7 +179,9 @@ BAD = {
                                                        "nodes": 1, "gpus_per_node": 3},
                                             ["experts", "moe_ep=3", "expected"]),
     "attention_dp x tp that does not match the GPUs": (lambda t: {"parallelism.attention_dp": 3},
-                                                       ["moe_tp x moe_ep", "tp x attention_dp"]),
+                                                       ["moe_ep (8) does not divide tp x attention_dp", "expected"]),
+    "moe split that does not cover the stage": (lambda t: {"parallelism.moe_tp": 2},
+                                                ["moe_tp x moe_ep (2 x 8)", "expected moe_tp x moe_ep = 8"]),
     "replicas that do not fill the GPUs": (lambda t: {"parallelism.attention_dp": 2, "parallelism.moe_ep": 2,
                                                       "gpus_per_node": 3},
                                            ["parallelism", "do not fill 3 GPUs", "expected"]),
@@ -196,12 +198,9 @@ def test_a_bad_model_config_is_refused_in_one_line(name: str, tmp_path: Path,
     make, words = BAD[name]
     path = _bad(tmp_path, make(tmp_path))
     out = tmp_path / "out"
-    code = run.main([str(path), "--out", str(out)])
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    line = refused_in_one_line(capsys, run.main, [str(path), "--out", str(out)])
     for w in words:
-        assert w in err, (w, err)
+        assert w in line, (w, line)
     assert not out.exists()
 
 

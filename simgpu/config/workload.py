@@ -778,10 +778,18 @@ class Parallelism(Spec):
         if given and self.ep > 1:
             raise ValueError(f"ep is short for attention_dp = moe_ep; expected ep or {given[0]}, not both")
         if given:
-            adp, mt, me = self.serving_split
-            if mt * me != self.tp * adp:
+            adp = self.attention_dp or self.ep
+            stage = self.tp * adp
+            for key in ("moe_tp", "moe_ep"):
+                v = getattr(self, key)
+                if v is not None and stage % v:
+                    raise ValueError(f"{key} ({v}) does not divide tp x attention_dp ({self.tp} x {adp} = {stage}), "
+                                     f"the GPUs the MoE layers run on; expected a divisor of {stage}")
+            _, mt, me = self.serving_split
+            if mt * me != stage:
                 raise ValueError(f"moe_tp x moe_ep ({mt} x {me}) must equal tp x attention_dp ({self.tp} x {adp}): "
-                                 "the MoE layers run on the same GPUs as attention")
+                                 f"the MoE layers run on the same GPUs as attention; expected moe_tp x moe_ep = "
+                                 f"{stage}")
         return self
 
 
