@@ -30,7 +30,7 @@ from ..dataparallel import GradSink
 from ..stage import Pair, StageEmitter
 from .attention import core_bwd, core_fwd
 from .mixers import linear_bwd, linear_fwd, mla_bwd, mla_fwd
-from .moe import moe_bwd, moe_fwd
+from .moe import moe_bwd, moe_fwd, sharded
 from .shapes import Block, Setup, embedding_params, head_linears, norm_params
 
 #: GEMM dtypes of quantised linears (a served model's formats, and training's fp8)
@@ -306,15 +306,21 @@ class Blocks:
         self.residual(f"{blk.proj.name}.residual{tag}", phase, deps=_d(red))
         ln2 = self.norm(f"{n}.ln2", False, phase, tag)
         if blk.experts is not None:
-            ag = self.tp_comm("ag", f"{n}.ln2{tag}", phase, deps=(ln2,)) if s.sp else None
-            out = moe_fwd(self, blk.experts, phase, tag, deps=_d(ag))
+            shard = sharded(s)  # each tp rank routes its own sequence shard (Megatron's SP with experts)
+            ag = self.tp_comm("ag", f"{n}.ln2{tag}", phase, deps=(ln2,)) if s.sp and (blk.shared or not shard) else None
+            out = moe_fwd(self, blk.experts, phase, tag, deps=(ln2,) if shard else _d(ag))
             outs: tuple[int, ...] = (out,)
             if blk.shared is not None:  # the shared experts: a dense MLP beside the routed ones
                 fc1, fc2 = blk.shared
                 act = self.lin_fwd(fc1, phase, tag, deps=_d(ag))
                 self.activation(fc2.inputs, fc1.name, phase, tag, deps=(act,))
                 outs = (out, self.lin_fwd(fc2, phase, tag, quantize_input=True))
-            red = self.tp_comm("rs" if s.sp else "ar", f"{n}.moe{tag}", phase, deps=outs)
+            if shard:  # the routed experts' output is the shard's already; the shared MLP's is reduced
+                shared = self.tp_comm("rs", f"{n}.moe.shared{tag}", phase, deps=outs[1:]) if blk.shared else None
+                red = self.ew(f"{n}.moe.sum{tag}", s.rows * self.h, 2, 1, phase, deps=(out, *_d(shared)),
+                              op="add") if blk.shared else out
+            else:
+                red = self.tp_comm("rs" if s.sp else "ar", f"{n}.moe{tag}", phase, deps=outs)
             name = f"{n}.moe"
         else:
             assert blk.fc1 is not None and blk.fc2 is not None
@@ -359,15 +365,24 @@ class Blocks:
             self.block_fwd(blk, phase, ".recompute")
         if blk.experts is not None:
             self.residual_bwd(f"{n}.moe.residual", phase)
-            ag = self.tp_comm("ag", f"{n}.moe.grad", phase, deps=(self.em.last,)) if s.sp else None
+            shard = sharded(s)
+            grad = self.em.last
+            need_ag = s.sp and (blk.shared is not None or not shard)
+            ag = self.tp_comm("ag", f"{n}.moe.grad", phase, deps=(grad,)) if need_ag else None
+            shared_red = None
             if blk.shared is not None:  # the shared experts' backward; its input gradient joins the routed one's
                 fc1, fc2 = blk.shared
                 self.lin_dgrad(fc2, phase, deps=_d(ag))
                 self.lin_wgrad(fc2, phase, sink)
                 self.activation(fc2.inputs, fc1.name, phase, bwd=True)
-                self.lin_dgrad(fc1, phase)
+                dg = self.lin_dgrad(fc1, phase)
                 self.lin_wgrad(fc1, phase, sink)
-            red = moe_bwd(self, blk.experts, phase, sink, esink, deps=_d(ag))
+                if shard:
+                    shared_red = self.tp_comm("rs", f"{n}.moe.shared.dgrad", phase, deps=(dg,))
+            red = moe_bwd(self, blk.experts, phase, sink, esink, deps=(grad,) if shard else _d(ag))
+            if shard and shared_red is not None:
+                red = self.ew(f"{n}.moe.grad_sum", s.rows * self.h, 2, 1, phase, deps=(shared_red, self.em.last),
+                              op="add")
         else:
             assert blk.fc1 is not None and blk.fc2 is not None
             self.residual_bwd(f"{blk.fc2.name}.residual", phase)

@@ -43,10 +43,28 @@ def expert_shape(bl: Blocks, ex: Experts) -> dict[str, float]:
             "inter": ex.fc2.inputs, "topk": moe.top_k, "gated": float(bl.s.model.act == "swiglu"), "skew": 0.0}
 
 
+def sharded(s: Setup) -> bool:
+    """Whether the MoE layer dispatches each tensor-parallel rank's sequence shard (sequence
+    parallelism with tp > 1, as Megatron-core requires for experts beside tensor parallelism)."""
+    return s.sp and s.tp > 1
+
+
 def _a2a(bl: Blocks, ex: Experts, what: str, phase: str, tag: str, dep: int) -> int | None:
-    nbytes = tokens_per_expert(bl.s) * ex.local * bl.h * bl.w
+    # under sequence parallelism each tensor-parallel rank sends only its shard's token copies
+    nbytes = tokens_per_expert(bl.s) * ex.local * bl.h * bl.w // (bl.s.tp if sharded(bl.s) else 1)
     return bl.em.group_op("ep", f"{ex.name}.{what}{tag}", f"{ex.name}.{what}{tag}.mb{bl.mb}", "all_to_all",
                           nbytes, phase=phase, deps=(dep,), stream="comm.ep")
+
+
+def _tp_tokens(bl: Blocks, ex: Experts, what: str, phase: str, tag: str, dep: int | None) -> int | None:
+    """Under sequence parallelism, the all-gather (``ag``) over tp of the token copies the rank's
+    experts take after the dispatch, or the reduce-scatter (``rs``) of their outputs before the combine
+    (Megatron-core's MoEAlltoAllTokenDispatcher with tensor-parallel experts); None otherwise."""
+    if not sharded(bl.s):
+        return dep
+    nbytes = tokens_per_expert(bl.s) * ex.local * bl.h * bl.w
+    red = bl.tp_comm(what, f"{ex.name}.tokens_{what}{tag}", phase, deps=() if dep is None else (dep,), nbytes=nbytes)
+    return dep if red is None else red
 
 
 def moe_fwd(bl: Blocks, ex: Experts, phase: str, tag: str, deps: Iterable[int] = ()) -> int:
@@ -54,8 +72,8 @@ def moe_fwd(bl: Blocks, ex: Experts, phase: str, tag: str, deps: Iterable[int] =
     s, em = bl.s, bl.em
     moe = s.model.moe
     assert moe is not None
-    t, k, h = s.tokens, moe.top_k, bl.h
-    bl.lin_fwd(ex.router, phase, tag, deps=deps)
+    t, k, h = s.rows if sharded(s) else s.tokens, moe.top_k, bl.h
+    bl.lin_fwd(ex.router, phase, tag, deps=deps, rows=t)
     route = em.kernel(f"{ex.name}.route{tag}", "softmax", bl.aux, phase=phase, rows=t, cols=moe.experts, bwd=0)
     if s.megatron and moe.capacity_factor is None:
         # Megatron-core's all-to-all dispatcher, dropless, copies the tokens per expert (the
@@ -64,30 +82,31 @@ def moe_fwd(bl: Blocks, ex: Experts, phase: str, tag: str, deps: Iterable[int] =
         # its cuda_sync_point): the host launches nothing more until the router has run
         em.host_wait(f"{ex.name}.splits_sync{tag}", (route,), phase=phase)
     perm = bl.ew(f"{ex.name}.permute{tag}", t * k * h, 1, 1, phase, op="gather")
-    dispatch = _a2a(bl, ex, "dispatch", phase, tag, perm)
+    dispatch = _tp_tokens(bl, ex, "ag", phase, tag, _a2a(bl, ex, "dispatch", phase, tag, perm))
     if s.cast:
         bl.ew(f"{ex.name}.experts.cast{tag}", (ex.fc1.numel + ex.fc2.numel) * ex.local, 1, 1, phase, op="cast")
     out = em.kernel(f"{ex.name}.experts.fwd{tag}", "moe", bl.moe_prec, phase=phase,
                     deps=() if dispatch is None else (dispatch,), **expert_shape(bl, ex), bwd=0)
-    combine = _a2a(bl, ex, "combine", phase, tag, out)
+    combine = _a2a(bl, ex, "combine", phase, tag, _tp_tokens(bl, ex, "rs", phase, tag, out) or out)
     return bl.ew(f"{ex.name}.unpermute{tag}", t * k * h, 2, 1, phase, deps=() if combine is None else (combine,),
                  op="moe_combine")
 
 
 def moe_bwd(bl: Blocks, ex: Experts, phase: str, sink: GradSink | None, esink: GradSink | None,
             deps: Iterable[int] = ()) -> int | None:
-    """Backward of the MoE MLP; returns the tp reduction of its input gradient (None where tp is 1)."""
+    """Backward of the MoE MLP; returns the tp reduction of its input gradient (None where tp is 1, or
+    where each rank routed its own sequence shard, :func:`sharded`)."""
     s, em = bl.s, bl.em
     moe = s.model.moe
     assert moe is not None
-    t, k, h = s.tokens, moe.top_k, bl.h
+    t, k, h = s.rows if sharded(s) else s.tokens, moe.top_k, bl.h
     te = tokens_per_expert(s)
     unperm = bl.ew(f"{ex.name}.unpermute_bwd", t * k * h, 2, 1, phase, deps=deps, op="moe_combine_bwd")
-    combine = _a2a(bl, ex, "combine_bwd", phase, "", unperm)
+    combine = _tp_tokens(bl, ex, "ag", phase, "_bwd", _a2a(bl, ex, "combine_bwd", phase, "", unperm))
     shape = expert_shape(bl, ex)
     dgrad = em.kernel(f"{ex.name}.experts.dgrad", "moe", bl.prec, phase=phase,
                       deps=() if combine is None else (combine,), **shape, bwd=1)
-    dispatch = _a2a(bl, ex, "dispatch_bwd", phase, "", dgrad)
+    dispatch = _a2a(bl, ex, "dispatch_bwd", phase, "", _tp_tokens(bl, ex, "rs", phase, "_bwd", dgrad) or dgrad)
     last = em.kernel(f"{ex.name}.experts.wgrad", "moe", bl.prec, phase=phase, deps=(), **shape, bwd=2)
     if ex.fc1.bias:
         last = bl.ew(f"{ex.name}.bias_grad", te * ex.local * (ex.fc1.outputs + h), 1, 0, phase, op="sum_rows")
@@ -99,7 +118,7 @@ def moe_bwd(bl: Blocks, ex: Experts, phase: str, sink: GradSink | None, esink: G
     bl.ew(f"{ex.name}.permute_bwd", t * k * h, 1, 1, phase, deps=() if dispatch is None else (dispatch,),
           op="scatter_add")
     em.kernel(f"{ex.name}.route_bwd", "softmax", bl.aux, phase=phase, rows=t, cols=moe.experts, bwd=1)
-    dgrad = bl.lin_dgrad(ex.router, phase)
-    red = bl.tp_comm("rs" if s.sp else "ar", f"{ex.name}.dgrad", phase, deps=(dgrad,))
-    bl.lin_wgrad(ex.router, phase, sink)
+    dgrad = bl.lin_dgrad(ex.router, phase, rows=t)
+    red = None if sharded(s) else bl.tp_comm("rs" if s.sp else "ar", f"{ex.name}.dgrad", phase, deps=(dgrad,))
+    bl.lin_wgrad(ex.router, phase, sink, rows=t)
     return red
