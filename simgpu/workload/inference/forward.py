@@ -174,7 +174,7 @@ class StageForward:
                                cols=bl.d, bwd=0, rms=1)
             if s.model.rope and not fused:
                 bl.ew(f"{n}.rope", s.tokens * (bl.heads + bl.kv) * bl.d, 1, 1, "fwd", op="rope")
-            window = s.model.sliding_window or 0 if blk.kind == "sliding" else 0
+            window = (s.model.sliding_window or 0) if blk.kind == "sliding" else 0
             self.attention(n, window)
             if s.model.attention_output_gate:
                 bl.ew(f"{n}.attn_gate", s.tokens * bl.heads * bl.d, 2, 1, "fwd", op="mul")

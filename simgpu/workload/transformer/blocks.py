@@ -74,7 +74,8 @@ class Blocks:
         self.aux_gemm = self.attn_dtype  # GEMMs kept out of FP8
         self.w = s.width
         self.h, self.d = md.hidden, md.d_head
-        self.heads, self.kv = md.heads // s.tp, md.kv_heads_n // s.tp
+        # KV heads beyond tp are replicated (a served GQA model at tp above its KV heads)
+        self.heads, self.kv = md.heads // s.tp, max(md.kv_heads_n // s.tp, 1)
         self.window = 0  # the keys a sliding-window block attends to (0: all)
         self.p = md.dropout
         self.causal = md.causal
@@ -344,7 +345,7 @@ class Blocks:
         if md.mla is not None:
             self.d, self.kv = (md.mla.qk_head_dim + md.mla.v_head_dim) // 2, self.heads
         else:
-            self.d, self.kv = md.d_head, md.kv_heads_n // self.s.tp
+            self.d, self.kv = md.d_head, max(md.kv_heads_n // self.s.tp, 1)
 
     def activation(self, width: int, name: str, phase: str, tag: str = "", deps: Iterable[int] = (),
                    rows: int | None = None, bwd: bool = False) -> int:
