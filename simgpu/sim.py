@@ -109,7 +109,7 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
     def built(folded: bool, inside: bool, micro: Choose | None, nodes: bool = True) -> Workload:
         w = build(job, fold=folded, topo=topo if inside else None, micro_batches=micro, whole_nodes=nodes)
         # where memory-bound kernels have their own figures; an inference iteration keeps the op's
-        # figure for every kernel, as the serving stage's timer times it (README, "Steady state and the
+        # figure for every kernel, as the serving stage's timer times it (docs/steady-state.md, "Steady state and the
         # overlaps the frameworks turn on"), so a simulated iteration and a served one agree
         if p.gpu.overlap_slowdown_memory and job.workload.model.kind not in INFERENCE_KINDS:
             w.memory_bound = memory_bound(w.kernels, p.gpu, bound)

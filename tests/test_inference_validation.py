@@ -37,7 +37,7 @@ def test_splitwise_geomean_error(splitwise, hw: str) -> None:  # type: ignore[no
 @needs_splitwise
 def test_splitwise_without_the_stack_figures_is_far_off() -> None:
     """The defaults describe TensorRT-LLM's kernels and a 5 us launch: Splitwise's stack is slower
-    (the before-tuning figures of the README)."""
+    (the before-tuning figures of docs/inference.md)."""
     t = v.validate_splitwise(DATA, stack={}, hardware=["h100-80gb"])
     t = t[t["scored"]]
     assert v.geomean_error(t["predicted_ms"], t["measured_ms"]) > 0.3
@@ -61,7 +61,7 @@ def test_every_group_has_figures_fitted_without_it(hw: str) -> None:
 def test_the_step_at_large_all_reduces_is_what_the_rows_show() -> None:
     """In sample, with the stack's figures: the prefills below the slow all-reduces' size and those
     above are each predicted within 10% per token on the H100's TP8 Llama, where a single share for
-    every size was 14-23% too slow below and 17-26% too fast above (the README's table)."""
+    every size was 14-23% too slow below and 17-26% too fast above (the table of docs/inference.md)."""
     t = v.validate_splitwise(DATA, hardware=["h100-80gb"], held_out=False)
     t = t[t["scored"] & (t["what"] == "prefill") & (t["model"] == "llama2-70b") & (t["tp"] == 8)
           & (t["output"] == 128)]
@@ -80,7 +80,7 @@ def test_mlperf_offline_tokens_per_second() -> None:
     assert len(c) == 3
     assert v.spearman(c["per_gpu_predicted"], c["per_gpu_measured"]) >= v.MLPERF_SPEARMAN
     # over the systems: as high as a model that predicts one configuration's systems alike can be
-    # (twelve of the sixteen are B200 TP1 fp4 at batch 2,048, three GB200 alike; see the README)
+    # (twelve of the sixteen are B200 TP1 fp4 at batch 2,048, three GB200 alike; see docs/inference.md)
     bound = v.spearman_bound(m)
     assert bound < v.MLPERF_SPEARMAN
     assert v.spearman(m["per_gpu_predicted"], m["per_gpu_measured"]) == pytest.approx(bound)
@@ -99,7 +99,7 @@ def test_the_token_budget_is_the_runtimes() -> None:
 def test_dlrm_batch_is_within_a_few_times_its_envelope() -> None:
     """The shipped DLRM inference batch: no faster than its rows read once over HBM or its FLOPs at
     the GEMM ceiling, and within 4x their sum (the serial input copy and the row-wise reduce-scatter
-    of partial sums are the rest; see the README)."""
+    of partial sums are the rest; see docs/inference.md)."""
     d = v.dlrm_envelope()
     assert d["batch_ms"] > max(d["lookups_ms"], d["dense_ms"])
     assert d["batch_ms"] < 4 * (d["lookups_ms"] + d["dense_ms"])

@@ -231,7 +231,7 @@ def test_overlap_p2p_comm_waits_on_the_gpu_not_the_host():
 
 
 def test_the_steady_window_does_not_depend_on_the_first_iterations_earlier_micro_batches():
-    """The fact a cheaper steady state would rest on (README, "The cost of the steady state"): with
+    """The fact a cheaper steady state would rest on (docs/steady-state.md, "The cost of the steady state"): with
     8 micro-batches, every rank's first iteration cut to its last micro-batch (from its first
     kernel on; the earlier ones reduce nothing) gives the same steady window as the two full
     iterations, here to 1e-9, from fewer ops."""

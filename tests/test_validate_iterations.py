@@ -1,6 +1,6 @@
 """Whole-iteration predictions against the measured Megatron iterations of vTrain (one A100 node).
 
-The whole set (1,440 rows) runs with ``python -m simgpu.validate.iterations`` (README, accuracy);
+The whole set (1,440 rows) runs with ``python -m simgpu.validate.iterations`` (docs/accuracy-iterations.md);
 here a stratified sample (one row per GPU count x tp x pp x micro-batch stratum, fixed seed) must
 meet the error threshold, and complete model x batch groups the rank-correlation threshold.
 """

@@ -34,7 +34,7 @@ def layout(platform: PlatformSpec, nodes: int, gpus_per_node: int | None) -> int
 
 
 def caveats(topo: Topology, op: str) -> list[str]:
-    """Where the validation found this kind of prediction optimistic (README, Collectives) for a reason
+    """Where the validation found this kind of prediction optimistic (docs/accuracy-collectives.md) for a reason
     the platform file can say: one line each, for the nccl-tests view to print above its columns."""
     out = []
     local = range(topo.gpus_per_node)  # node 0's GPUs: every node is wired alike

@@ -143,7 +143,7 @@ def steady_window(result: SimResult) -> SimResult:
 #: jobs with cp 2 and the ring (``tests/test_steady_state.py``) the check passed cuts whose window was up
 #: to 3.4e-4 off the full run's, the tails repeating to 1e-17: inside the window a memory-bound kernel
 #: starts at the instant a collective beside it begins or stops moving bytes, and whether it is slowed
-#: follows the last bits of the two runs' clocks and the order of that instant's events (README, "Context
+#: follows the last bits of the two runs' clocks and the order of that instant's events (docs/steady-state.md, "Context
 #: parallelism is not cut").
 CP_STREAMS: Final = frozenset({"comm.cp_send", "comm.cp_recv", "comm.cp"})
 
