@@ -72,15 +72,17 @@ def fit_platform(ref: str, *, force: bool = False, time_column: str = "median_s"
     # The GPU's figures and the analytical model are part of what a fit depends on: corrections are
     # learned against the analytical model of this GPU, so an edit of either refits.
     ident = {"version": VERSION, "time_column": time_column, "rounds": ROUNDS, "seed": seed,
-             "gpu_spec": platform.gpu.model_dump(mode="json"), "baseline_sha256": baseline_hash(),
+             "gpu_spec": platform.gpu.model_dump(mode="json"),
              "data_sha256": prov["data_sha256"], "sources_sha256": [x["sha256"] for x in prov["sources"]]}
     old = store.read_manifest(models)
-    if not force and old is not None and all(old.get(k) == v for k, v in ident.items()):
+    if (not force and old is not None and all(old.get(k) == v for k, v in ident.items())
+            and old.get("baseline_sha256") == baseline_hash(old.get("families", ()))):
         return old, False
     tables, prov = datasets.platform_tables(folder)
     samples = {family: Sample.of(family, table, platform.gpu, time_column) for family, table in tables.items()}
     manifest = write_models(models, samples, seed=seed)
-    manifest = {**ident, **prov, "platform": platform.name, "gpu": platform.gpu.name, **manifest}
+    manifest = {**ident, "baseline_sha256": baseline_hash(manifest["families"]), **prov, "platform": platform.name,
+                "gpu": platform.gpu.name, **manifest}
     store.write_manifest(models, manifest)
     return manifest, True
 
@@ -141,8 +143,8 @@ def fit_transfer(*, seed: int = 0) -> dict[str, Any]:
         folder = store.platform_dir(name)
         assert folder is not None
         sources += [{**x, "platform": name} for x in datasets.platform_tables(folder, check_only=True)[1]["sources"]]
-    manifest = {"version": VERSION, "rounds": ROUNDS, "seed": seed, "baseline_sha256": baseline_hash(),
-                "params": dict(TRANSFER_PARAMS),
+    manifest = {"version": VERSION, "rounds": ROUNDS, "seed": seed,
+                "baseline_sha256": baseline_hash(manifest["families"]), "params": dict(TRANSFER_PARAMS),
                 "data_sha256": None, "platforms": names, "sources": sources, **manifest}
     store.write_manifest(models, manifest)
     return manifest

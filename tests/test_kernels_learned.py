@@ -217,7 +217,7 @@ def test_fit_writes_models_and_reloads_by_content_hash(tmp_platform: Path, capsy
     models = load_models(folder)
     assert set(models) == {"elementwise", "norm"}
     # corrections learned against one analytical model are stale against another
-    monkeypatch.setattr(learned, "baseline_hash", lambda: "edited")
+    monkeypatch.setattr(learned, "baseline_hash", lambda families=(): "edited")
     with pytest.raises(ConfigError, match="analytical model"):
         load_models(folder)
     monkeypatch.undo()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
 from .base import Spec
 
@@ -561,10 +561,19 @@ class Training(Spec):
     recompute: Literal["none", "selective", "full"] = Field(
         "none", description="activation recomputation (Transformer): none, selective (attention core) or full "
                             "(every block re-runs its forward in backward)")
-    framework: Literal["pytorch", "megatron"] = Field(
-        "pytorch", description="conventions of the program (Transformer): pytorch (autocast casts fp32 weights "
-                               "each forward, DDP/FSDP) or megatron (low-precision weights with fp32 main params "
-                               "and grads, fused kernels, batched P2P with a device sync)")
+    framework: Literal["pytorch", "megatron", "nvidia_dlrm"] = Field(
+        "pytorch", description="conventions of the program: pytorch (Transformer: autocast casts fp32 weights "
+                               "each forward, DDP/FSDP; DLRM: TorchRec's sharded embeddings), megatron "
+                               "(Transformer: low-precision weights with fp32 main params and grads, fused "
+                               "kernels, batched P2P with a device sync) or nvidia_dlrm (DLRM: NVIDIA's PyTorch "
+                               "DLRM of DeepLearningExamples and MLPerf v0.7: whole tables placed by size, the "
+                               "bottom MLP on GPU 0, one all-to-all, fused interaction and embedding kernels)")
+    input_mbytes_per_s: PositiveFloat | None = Field(
+        None, description="(nvidia_dlrm) the rate, MB/s, at which one GPU's process reads and stages its input "
+                          "batch on the host, one batch ahead of the GPU; None: input reading is not modelled")
+    cuda_graphs: bool = Field(
+        False, description="the iteration is captured in a CUDA graph and launched at once: no op pays the host's "
+                           "per-launch time (nvidia_dlrm's --cuda_graphs)")
     sync_each_layer: bool = Field(
         False, description="the host synchronises with the GPU at the start and end of every block's forward and "
                            "backward (Megatron-DeepSpeed --synchronize-each-layer, DeepSpeed checkpointing's "
@@ -853,6 +862,23 @@ class WorkloadSpec(Spec):
         if framework == "megatron" and "first_bucket_mib" in self.comm.model_fields_set:
             raise ValueError("comm.first_bucket_mib is PyTorch DDP's small first bucket; Megatron's buckets are all "
                              "comm.bucket_mib; expected no first_bucket_mib under training.framework: megatron")
+        if framework == "nvidia_dlrm" and self.model.kind != "dlrm":
+            raise ValueError(f"training.framework: nvidia_dlrm is NVIDIA's PyTorch DLRM; expected model.kind: dlrm, "
+                             f"not {self.model.kind}")
+        if framework == "megatron" and self.model.kind == "dlrm":
+            raise ValueError("training.framework: megatron trains transformers; expected pytorch (TorchRec) or "
+                             "nvidia_dlrm for a dlrm model")
+        sharding = self.parallelism.sharding
+        if framework == "nvidia_dlrm" and (sharding.model_fields_set - {"default"} or sharding.default != "table_wise"):
+            raise ValueError("parallelism.sharding: nvidia_dlrm places whole tables by size itself and sends vectors "
+                             "in the matmuls' precision; expected no sharding plan (or table_wise) under "
+                             "training.framework: nvidia_dlrm")
+        if self.training is not None and self.training.input_mbytes_per_s is not None and framework != "nvidia_dlrm":
+            raise ValueError("training.input_mbytes_per_s: the host's input reading is modelled for nvidia_dlrm only; "
+                             "expected training.framework: nvidia_dlrm or no input_mbytes_per_s")
+        if self.training is not None and self.training.cuda_graphs and framework != "nvidia_dlrm":
+            raise ValueError("training.cuda_graphs: captured training iterations are modelled for nvidia_dlrm only; "
+                             "expected training.framework: nvidia_dlrm or no cuda_graphs")
         if self.parallelism.gradient_as_bucket_view and (self.model.kind != "transformer" or framework != "pytorch"):
             raise ValueError("parallelism.gradient_as_bucket_view is PyTorch DDP's for a transformer; expected "
                              "model.kind: transformer and training.framework: pytorch")

@@ -5,8 +5,8 @@ than the platform's shortest kernel. GEMMs are tiled: the work is rounded up to 
 output tiles over the SMs, so a GEMM one tile larger than a wave costs nearly two waves, as on the
 real GPU. An MoE layer's experts (``moe``) are two grouped GEMMs in turn, each tiled in the same
 way and bound by its compute or by its operand bytes (the weights of every expert that gets a
-token: a decode step reads them all for a few tokens). Embedding lookups read whole 32-byte
-sectors per row, so narrow rows cost more per byte.
+token: a decode step reads them all for a few tokens). Embedding lookups are the bytes each level of
+memory moves for the ids' distribution (:mod:`simgpu.kernels.embedding`).
 Elementwise kernels do their op's arithmetic (``flops_per_element``, see
 :mod:`simgpu.elementwise`) on the vector units at the fp32 peak, whatever the storage dtype
 (PyTorch computes bf16 and fp16 elementwise ops in fp32, tensor cores do not run them): a GELU is
@@ -23,6 +23,7 @@ import numpy as np
 from ..config.platform import GPUSpec, PlatformSpec
 from ..graph import KernelSpec
 from .base import register
+from .embedding import lookup_seconds
 
 #: Bytes per element of each dtype's values (scales not counted: :data:`SCALE_BYTES`). ``fp8_block``:
 #: DeepSeek's 128x128 block-scaled fp8; ``mxfp8`` / ``mxfp4``: OCP microscaling (an e8m0 scale per 32);
@@ -327,14 +328,8 @@ class Analytical:
         return compute, float(np.sum(work["bytes"])) / self.bw
 
     def _embedding(self, k: KernelSpec) -> tuple[float, float]:
-        batch, tables, pooling, dim = (k.get(x) for x in ("batch", "tables", "pooling", "dim"))
-        e = DTYPE_BYTES[k.dtype]
-        row = np.ceil(dim * e / SECTOR) * SECTOR
-        lookups = batch * tables * pooling
-        nbytes = lookups * (row + INDEX_BYTES) + batch * tables * dim * e
-        if k.family == "embedding_bwd":
-            nbytes += lookups * row * 2  # read-modify-write of each touched row by the fused optimizer
-        return 0.0, nbytes / self.bw
+        from .features import kernel_params  # features imports this module
+        return 0.0, lookup_seconds(self.gpu, k.family, float(DTYPE_BYTES[k.dtype]), kernel_params(k))
 
     def _elementwise(self, k: KernelSpec) -> tuple[float, float]:
         e = DTYPE_BYTES[k.dtype]

@@ -33,6 +33,11 @@ from .analytical import (
     serving_work,
 )
 
+#: Optional parameters of the embedding families: the pooled output's bytes per element (NaN: the
+#: table's), the optimizer state bytes per row, and whether the backward is fused with the optimizer
+#: (1, FBGEMM's table-batched kernels) or PyTorch's sparse gradients and a separate step (0); see
+#: :mod:`simgpu.kernels.embedding`.
+EMBEDDING_OPTIONAL: Final[Mapping[str, float]] = {"out_bytes": np.nan, "state_bytes": 0.0, "fused": 1.0}
 #: The names of the reuse statistics of embedding lookups (fractions in [0, 1]), see :func:`reuse_stats`.
 REUSE: Final = ("reuse_top0p1", "reuse_top1", "reuse_top10", "reuse_unique")
 _TOP_SHARES: Final = (0.001, 0.01, 0.1)
@@ -64,9 +69,9 @@ FAMILY_PARAMS: Final[Mapping[str, Mapping[str, float | None]]] = {
     "attention_bwd": {"batch": None, "heads": None, "seq_q": None, "seq_kv": None, "head_dim": None,
                       "causal": 0.0, **ATTENTION_OPTIONAL},
     "embedding_fwd": {"batch": None, "tables": None, "pooling": None, "dim": None, "rows": None,
-                      **{r: np.nan for r in REUSE}},
+                      **{r: np.nan for r in REUSE}, **EMBEDDING_OPTIONAL},
     "embedding_bwd": {"batch": None, "tables": None, "pooling": None, "dim": None, "rows": None,
-                      **{r: np.nan for r in REUSE}},
+                      **{r: np.nan for r in REUSE}, **EMBEDDING_OPTIONAL},
     "elementwise": {"numel": None, "reads": 1.0, "writes": 1.0, "flops_per_element": DEFAULT_FLOPS_PER_ELEMENT},
     "norm": {"rows": None, "cols": None, "bwd": 0.0, "rms": 0.0},
     "softmax": {"rows": None, "cols": None, "bwd": 0.0},
@@ -157,6 +162,8 @@ def kernel_params(kernel: KernelSpec) -> dict[str, float]:
         out["kv_bytes"] = float(DTYPE_BYTES[kernel.dtype])
     if kernel.family == "moe" and np.isnan(out["group_tokens"]):
         out["group_tokens"] = out["rows"] / max(out["topk"], 1.0)
+    if kernel.family.startswith("embedding") and np.isnan(out["out_bytes"]):
+        out["out_bytes"] = float(DTYPE_BYTES[kernel.dtype])
     if kernel.family.startswith("embedding") and np.isnan(out["reuse_unique"]):
         out.update(uniform_reuse(out["rows"], out["batch"] * out["pooling"]))
     return out

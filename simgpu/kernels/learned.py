@@ -20,7 +20,7 @@ import ast
 import functools
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -31,7 +31,7 @@ import pandas as pd
 from ..config.platform import GPUSpec, PlatformSpec
 from ..errors import ConfigError
 from ..graph import KernelSpec
-from . import analytical, rules, store
+from . import analytical, embedding, rules, store
 from .base import Chain, register
 from .datasets import KERNEL_DATA, stale_sources
 from .features import NO_BASELINE, analytical_for, feature_frame, feature_matrix, kernels_from_table
@@ -51,13 +51,24 @@ HOLDOUT: Final = 0.2
 _APE_FLOOR: Final = 1e-4  # an exact hit counts as 0.01% so that the geomean stays finite
 
 
+def baseline_hash(families: Iterable[str] = ()) -> str:
+    """SHA-256 of the analytical model's code that models of ``families`` are corrections of: its
+    module, and the embedding-lookup formula (:mod:`simgpu.kernels.embedding`) where an embedding
+    family is among them. Corrections learned against one version of it are wrong against another,
+    so a changed analytical model makes the fitted models stale. The code is hashed as its syntax
+    tree without docstrings and import statements, so that rewording a docstring or moving a module
+    it imports from leaves the fitted models valid."""
+    return _baseline_hash(any(f.startswith("embedding") for f in families))
+
+
 @functools.cache
-def baseline_hash() -> str:
-    """SHA-256 of the analytical model's code: corrections learned against one version of it are
-    wrong against another, so a changed analytical model makes the fitted models stale. The code is
-    hashed as its syntax tree without docstrings and import statements, so that rewording a
-    docstring or moving a module it imports from leaves the fitted models valid."""
-    tree = ast.parse(Path(analytical.__file__).read_text(encoding="utf-8"))
+def _baseline_hash(lookups: bool) -> str:
+    modules = (analytical, embedding) if lookups else (analytical,)
+    return hashlib.sha256("".join(_code_dump(Path(str(m.__file__))) for m in modules).encode()).hexdigest()
+
+
+def _code_dump(path: Path) -> str:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if not isinstance(body, list):
@@ -65,7 +76,7 @@ def baseline_hash() -> str:
         body[:] = [n for n in body if not isinstance(n, ast.Import | ast.ImportFrom)
                    and not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)
                             and isinstance(n.value.value, str))]
-    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
+    return ast.dump(tree)
 
 
 def lgb_params(rows: int, seed: int = 0, threads: int = 1) -> dict[str, Any]:
@@ -383,7 +394,7 @@ def load_models(folder: Path) -> dict[str, FamilyModel]:
     own = manifest.get("data_sha256")
     stale = [what for what, ok in (
         ("measurements", own is None or own == store.data_hash(folder / "microbench", families)),
-        ("analytical model", manifest.get("baseline_sha256") == baseline_hash()),
+        ("analytical model", manifest.get("baseline_sha256") == baseline_hash(families)),
         ("fitting method", manifest.get("version") == VERSION)) if not ok]
     memo = (str(models_dir.resolve()), json.dumps(manifest.get("sources"), sort_keys=True, default=str))
     if memo not in _SOURCES_STALE:

@@ -56,6 +56,9 @@ The quantized dtypes of serving (:data:`DTYPE_PROXIES`), where no table measured
   one (``w4a16``), **fp4** = ``w4a16`` (a GPU without an fp4 path dequantizes, as ``w4a16`` does),
   **w4a16** = the bf16 kernel: each scaled by the two kernels' roofline ratio (the same tensor-core
   path and bytes up to the scales give 1; 4-bit weights against 16-bit ones, the bytes they save).
+- **tf32** (fp32 matmuls on Ampere and later Tensor Cores, PyTorch's ``allow_tf32``) = the fp16
+  kernel of the same shape (else bf16), scaled by their roofline ratio: the same Tensor Core path at
+  the datasheet's TF32 peak (half the fp16 one on A100 and H100) with 4-byte operands.
 - **An activation quantize to another target or block size** (``quantize`` with ``block`` > 0: fp8
   per 128, mx per 32, NVFP4 per 16) = the measured per-tensor fp8 quantize of the same tensor, scaled
   by the roofline ratio (the bytes of the narrower output and of the scales): the tables measure the
@@ -82,7 +85,7 @@ ALIASES: Final = {"bf16": ("fp16",), "fp16": ("bf16",)}
 MLA_BMM: Final = (128.0, 512.0)
 #: Quantized dtypes timed, where unmeasured, by the kernel of another dtype scaled by the roofline ratio.
 DTYPE_PROXIES: Final = {"mxfp8": ("fp8_block", "fp8"), "fp8_block": ("fp8",), "mxfp4": ("fp4", "w4a16"),
-                        "fp4": ("w4a16",), "w4a16": ("bf16",)}
+                        "fp4": ("w4a16",), "w4a16": ("bf16",), "tf32": ("fp16", "bf16")}
 #: FlashAttention's backward FLOPs over its forward's.
 ATTENTION_BWD_FLOPS: Final = 2.5
 #: Backward over forward share of peak of fused attention (Triton on A100: 0.25 / 0.37).

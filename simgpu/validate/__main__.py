@@ -18,6 +18,7 @@ SUITES: dict[str, tuple[str, list[str]]] = {
     "kernels": ("simgpu.validate.kernels", []),
     "iterations": ("simgpu.validate.iterations", []),
     "mlperf": ("simgpu.validate.mlperf", []),
+    "dlrm": ("simgpu.validate.dlrm", []),
     "traces": ("simgpu.validate.traces", []),
     "inference": ("simgpu.validate.inference", []),
     "silicon": ("simgpu.validate.silicon", []),

@@ -39,6 +39,7 @@ from ..common import (
     optimizer_step,
 )
 from ..registry import World, register
+from . import nvidia
 from .arch import Arch, interaction_bwd, interaction_fwd, make_arch, model_flops
 from .embedding import EMB_BYTES, ID_BYTES, LENGTH_BYTES, Shard, Table, expand_tables
 from .memory import memory_per_rank
@@ -276,6 +277,8 @@ def build(spec: WorkloadSpec, world: World) -> Workload:
     check_dlrm(spec, world.nodes, world.gpus_per_node)
     tables = expand_tables(model, np.random.default_rng(spec.seed))
     arch = make_arch(model, tables)
+    if spec.train.framework == "nvidia_dlrm":
+        return nvidia.build(spec, world, model, arch, tables)
     plan = resolve_plan(spec, arch, tables, world)
     layout = layout_of(spec, world, tables, plan)
     kernels = KernelTable()
