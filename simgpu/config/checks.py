@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ..precision import gemm_path, why_no_path
-from .workload import DLRMModel, TransformerModel, WorkloadSpec
+from .workload import DLRMModel, EmbeddingSharding, TransformerModel, WorkloadSpec
 
 if TYPE_CHECKING:
     from ..graph import Workload
@@ -50,7 +50,8 @@ def check_job(job: Job) -> None:
 
 def check_dlrm(spec: WorkloadSpec, nodes: int, gpus_per_node: int, file: str | None = None) -> None:
     """DLRM rules that need the world: every table the sharding plan names exists, its ranks and
-    node exist, and a column-wise table has no more shards than GPUs or columns."""
+    node exist, a column-wise table has no more shards than GPUs or columns, and a hybrid table
+    has a distribution to split by (or its frequent rows given, no more than its rows)."""
     model = spec.model
     if not isinstance(model, DLRMModel):
         return
@@ -63,6 +64,7 @@ def check_dlrm(spec: WorkloadSpec, nodes: int, gpus_per_node: int, file: str | N
     if cfg.planner == "table_row_wise_large" and nodes < 2:
         raise ConfigError("the table_row_wise_large plan needs 2 or more nodes; expected another planner",
                           file=file, key="parallelism.sharding.planner")
+    _check_hybrid(model, cfg, file)
     for i, ts in sorted(cfg.tables.items()):
         key = f"parallelism.sharding.tables.{i}"
         if i >= count:
@@ -82,6 +84,41 @@ def check_dlrm(spec: WorkloadSpec, nodes: int, gpus_per_node: int, file: str | N
         if shards is not None and shards > dims[i]:
             raise ConfigError(f"{shards} column shards of a table of {dims[i]} columns; expected at most "
                               f"{dims[i]}", file=file, key=f"{key}.{'ranks' if ts.ranks else 'shards'}")
+
+
+def _check_hybrid(model: DLRMModel, cfg: EmbeddingSharding, file: str | None) -> None:
+    """Hybrid tables split their rows by their id distribution: one must be given (a zipf one, or an
+    explicit uniform one) unless ``frequent_rows`` says how many rows are frequent."""
+    # per table index (count expanded, generated last): its rows, whether its distribution was
+    # given, whether it is skewed, and the key that describes it
+    source: list[tuple[int, bool, bool, str]] = []
+    for j, t in enumerate(model.tables):
+        given = "distribution" in t.model_fields_set
+        source += [(t.rows, given, t.distribution.kind == "zipf", f"model.tables.{j}.distribution")] * t.count
+    g = model.generate
+    if g is not None:
+        given = "distribution" in g.model_fields_set
+        source += [(g.rows[1], given, g.distribution.kind == "zipf", "model.generate.distribution")] * g.count
+    if cfg.planner == "hybrid_skewed" and not any(skewed for _, _, skewed, _ in source):
+        raise ConfigError("the hybrid_skewed plan needs a table with a skewed id distribution; expected "
+                          "distribution: {kind: zipf, alpha: ...} on a table, or another planner",
+                          file=file, key="parallelism.sharding.planner")
+    if cfg.planner is not None:
+        return
+    for i, (rows, given, _, where) in enumerate(source):
+        ts = cfg.tables.get(i)
+        if (ts.type if ts is not None else cfg.default) != "hybrid":
+            continue
+        key = f"parallelism.sharding.tables.{i}" if ts is not None else "parallelism.sharding.default"
+        frequent = ts.frequent_rows if ts is not None else None
+        if frequent is not None and frequent > rows:
+            raise ConfigError(f"{frequent} frequent rows of a table of {rows} rows; expected at most {rows}",
+                              file=file, key=f"parallelism.sharding.tables.{i}.frequent_rows")
+        if frequent is None and not given:
+            raise ConfigError(
+                f"table {i} is hybrid but {where} is not given: its frequent rows follow its id distribution; "
+                f"expected {where}: {{kind: zipf, alpha: ...}} (or kind: uniform, said explicitly) or "
+                f"parallelism.sharding.tables.{i}.frequent_rows", file=file, key=key)
 
 
 def check_parallelism(spec: WorkloadSpec, nodes: int, gpus_per_node: int, file: str | None = None) -> None:

@@ -15,10 +15,10 @@ from .base import Spec
 Precision = Literal["fp32", "tf32", "bf16", "fp16", "fp8"]
 
 
-ShardingType = Literal["table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel"]
+ShardingType = Literal["table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel", "hybrid"]
 #: Names of the plans the sharding planner proposes (see :mod:`simgpu.workload.dlrm.sharding`).
 PlannerName = Literal["greedy_size", "greedy_lookups", "greedy_cost", "row_wise_large", "table_row_wise_large",
-                      "column_wise_hot", "data_parallel_small"]
+                      "column_wise_hot", "data_parallel_small", "hybrid_skewed"]
 
 
 class IndexDistribution(Spec):
@@ -76,13 +76,18 @@ class TableSharding(Spec):
     """The sharding of one table. ``ranks``: table_wise, the one rank holding it; column_wise, one
     rank per column shard. ``shards``: column_wise without ranks, how many column shards (default
     shards of at least 32 columns, at most one per GPU). ``node``: table_row_wise, the node whose
-    GPUs split its rows. Row-wise and data-parallel tables span every GPU."""
+    GPUs split its rows. ``frequent_rows``: hybrid, how many of its most-hit rows are replicated
+    (default: HugeCTR's rule from the table's distribution, see :mod:`simgpu.workload.dlrm.hybrid`).
+    Row-wise, data-parallel and hybrid tables span every GPU."""
 
-    type: ShardingType = Field(description="table_wise, row_wise, column_wise, table_row_wise or data_parallel")
+    type: ShardingType = Field(
+        description="table_wise, row_wise, column_wise, table_row_wise, data_parallel or hybrid")
     ranks: list[Annotated[int, Field(ge=0)]] | None = Field(
         None, min_length=1, description="table_wise: [rank]; column_wise: a rank per column shard")
     shards: PositiveInt | None = Field(None, description="column_wise: number of column shards placed greedily")
     node: Annotated[int, Field(ge=0)] | None = Field(None, description="table_row_wise: the node holding the table")
+    frequent_rows: NonNegativeInt | None = Field(
+        None, description="hybrid: rows replicated on every GPU (its most-hit ones); default from its distribution")
 
     @model_validator(mode="after")
     def _fields_fit_type(self) -> TableSharding:
@@ -97,7 +102,28 @@ class TableSharding(Spec):
             raise ValueError("shards is for column_wise tables without ranks")
         if self.node is not None and self.type != "table_row_wise":
             raise ValueError("node is for table_row_wise tables")
+        if self.frequent_rows is not None and self.type != "hybrid":
+            raise ValueError(f"frequent_rows is for hybrid tables; a {self.type} table has no frequent part")
         return self
+
+
+class HybridSettings(Spec):
+    """HugeCTR's settings of its hybrid embedding's frequent/infrequent split (its
+    ``HybridEmbeddingParam``; defaults: HugeCTR's parser defaults, and the cap its MLPerf DLRM
+    configs set). See :mod:`simgpu.workload.dlrm.hybrid` for the rule they enter."""
+
+    all_to_all_gbytes_per_s: Annotated[float, Field(gt=0)] = Field(
+        190.0, description="all-to-all bandwidth per GPU the rule assumes, GB/s (max_all_to_all_bandwidth 1.9e11)")
+    all_reduce_gbytes_per_s: Annotated[float, Field(gt=0)] = Field(
+        130.0, description="all-reduce bandwidth the rule assumes, GB/s (max_all_reduce_bandwidth 1.3e11)")
+    efficiency_bandwidth_ratio: Annotated[float, Field(gt=0)] = Field(
+        1.0, description="scales the across-nodes threshold (efficiency_bandwidth_ratio)")
+    p_dup_max: Annotated[float, Field(gt=0, le=1)] = Field(
+        0.01, description="one node: the largest chance a category is duplicated in one GPU's batch for it to "
+                          "stay infrequent (p_dup_max)")
+    max_frequent_per_batch: Annotated[float, Field(gt=0)] = Field(
+        2.0, description="at most this many frequent rows over all hybrid tables per sample of the global batch "
+                         "(max_num_frequent_categories)")
 
 
 class EmbeddingSharding(Spec):
@@ -105,7 +131,9 @@ class EmbeddingSharding(Spec):
     live. ``table_wise`` (a string) is short for ``{default: table_wise}``. Either the plan is given
     (``default`` for every table, ``tables`` for some by index, tables of ``count`` and generated
     ones numbered in order; shards without ranks placed greedily by ``balance``), or ``planner``
-    names one of the plans the sharding planner proposes. ``comm_precision`` applies to either."""
+    names one of the plans the sharding planner proposes. Besides TorchRec's types, ``hybrid`` is
+    HugeCTR's hybrid embedding (frequent rows replicated, the rest spread over every GPU).
+    ``comm_precision`` and ``hybrid`` (the split's settings) apply to either."""
 
     default: ShardingType = Field("table_wise", description="sharding type of tables not in tables")
     balance: Literal["size", "lookups", "cost"] = Field(
@@ -113,6 +141,8 @@ class EmbeddingSharding(Spec):
     tables: dict[Annotated[int, Field(ge=0)], TableSharding] = Field(
         default_factory=dict, description="table index -> its sharding, overriding default")
     planner: PlannerName | None = Field(None, description="use the planner's plan of this name instead")
+    hybrid: HybridSettings = Field(default_factory=lambda: HybridSettings(),
+                                   description="how hybrid tables split into frequent and infrequent rows")
     comm_precision: Literal["fp32", "fp16", "bf16"] = Field(
         "fp32", description="dtype of pooled embeddings and their gradients in collectives (TorchRec's qcomms)")
 

@@ -10,9 +10,10 @@ an all-to-all across nodes for table-row-wise; data-parallel tables are looked u
 interaction, top MLP and loss; backward reverses each type's distribution (all-to-all, all-gather)
 before its lookups' backward, which applies the embedding optimizer in place (fused); replicated
 tables' dense gradients join the DDP buckets of the dense gradients; the dense optimizer runs
-once every bucket is reduced. Pooled embeddings and their gradients travel as fp32 unless
-``parallelism.sharding.comm_precision`` says otherwise (TorchRec's quantized comms; the memory
-estimate keeps their buffers at fp32).
+once every bucket is reduced. Hybrid tables (HugeCTR's hybrid embedding) come last among the
+sharded types; their ops are :mod:`~simgpu.workload.dlrm.hybrid`'s. Pooled embeddings and
+their gradients travel as fp32 unless ``parallelism.sharding.comm_precision`` says otherwise
+(TorchRec's quantized comms; the memory estimate keeps their buffers at fp32).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from ..common import (
     optimizer_step,
 )
 from ..registry import World, register
-from . import nvidia
+from . import hybrid, nvidia
 from .arch import Arch, interaction_bwd, interaction_fwd, make_arch, model_flops
 from .embedding import EMB_BYTES, ID_BYTES, LENGTH_BYTES, Shard, Table, expand_tables
 from .memory import memory_per_rank
@@ -47,7 +48,7 @@ from .sharding import Plan, resolve_plan
 
 #: Sharding types in the order TorchRec's sharded collection runs them, with their short names.
 TYPES: dict[ShardingType, str] = {"table_wise": "tw", "column_wise": "cw", "row_wise": "rw",
-                                  "table_row_wise": "twrw", "data_parallel": "dp"}
+                                  "table_row_wise": "twrw", "hybrid": "hy", "data_parallel": "dp"}
 _DENSE_BYTES = 4  # fp32 dense features
 
 
@@ -85,6 +86,11 @@ class Layout:
     @cached_property
     def _reuse(self) -> dict[tuple[int, float, float], dict[str, float]]:
         return {}
+
+    @cached_property
+    def hybrid_vectors(self) -> tuple[int, ...]:
+        """Bytes of the vectors each rank's infrequent hybrid blocks return to every rank."""
+        return tuple(hybrid.vectors_sent(self, j) for j in range(self.world.size))
 
     @cached_property
     def types(self) -> list[ShardingType]:
@@ -219,6 +225,8 @@ def forward(em: Emitter, layout: Layout, arch: Arch, model: DLRMModel, tables: S
     for t in layout.types:
         if t == "data_parallel":
             pooled.append(_lookups(em, layout, layout.of(t, rank), t, bwd=False, dep=h2d))
+        elif t == "hybrid":
+            pooled.extend(hybrid.forward(em, layout, local_dep=h2d, ids_dep=inputs[t]))
         else:
             looked = _lookups(em, layout, layout.of(t, rank), t, bwd=False, dep=inputs[t])
             pooled.append(_output_dist(em, layout, t, looked))
@@ -247,14 +255,18 @@ def _rank_program(rank: int, spec: WorkloadSpec, model: DLRMModel, arch: Arch, l
     pack = em.elementwise("interaction.emb_grad_pack", b * arch.emb_dims, 1, 1, aux, op="copy", phase="bwd")
     # TorchRec's autograd order: the embedding backward (and its fused optimizer) comes before the
     # bottom MLP's, so the compute stream waits for the gradients' distribution.
+    frequent_reduced = None
     for t in reversed(layout.types):
         if t == "data_parallel":
             zero = em.elementwise("emb.dp.grad_zero", sum(p.numel for p in replicated), 0, 1, "fp32", op="zero",
                                   phase="bwd", deps=(pack,))
             grads.ready(replicated, _lookups(em, layout, replicas, t, bwd=True, dep=zero))
+        elif t == "hybrid":
+            frequent_reduced = hybrid.backward(em, layout, pack)
         else:
             _lookups(em, layout, layout.of(t, rank), t, bwd=True, dep=_grad_dist(em, layout, t, pack))
     mlp_bwd(em, arch.bottom, b, prec, relu_last=True, input_grad=False, grads=grads)
+    hybrid.update(em, layout, frequent_reduced)  # the frequent rows' SGD once their all-reduce is done
 
     # ---- dense optimizer (also over replicated tables) after every bucket is reduced
     optimizer_step(em, arch.dense_numel + sum(p.numel for p in replicated), spec.train.optimizer,

@@ -7,7 +7,10 @@ ids each shard receives, and each shard's memory on its GPU.
 
 Tables are fp32 and looked up by FBGEMM table-batched kernels; ids are int64 and bag lengths int32,
 one per sample per table. Ids are assumed hashed, so each row block of a row-wise table receives
-its share of a table's ids in proportion to its rows.
+its share of a table's ids in proportion to its rows. A hybrid table (HugeCTR's hybrid embedding,
+:mod:`~simgpu.workload.dlrm.hybrid`) has a replica of its most-hit rows on every rank and its other
+rows in even blocks; each part receives the share of the table's ids its rows draw under the
+table's distribution (:func:`zipf_share`), the blocks of the rest in proportion to their rows.
 """
 
 from __future__ import annotations
@@ -117,10 +120,37 @@ def zipf_reuse(rows: int, lookups: float, alpha: float) -> dict[str, float]:
     return out
 
 
+def zipf_harmonic(n: int, alpha: float) -> float:
+    """``sum_{k=1..n} k ** -alpha``: the first 1,024 terms one by one, the rest as the midpoint
+    integral (as :func:`zipf_reuse` bins them)."""
+    if n <= 0:
+        return 0.0
+    m = min(n, _EXACT_RANKS)
+    head = float(np.sum(np.arange(1, m + 1, dtype=float) ** -alpha))
+    if n <= m:
+        return head
+    a, b = m + 0.5, n + 0.5
+    tail = math.log(b / a) if abs(alpha - 1.0) < 1e-12 else (b ** (1 - alpha) - a ** (1 - alpha)) / (1 - alpha)
+    return head + tail
+
+
+def zipf_share(rows: int, top: int, alpha: float) -> float:
+    """The share of a table's ids that hit its ``top`` most popular rows, ids drawn from
+    Zipf(``alpha``) over ``rows`` (``alpha`` 0: uniform)."""
+    top = max(0, min(top, rows))
+    if top in (0, rows):
+        return float(top == rows)
+    if alpha <= 0:
+        return top / rows
+    return min(1.0, zipf_harmonic(top, alpha) / zipf_harmonic(rows, alpha))
+
+
 @dataclass(frozen=True)
 class Shard:
     """The part of ``table`` that lives on ``rank``: ``rows`` x ``dim`` from ``row_offset`` /
-    ``col_offset``. A data-parallel table has one full replica per rank."""
+    ``col_offset``. A data-parallel table has one full replica per rank. A hybrid table has, per
+    rank, a ``frequent`` replica of its most-hit rows and a block of the others; ``share`` is the
+    share of the table's ids (of each rank's samples) that a hybrid part's rows receive."""
 
     table: Table
     type: ShardingType
@@ -129,6 +159,8 @@ class Shard:
     dim: int
     row_offset: int = 0
     col_offset: int = 0
+    share: float | None = None
+    frequent: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -143,11 +175,24 @@ class Shard:
         """Ids this shard receives from each rank's ``batch`` samples (all of a table's ids for whole
         tables and column shards; a row block's share for row-split shards)."""
         ids = self.table.ids(batch)
+        if self.share is not None:  # a hybrid part: the ids its rows draw
+            return round(ids * self.share)
         return round(ids * self.rows / self.table.rows) if self.by_rows else ids
 
     def input_bytes_from_each_rank(self, batch: int) -> int:
-        """Ids and bag lengths this shard receives from each rank in the input all-to-all."""
+        """Ids and bag lengths this shard receives from each rank in the input all-to-all (none for a
+        hybrid table's frequent replica: its lookups stay on the rank)."""
+        if self.frequent:
+            return 0
         return self.ids_from_each_rank(batch) * ID_BYTES + batch * LENGTH_BYTES
+
+    def bags_from_each_rank(self, batch: int) -> int:
+        """Pooled vectors this shard returns for each rank's ``batch`` samples: every sample's bag for
+        whole tables and row-split shards (partial sums); for a hybrid block, the samples whose bag
+        has an id among its rows, ``1 - (1 - share) ** pooling`` of them."""
+        if self.type != "hybrid" or self.share is None:
+            return batch
+        return round(batch * -math.expm1(self.table.pooling * math.log1p(-min(self.share, 1.0 - 1e-12))))
 
     def reuse(self, lookups: float) -> dict[str, float]:
         """Index-reuse kernel parameters of this shard's lookups; none (the uniform default) if uniform."""
@@ -168,10 +213,13 @@ def row_blocks(rows: int, parts: int) -> list[int]:
     return [max(0, min(block, rows - i * block)) for i in range(parts)]
 
 
-def table_shards(table: Table, type_: ShardingType, ranks: tuple[int, ...]) -> list[Shard]:
+def table_shards(table: Table, type_: ShardingType, ranks: tuple[int, ...], frequent: int = 0) -> list[Shard]:
     """The shards of ``table`` under ``type_`` on ``ranks`` (table_wise: one rank; column_wise: a
     rank per column slice; row_wise / table_row_wise: the ranks sharing its rows in order;
-    data_parallel: every rank, a full replica each)."""
+    data_parallel: every rank, a full replica each; hybrid: ``frequent`` rows replicated, see
+    :func:`hybrid_shards`)."""
+    if type_ == "hybrid":
+        return hybrid_shards(table, ranks, frequent)
     if type_ == "table_wise":
         (r,) = ranks
         return [Shard(table, type_, r, table.rows, table.dim)]
@@ -190,6 +238,22 @@ def table_shards(table: Table, type_: ShardingType, ranks: tuple[int, ...]) -> l
     return [Shard(table, type_, r, table.rows, table.dim) for r in ranks]
 
 
+def hybrid_shards(table: Table, ranks: tuple[int, ...], frequent: int) -> list[Shard]:
+    """A hybrid table on ``ranks``: its ``frequent`` most-hit rows replicated on each rank (none if
+    0), the other rows cut into near-equal blocks, one per rank in order (none if every row is
+    frequent); each part with the share of the table's ids its rows receive."""
+    frequent = max(0, min(frequent, table.rows))
+    hot = zipf_share(table.rows, frequent, table.zipf_alpha)
+    out = [Shard(table, "hybrid", r, frequent, table.dim, share=hot, frequent=True) for r in ranks] if frequent else []
+    rest = table.rows - frequent
+    if rest:
+        row = frequent
+        for r, n in zip(ranks, split(rest, len(ranks)), strict=True):
+            out.append(Shard(table, "hybrid", r, n, table.dim, row_offset=row, share=(1.0 - hot) * n / rest))
+            row += n
+    return out
+
+
 def footprint(shard: Shard, batch: int, world: int, embedding_optimizer: str, dense_states: int) -> MemoryEstimate:
     """The bytes ``shard`` adds to its GPU with ``batch`` samples per rank over ``world`` ranks.
 
@@ -199,8 +263,19 @@ def footprint(shard: Shard, batch: int, world: int, embedding_optimizer: str, de
     shards; the intermediate of table-row-wise, 1/L of its lookup output, is left out).
     Data-parallel replicas: the table, its dense fp32 gradient and DDP's bucket copy of it, the
     dense optimizer's ``dense_states`` fp32 states, and the lookup output of the local batch.
+    Hybrid parts: a frequent replica, its rows, their dense fp32 gradient (all-reduced in place)
+    and the lookup output of the local batch; a block of infrequent rows, its rows with their
+    optimizer state, the ids it receives and the vectors it returns (and their gradients).
     """
     gb = batch * world
+    if shard.type == "hybrid":
+        if shard.frequent:
+            return MemoryEstimate(embeddings=shard.nbytes, gradients=shard.nbytes,
+                                  activations=batch * shard.dim * EMB_BYTES)
+        state = shard.rows * ROW_STATE_BYTES if embedding_optimizer == "adagrad" else 0
+        vectors = world * shard.bags_from_each_rank(batch) * shard.dim * EMB_BYTES
+        ids = world * shard.input_bytes_from_each_rank(batch)
+        return MemoryEstimate(embeddings=shard.nbytes + state, activations=vectors, buffers=ids + vectors)
     if shard.type == "data_parallel":
         return MemoryEstimate(embeddings=shard.nbytes, gradients=shard.nbytes,
                               optimizer_states=shard.nbytes * dense_states,

@@ -10,6 +10,8 @@ room for it (and holds no other column of its table); the load is what ``balance
 (bytes of rows and optimizer state), ``lookups`` (bytes the lookups read: ids of the global batch
 times the shard's width, i.e. pooling x batch x dim) or ``cost`` (the sum of the two, each as a
 share of its total over all tables). Table-row-wise tables are first given to the least-loaded node.
+Hybrid tables (HugeCTR's hybrid embedding) span every rank; their frequent rows are counted when
+the plan is made (:mod:`~simgpu.workload.dlrm.hybrid`) and kept in the plan.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ...errors import ConfigError
 from ..registry import World
 from .arch import Arch, make_arch
 from .embedding import EMB_BYTES, Shard, Table, expand_tables, table_shards
+from .hybrid import frequent_counts
 from .memory import base_memory, memory_per_rank, shard_footprint
 
 PLANNERS: tuple[str, ...] = get_args(PlannerName)
@@ -35,11 +38,13 @@ _MIN_COLUMNS = 32  # default column shards are at least this wide
 
 @dataclass(frozen=True)
 class Placement:
-    """One table's sharding: its type and the ranks of its shards (every rank for row_wise and
-    data_parallel, the node's ranks for table_row_wise)."""
+    """One table's sharding: its type and the ranks of its shards (every rank for row_wise,
+    data_parallel and hybrid, the node's ranks for table_row_wise); ``frequent``: a hybrid
+    table's replicated rows."""
 
     type: ShardingType
     ranks: tuple[int, ...]
+    frequent: int = 0
 
 
 @dataclass(frozen=True)
@@ -52,7 +57,8 @@ class Plan:
     def shards(self, tables: Sequence[Table]) -> list[Shard]:
         if len(tables) != len(self.placements):
             raise ValueError(f"plan {self.name!r} places {len(self.placements)} tables, not {len(tables)}")
-        return [s for t, p in zip(tables, self.placements, strict=True) for s in table_shards(t, p.type, p.ranks)]
+        return [s for t, p in zip(tables, self.placements, strict=True)
+                for s in table_shards(t, p.type, p.ranks, p.frequent)]
 
     def as_config(self, world: World) -> dict[str, Any]:
         """The ``parallelism.sharding`` value that reproduces this plan exactly."""
@@ -63,6 +69,8 @@ class Plan:
                 entry["ranks"] = list(p.ranks)
             elif p.type == "table_row_wise":
                 entry["node"] = p.ranks[0] // world.gpus_per_node
+            elif p.type == "hybrid":
+                entry["frequent_rows"] = p.frequent
             tables[i] = entry
         return {"tables": tables}
 
@@ -84,6 +92,7 @@ class _Request:
     ranks: tuple[int, ...] | None = None
     shards: int = 1
     node: int | None = None
+    frequent: int | None = None
 
 
 class _NoRoom(Exception):
@@ -118,6 +127,7 @@ def place(spec: WorkloadSpec, arch: Arch, tables: Sequence[Table], world: World,
     """
     n = world.size
     weight = _weights(spec, tables, world, balance)
+    requests = _count_frequent(spec, tables, world, requests)
     # provisional ranks give every shard its size; only the ranks of unplaced ones change below
     ranks: list[tuple[int, ...]] = []
     for r in requests:
@@ -131,7 +141,8 @@ def place(spec: WorkloadSpec, arch: Arch, tables: Sequence[Table], world: World,
             ranks.append(_node_ranks(r.node or 0, world))
         else:
             ranks.append(tuple(range(n)))
-    shards = {t.index: table_shards(t, r.type, rk) for t, r, rk in zip(tables, requests, ranks, strict=True)}
+    shards = {t.index: table_shards(t, r.type, rk, r.frequent or 0)
+              for t, r, rk in zip(tables, requests, ranks, strict=True)}
     base = base_memory(spec, arch, [s for ss in shards.values() for s in ss]).total
     used = [base] * n
     load = [0.0] * n
@@ -181,8 +192,25 @@ def place(spec: WorkloadSpec, arch: Arch, tables: Sequence[Table], world: World,
         rank = min(room, key=lambda r: (load[r], r))
         taken[i].add(rank)
         shards[i][k] = put(s, rank)
-    return Plan(name, tuple(Placement(r.type, tuple(s.rank for s in shards[t.index]))
-                            for t, r in zip(tables, requests, strict=True)))
+    return Plan(name, tuple(Placement(r.type, rk, r.frequent or 0) if r.type == "hybrid"
+                            else Placement(r.type, tuple(s.rank for s in shards[t.index]))
+                            for t, r, rk in zip(tables, requests, ranks, strict=True)))
+
+
+def _count_frequent(spec: WorkloadSpec, tables: Sequence[Table], world: World,
+                    requests: Sequence[_Request]) -> list[_Request]:
+    """``requests`` with every hybrid table's frequent rows counted (those given kept), all hybrid
+    tables together under HugeCTR's cap (:func:`~simgpu.workload.dlrm.hybrid.frequent_counts`)."""
+    out = list(requests)
+    mixed = [(t, r) for t, r in zip(tables, requests, strict=True) if r.type == "hybrid"]
+    if not mixed:
+        return out
+    given = {t.index: r.frequent for t, r in mixed if r.frequent is not None}
+    counts = frequent_counts([t for t, _ in mixed], given, spec.parallelism.sharding.hybrid, world.nodes,
+                             world.size, spec.train.batch_per_gpu * world.size)
+    for t, r in mixed:
+        out[t.index] = dataclasses.replace(r, frequent=counts[t.index])
+    return out
 
 
 def _fits(spec: WorkloadSpec, arch: Arch, tables: Sequence[Table], plan: Plan, world: World,
@@ -241,6 +269,8 @@ def _proposals(spec: WorkloadSpec, arch: Arch, tables: Sequence[Table], world: W
                 out.append(hot_cw(t))
             elif kind == "data_parallel_small" and t.rows <= gb:
                 out.append(_Request("data_parallel"))
+            elif kind == "hybrid_skewed" and t.zipf_alpha > 0:
+                out.append(_Request("hybrid", ranks=tuple(range(n))))
             else:
                 out.append(tw(t))
         return out
@@ -248,7 +278,8 @@ def _proposals(spec: WorkloadSpec, arch: Arch, tables: Sequence[Table], world: W
     out: dict[str, Plan | None] = {}
     for name in PLANNERS:
         balance = {"greedy_size": "size", "greedy_lookups": "lookups"}.get(name, "cost")
-        if name == "table_row_wise_large" and world.nodes < 2:
+        if (name == "table_row_wise_large" and world.nodes < 2) or \
+                (name == "hybrid_skewed" and not any(t.zipf_alpha > 0 for t in tables)):
             out[name] = None
             continue
         out[name] = _place_or_spread(spec, arch, tables, world, with_types(name), balance, capacity, name)
@@ -270,7 +301,9 @@ def propose_plans(spec: WorkloadSpec, world: World, gpu_memory_gib: float | None
     an even share of all table bytes row-wise / table-row-wise (2+ nodes), the rest as greedy_cost;
     ``column_wise_hot``: tables with more than half an even share of the lookups split into column
     shards (as many as even shares they hold, at least 2);
-    ``data_parallel_small``: tables with no more rows than the global batch replicated. In every
+    ``data_parallel_small``: tables with no more rows than the global batch replicated;
+    ``hybrid_skewed`` (only where some table's ids are Zipf-distributed): those tables hybrid
+    (HugeCTR's hybrid embedding, frequent rows by its rule), the rest as greedy_cost. In every
     plan a table that fits on no GPU is made row-wise. A plan equal to an earlier one is left out.
     Use a plan with ``spec.parallelism.sharding = plan.as_config(world)``.
     """
@@ -290,8 +323,12 @@ def resolve_plan(spec: WorkloadSpec, arch: Arch, tables: Sequence[Table], world:
     if cfg.planner is not None:
         plan = _proposals(spec, arch, tables, world, world.gpu_memory_gib)[cfg.planner]
         if plan is None:
-            why = "needs 2 or more nodes" if cfg.planner == "table_row_wise_large" and world.nodes < 2 else \
-                f"does not fit in {world.gpu_memory_gib:g} GiB per GPU"
+            if cfg.planner == "table_row_wise_large" and world.nodes < 2:
+                why = "needs 2 or more nodes"
+            elif cfg.planner == "hybrid_skewed" and not any(t.zipf_alpha > 0 for t in tables):
+                why = "needs a table with a skewed id distribution (distribution: {kind: zipf, alpha: ...})"
+            else:
+                why = f"does not fit in {world.gpu_memory_gib:g} GiB per GPU"
             raise ConfigError(f"the planner's {cfg.planner} plan {why}; expected another planner or more GPUs",
                               key="parallelism.sharding.planner")
         return plan
@@ -302,8 +339,9 @@ def resolve_plan(spec: WorkloadSpec, arch: Arch, tables: Sequence[Table], world:
         r = _Request(type_)
         if ts is not None and ts.ranks is not None:
             r.ranks = tuple(ts.ranks)
-        elif type_ in ("row_wise", "data_parallel"):
+        elif type_ in ("row_wise", "data_parallel", "hybrid"):
             r.ranks = tuple(range(world.size))
+            r.frequent = ts.frequent_rows if ts is not None else None
         elif type_ == "table_row_wise" and ts is not None and ts.node is not None:
             r.ranks = _node_ranks(ts.node, world)
             r.node = ts.node
