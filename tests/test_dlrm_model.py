@@ -11,6 +11,7 @@ from conftest import ROOT
 
 from simgpu import load_job, simulate
 from simgpu.config.workload import DLRMModel, WorkloadSpec
+from simgpu.kernels.features import uniform_reuse
 from simgpu.workload import World
 from simgpu.workload.dlrm import arch as dlrm_arch
 from simgpu.workload.dlrm import builder as dlrm
@@ -82,17 +83,20 @@ def test_zipf_reuse_matches_sampled_ids(rows: int, n: int, alpha: float) -> None
 
 
 def test_skewed_tables_tell_their_kernels_the_reuse() -> None:
+    """A row-wise rank's two row blocks (one skewed, one uniform) share one table-batched kernel,
+    whose distinct rows are the sum of each block's, from its own distribution."""
     s = spec([{"rows": 10_000, "pooling_factor": 4.0, "distribution": {"kind": "zipf", "alpha": 1.2}},
               {"rows": 20_000, "pooling_factor": 4.0}], sharding="row_wise")
     w = dlrm.build(s, World(1, 2))
     emb = [w.kernels[op.kernel] for op in w.programs[0].ops if op.category == "embedding"]
-    skewed = [k for k in emb if k.get("rows") == 5_000]
-    uniform = [k for k in emb if k.get("rows") == 10_000]
-    assert skewed and uniform
-    for k in skewed:  # a row block of 5,000 rows sees 2 x 64 samples x 2 ids
-        assert k.get("reuse_unique") == pytest.approx(embedding.zipf_reuse(5_000, 128 * 2, 1.2)["reuse_unique"])
+    assert len(emb) == 2  # one forward, one backward
+    for k in emb:  # blocks of 5,000 and 10,000 rows, each seeing 2 x 64 samples x 2 ids
+        assert k.get("tables") == 2 and k.get("rows") == 7_500
+        assert k.get("batch") * k.get("tables") * k.get("pooling") == 2 * 256
+        skewed = embedding.zipf_reuse(5_000, 256, 1.2)["reuse_unique"] * 256
+        uniform = uniform_reuse(10_000, 256)["reuse_unique"] * 256
+        assert k.get("reuse_unique") == pytest.approx((skewed + uniform) / 512)
         assert 0 < k.get("reuse_unique") < 1
-    assert all(dict(k.params).keys().isdisjoint({"reuse_unique", "reuse_top1"}) for k in uniform)
 
 
 @pytest.mark.parametrize("low_rank", [None, 8])

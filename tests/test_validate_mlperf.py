@@ -68,16 +68,16 @@ def test_command_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_hybrid_plan_rows_hold_what_they_reach() -> None:
     """Every row with HugeCTR's hybrid embedding (ids Zipf(1.05), an assumption): the 15% target is
-    not reached, so this holds what is reached (geometric mean 43.3%; rows +27% to +46% on one node
-    of SXM A100, -8% and +27% on the PCIe servers, +125% and +131% on 8 and 14 nodes) with a little
-    room. One node: the simulated compute stream alone (1.85 ms on a DGX A100, unfused kernels, the
+    not reached, so this holds what is reached (geometric mean 38.3%; rows -3% to +39% on one node
+    of SXM A100, -9% and +25% on the PCIe servers, +119% and +124% on 8 and 14 nodes) with a little
+    room. One node: the simulated compute stream alone (1.75 ms on a DGX A100, unfused kernels, the
     batch's copy before it) exceeds HugeCTR's fused CUDA-graph step (1.49 ms); across nodes the
     communication (ids all-to-all, fp32 dense buckets, the frequent rows' all-reduce, 1.2 ms on 8
     nodes) exceeds the whole measured step (0.67 ms). The hybrid plan beats the plan used before on
     every row."""
     table, _ = mlperf.validate_all(ROOT)
     assert len(table) >= 16
-    assert mlperf.geomean_error(table) <= 0.46
+    assert mlperf.geomean_error(table) <= 0.41
     assert mlperf.geomean_error(table, "old_ms") > 1.0
     assert (table["predicted_ms"] < table["old_ms"]).all()
     assert (table["error"].abs() <= 1.4).all()

@@ -42,7 +42,7 @@ from ..common import (
 from ..registry import World, register
 from . import hybrid, nvidia
 from .arch import Arch, interaction_bwd, interaction_fwd, make_arch, model_flops
-from .embedding import EMB_BYTES, ID_BYTES, LENGTH_BYTES, Shard, Table, expand_tables
+from .embedding import EMB_BYTES, ID_BYTES, LENGTH_BYTES, Shard, Table, batched_lookup, expand_tables, table_reuse
 from .memory import memory_per_rank
 from .sharding import Plan, resolve_plan
 
@@ -117,11 +117,11 @@ class Layout:
         (all ranks send alike: their local batches have the same size)."""
         return self._input_send[type_]
 
-    def reuse(self, shard: Shard, lookups: float) -> dict[str, float]:
-        """:meth:`Shard.reuse`, computed once per distinct (rows, lookups, skew)."""
-        key = (shard.rows, lookups, shard.table.zipf_alpha)
+    def reuse(self, rows: int, lookups: float, alpha: float) -> dict[str, float]:
+        """:func:`~simgpu.workload.dlrm.embedding.table_reuse`, computed once per distinct arguments."""
+        key = (rows, lookups, alpha)
         if key not in self._reuse:
-            self._reuse[key] = shard.reuse(lookups)
+            self._reuse[key] = table_reuse(rows, lookups, alpha)
         return self._reuse[key]
 
     def node_group(self, rank: int) -> tuple[int, ...]:
@@ -143,22 +143,21 @@ def _a2a(em: Emitter, key: str, group: tuple[int, ...], send: tuple[int, ...], *
 
 def _lookups(em: Emitter, layout: Layout, shards: Sequence[Shard], type_: ShardingType, bwd: bool,
              dep: int) -> int:
-    """Table-batched lookups (or their backward with the fused optimizer) of ``shards``, tables of one
-    shape fused into one kernel; returns the last op (``dep`` if there is none)."""
+    """Table-batched lookups (or their backward with the fused optimizer) of ``shards``: one kernel
+    for the shards of one width (FBGEMM's kernel takes mixed widths too; by width, each row's sectors
+    stay exact), with the distinct rows of every shard summed; returns the last op (``dep`` if none)."""
     b = layout.batch
     batch = b if type_ == "data_parallel" else b * layout.world.size
-    groups: dict[tuple[int, int, float, float], list[Shard]] = {}
+    groups: dict[int, list[tuple[int, int, float, float, float]]] = {}
     for s in shards:
         if s.rows > 0:
-            pooling = s.ids_from_each_rank(b) / b  # ids per sample of the kernel's batch
-            groups.setdefault((s.rows, s.dim, pooling, s.table.zipf_alpha), []).append(s)
+            ids = s.ids_from_each_rank(b) * batch / b  # the ids of the kernel's batch
+            groups.setdefault(s.dim, []).append((s.rows, s.dim, float(batch), float(ids), s.table.zipf_alpha))
     last = dep
     family, phase = ("embedding_bwd", "bwd") if bwd else ("embedding_fwd", "fwd")
-    for i, ((rows, dim, pooling, _), members) in enumerate(groups.items()):
-        reuse = layout.reuse(members[0], batch * pooling)
+    for i, parts in enumerate(groups.values()):
         last = em.kernel(f"emb.{TYPES[type_]}.group{i}.{phase}", family, "fp32", phase=phase,
-                         deps=(dep,) if i == 0 else (), batch=batch, tables=len(members), pooling=pooling,
-                         dim=dim, rows=rows, **reuse)
+                         deps=(dep,) if i == 0 else (), **batched_lookup(parts, layout.reuse))
     return last
 
 

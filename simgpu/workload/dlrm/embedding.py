@@ -16,6 +16,7 @@ table's distribution (:func:`zipf_share`), the blocks of the rest in proportion 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -23,6 +24,7 @@ import numpy as np
 
 from ...config.workload import DLRMModel, IndexDistribution, ShardingType
 from ...graph import MemoryEstimate
+from ...kernels.features import uniform_reuse
 
 EMB_BYTES: Final = 4     # fp32 table rows, pooled embeddings and their gradients
 ID_BYTES: Final = 8      # int64 sparse ids
@@ -143,6 +145,30 @@ def zipf_share(rows: int, top: int, alpha: float) -> float:
     if alpha <= 0:
         return top / rows
     return min(1.0, zipf_harmonic(top, alpha) / zipf_harmonic(rows, alpha))
+
+
+def table_reuse(rows: int, lookups: float, alpha: float) -> dict[str, float]:
+    """The reuse statistics of ``lookups`` ids over ``rows`` rows: Zipf(``alpha``), or uniform at 0."""
+    return zipf_reuse(rows, lookups, alpha) if alpha > 0 else uniform_reuse(rows, lookups)
+
+
+def batched_lookup(parts: Sequence[tuple[int, int, float, float, float]],
+                   reuse: Callable[[int, float, float], dict[str, float]] = table_reuse) -> dict[str, float]:
+    """The parameters of one table-batched lookup kernel (FBGEMM's TBE: all of a rank's tables of a
+    sharding in one launch) over ``parts``, each ``(rows, dim, bags, ids, alpha)`` of one table or
+    shard, all of one ``dim``: ``batch`` the mean bags per table, ``pooling`` ids per bag, ``rows``
+    the mean rows (so ``tables x rows`` is every row the kernel may touch), ``reuse_unique`` the
+    distinct rows over the ids summed over the parts, and each top share weighted by the parts' ids.
+    ``reuse`` gives a part's statistics (:func:`table_reuse`, or a cached one)."""
+    n = len(parts)
+    ids = sum(p[3] for p in parts)
+    bags = sum(p[2] for p in parts)
+    out = {"batch": bags / n, "tables": float(n), "pooling": ids / max(bags, 1.0),
+           "dim": float(parts[0][1]), "rows": sum(p[0] for p in parts) / n}
+    stats = [(p[3], reuse(p[0], p[3], p[4])) for p in parts]
+    for name in ("reuse_unique", *(k for k, _ in REUSE_TOP)):
+        out[name] = sum(w * st[name] for w, st in stats) / max(ids, 1.0)
+    return out
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 from ...config.workload import HybridSettings
 from ...graph import CollectiveCall
 from ..common import Emitter
-from .embedding import Shard, Table, zipf_harmonic
+from .embedding import Shard, Table, batched_lookup, zipf_harmonic
 
 if TYPE_CHECKING:
     from .builder import Layout
@@ -135,22 +135,21 @@ def vectors_sent(layout: Layout, rank: int) -> int:
 
 def _lookups(em: Emitter, layout: Layout, shards: Sequence[Shard], name: str, *, local: bool, bwd: bool,
              dep: int) -> int:
-    """Lookups (or their backward) of hybrid parts, parts of one shape fused into one kernel: a
+    """Lookups (or their backward) of hybrid parts, parts of one width batched into one kernel: a
     frequent replica over the local batch, an infrequent block over the bags it returns to all
     ranks. Returns the last op (``dep`` if there is none)."""
     b, w = layout.batch, layout.world.size
-    groups: dict[tuple[int, int, int, float, float], list[Shard]] = {}
+    groups: dict[int, list[tuple[int, int, float, float, float]]] = {}
     for s in shards:
         ids = s.ids_from_each_rank(b) * (1 if local else w)
         bags = b if local else w * s.bags_from_each_rank(b)
         if s.rows > 0 and ids > 0 and bags > 0:
-            groups.setdefault((s.rows, s.dim, bags, ids / bags, s.table.zipf_alpha), []).append(s)
+            groups.setdefault(s.dim, []).append((s.rows, s.dim, float(bags), float(ids), s.table.zipf_alpha))
     last = dep
     family, phase = ("embedding_bwd", "bwd") if bwd else ("embedding_fwd", "fwd")
-    for i, ((rows, dim, bags, pooling, _), members) in enumerate(groups.items()):
-        reuse = layout.reuse(members[0], bags * pooling)
+    for i, parts in enumerate(groups.values()):
         last = em.kernel(f"{name}.group{i}.{phase}", family, "fp32", phase=phase, deps=(dep,) if i == 0 else (),
-                         batch=bags, tables=len(members), pooling=pooling, dim=dim, rows=rows, **reuse)
+                         **batched_lookup(parts, layout.reuse))
     return last
 
 

@@ -37,7 +37,6 @@ from collections.abc import Sequence
 
 from ...config.workload import DLRMModel, WorkloadSpec
 from ...graph import CollectiveCall, KernelTable, Op, Program, Workload
-from ...kernels.features import uniform_reuse
 from ..common import (
     MIB,
     Emitter,
@@ -52,7 +51,7 @@ from ..common import (
 )
 from ..registry import World
 from .arch import Arch, model_flops
-from .embedding import Shard, Table, zipf_reuse
+from .embedding import Shard, Table, batched_lookup
 from .memory import memory_per_rank
 
 _IDS_BYTES = 4     # int32 ids as the binary dataset stores them
@@ -78,24 +77,16 @@ def device_mapping(sizes: Sequence[int], gpus: int) -> list[list[int]]:
     return [[], *buckets] if gpus > 4 else buckets
 
 
-def _distinct(t: Table, lookups: float) -> float:
-    """Expected distinct rows among ``lookups`` ids of table ``t``."""
-    reuse = zipf_reuse(t.rows, lookups, t.zipf_alpha) if t.zipf_alpha > 0 else uniform_reuse(t.rows, lookups)
-    return reuse["reuse_unique"] * lookups
-
-
 def _lookup(em: Emitter, tables: Sequence[Table], batch: int, *, bwd: bool, out_bytes: int, dep: int) -> int:
-    """One fused lookup (or backward with the SGD update) over ``tables`` for ``batch`` samples."""
+    """One fused lookup (or backward with PyTorch's sparse SGD) over ``tables`` for ``batch`` samples."""
     if not tables:
         return dep
-    lookups = sum(t.ids(batch) for t in tables)
-    distinct = sum(_distinct(t, t.ids(batch)) for t in tables)
-    rows = sum(t.rows for t in tables) / len(tables)
-    dim = max(t.dim for t in tables)
+    parts = [(t.rows, t.dim, float(batch), float(t.ids(batch)), t.zipf_alpha) for t in tables]
     family, phase = ("embedding_bwd", "bwd") if bwd else ("embedding_fwd", "fwd")
-    return em.kernel(f"emb.{phase}", family, "fp32", phase=phase, deps=(dep,), batch=batch, tables=len(tables),
-                     pooling=lookups / (batch * len(tables)), dim=dim, rows=rows,
-                     reuse_unique=distinct / max(lookups, 1), out_bytes=out_bytes, fused=0.0)
+    params = batched_lookup(parts)
+    params["dim"] = float(max(t.dim for t in tables))
+    return em.kernel(f"emb.{phase}", family, "fp32", phase=phase, deps=(dep,), **params, out_bytes=out_bytes,
+                     fused=0.0)
 
 
 def _rank_program(rank: int, spec: WorkloadSpec, model: DLRMModel, arch: Arch, mapping: list[list[int]],
@@ -163,6 +154,10 @@ def _rank_program(rank: int, spec: WorkloadSpec, model: DLRMModel, arch: Arch, m
         em.program.add(Op("loader.next_batch", "host", "host", stream="compute", phase="data",
                           cpu_s=nbytes / (rate * 1e6)))
     program = em.program
+    host = spec.train.host_overhead_us
+    if host is not None:  # the framework's host time per launched op, where the platform's is not it
+        program.ops[:] = [op if op.kind in ("host", "host_wait") else dataclasses.replace(op, cpu_s=host * 1e-6)
+                          for op in program.ops]
     if spec.train.cuda_graphs:  # one graph launch: the captured ops after the first pay no launch time
         program.ops[1:captured] = [dataclasses.replace(op, cpu_s=0.0) for op in program.ops[1:captured]]
     return program
