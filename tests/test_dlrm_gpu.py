@@ -185,3 +185,39 @@ def test_every_dlrm_pytorch_row_is_expressed_and_scored() -> None:
     full = table[table["precision"] != "fp16"]
     assert validate_dlrm.geomean_error(full) <= 0.20
 
+
+
+def torchrec_job(compute_kernel: str, tables: list[dict[str, Any]]) -> Job:
+    spec = WorkloadSpec.model_validate({
+        "name": "tr", "platform": "dgx_a100", "gpus_per_node": 8, "seed": 0,
+        "model": {"kind": "dlrm", "dense_features": 13, "bottom_mlp": [64, 32], "top_mlp": [128, 1],
+                  "embedding_dim": 32, "interaction": "dot", "tables": tables},
+        "training": {"batch_per_gpu": 1024, "optimizer": "sgd"},
+        "parallelism": {"sharding": {"default": "table_wise", "compute_kernel": compute_kernel}},
+    })
+    return Job(spec, A100, "test", "dgx_a100")
+
+
+def test_one_kernel_per_table_against_table_batched_kernels() -> None:
+    """64 small tables: the reference DLRM's kernel per table (and its sparse gradients) is slower than
+    FBGEMM's table-batched kernel; each table is its own kernel, a rank's tables of one width one."""
+    from simgpu.sim import build
+
+    many = [{"rows": 5_000, "pooling_factor": 4, "count": 64}]
+    batched, per_table = build(torchrec_job("fused", many)), build(torchrec_job("per_table", many))
+    def fwd(w: Any) -> list[Any]:
+        return [op for op in w.programs[1].ops if op.category == "embedding" and op.phase == "fwd"]
+
+    assert len(fwd(batched)) == 1 and len(fwd(per_table)) == 8  # 64 tables over 8 GPUs
+    assert all(".t" in op.name for op in fwd(per_table))
+    slow, fast = (simulate(torchrec_job(k, many)).iteration_time_s for k in ("per_table", "fused"))
+    assert slow > fast
+
+
+def test_per_table_kernels_are_refused_with_hybrid_tables(tmp_path: Any) -> None:
+    with pytest.raises(ValueError, match="compute_kernel"):
+        WorkloadSpec.model_validate({
+            "name": "x", "platform": "dgx_a100", "model": {"kind": "dlrm", "bottom_mlp": [32], "top_mlp": [1],
+                                                           "embedding_dim": 32, "tables": [{"rows": 10}]},
+            "training": {"batch_per_gpu": 8},
+            "parallelism": {"sharding": {"default": "hybrid", "compute_kernel": "per_table"}}})

@@ -145,11 +145,23 @@ class EmbeddingSharding(Spec):
                                    description="how hybrid tables split into frequent and infrequent rows")
     comm_precision: Literal["fp32", "fp16", "bf16"] = Field(
         "fp32", description="dtype of pooled embeddings and their gradients in collectives (TorchRec's qcomms)")
+    compute_kernel: Literal["fused", "per_table"] = Field(
+        "fused", description="how lookups run: fused (FBGEMM's table-batched kernels with the optimizer fused in "
+                             "the backward, TorchRec's default) or per_table (one nn.EmbeddingBag(sparse=True) per "
+                             "table and an optimizer step on its sparse gradient, the reference DLRM's way)")
 
     @model_validator(mode="before")
     @classmethod
     def _short_form(cls, data: Any) -> Any:
         return {"default": data} if isinstance(data, str) else data
+
+    @model_validator(mode="after")
+    def _hybrid_kernels(self) -> EmbeddingSharding:
+        hybrid = self.default == "hybrid" or any(t.type == "hybrid" for t in self.tables.values())
+        if self.compute_kernel == "per_table" and hybrid:
+            raise ValueError("compute_kernel: per_table is TorchRec's and the reference DLRM's; hybrid tables run "
+                             "HugeCTR's own kernels; expected compute_kernel: fused with hybrid tables")
+        return self
 
     @model_validator(mode="after")
     def _planner_alone(self) -> EmbeddingSharding:

@@ -13,7 +13,10 @@ tables' dense gradients join the DDP buckets of the dense gradients; the dense o
 once every bucket is reduced. Hybrid tables (HugeCTR's hybrid embedding) come last among the
 sharded types; their ops are :mod:`~simgpu.workload.dlrm.hybrid`'s. Pooled embeddings and
 their gradients travel as fp32 unless ``parallelism.sharding.comm_precision`` says otherwise
-(TorchRec's quantized comms; the memory estimate keeps their buffers at fp32).
+(TorchRec's quantized comms; the memory estimate keeps their buffers at fp32). With
+``parallelism.sharding.compute_kernel: per_table`` each shard is looked up by its own kernel and
+trained through PyTorch's sparse gradient and optimizer step, as the reference DLRM does (the
+memory estimate leaves out the sparse gradient's rows).
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class Layout:
     batch: int
     shards: tuple[Shard, ...]
     wire_bytes: int = EMB_BYTES  # bytes per element of pooled embeddings and their gradients in collectives
+    per_table: bool = False  # one nn.EmbeddingBag(sparse=True) kernel per shard instead of table-batched ones
 
     @cached_property
     def _by_rank(self) -> dict[tuple[ShardingType, int], list[Shard]]:
@@ -143,21 +147,26 @@ def _a2a(em: Emitter, key: str, group: tuple[int, ...], send: tuple[int, ...], *
 
 def _lookups(em: Emitter, layout: Layout, shards: Sequence[Shard], type_: ShardingType, bwd: bool,
              dep: int) -> int:
-    """Table-batched lookups (or their backward with the fused optimizer) of ``shards``: one kernel
-    for the shards of one width (FBGEMM's kernel takes mixed widths too; by width, each row's sectors
-    stay exact), with the distinct rows of every shard summed; returns the last op (``dep`` if none)."""
+    """Table-batched lookups (or their backward with the fused optimizer) of ``shards``, or, with
+    ``compute_kernel: per_table``, a kernel per shard with PyTorch's sparse gradient and step: one
+    table-batched kernel for the shards of one width (FBGEMM's kernel takes mixed widths too; by
+    width, each row's sectors stay exact), with the distinct rows of every shard summed; returns the
+    last op (``dep`` if none)."""
     b = layout.batch
     batch = b if type_ == "data_parallel" else b * layout.world.size
-    groups: dict[int, list[tuple[int, int, float, float, float]]] = {}
+    groups: dict[int | tuple[int, int], list[tuple[int, int, float, float, float]]] = {}
     for s in shards:
         if s.rows > 0:
             ids = s.ids_from_each_rank(b) * batch / b  # the ids of the kernel's batch
-            groups.setdefault(s.dim, []).append((s.rows, s.dim, float(batch), float(ids), s.table.zipf_alpha))
+            key = (s.table.index, s.col_offset) if layout.per_table else s.dim
+            groups.setdefault(key, []).append((s.rows, s.dim, float(batch), float(ids), s.table.zipf_alpha))
     last = dep
     family, phase = ("embedding_bwd", "bwd") if bwd else ("embedding_fwd", "fwd")
-    for i, parts in enumerate(groups.values()):
-        last = em.kernel(f"emb.{TYPES[type_]}.group{i}.{phase}", family, "fp32", phase=phase,
-                         deps=(dep,) if i == 0 else (), **batched_lookup(parts, layout.reuse))
+    for i, (key, parts) in enumerate(groups.items()):
+        name = f"t{key[0]}" if isinstance(key, tuple) else f"group{i}"
+        extra = {"fused": 0.0} if layout.per_table else {}
+        last = em.kernel(f"emb.{TYPES[type_]}.{name}.{phase}", family, "fp32", phase=phase,
+                         deps=(dep,) if i == 0 else (), **batched_lookup(parts, layout.reuse), **extra)
     return last
 
 
@@ -274,8 +283,9 @@ def _rank_program(rank: int, spec: WorkloadSpec, model: DLRMModel, arch: Arch, l
 
 
 def layout_of(spec: WorkloadSpec, world: World, tables: Sequence[Table], plan: Plan) -> Layout:
-    return Layout(world, spec.train.batch_per_gpu, tuple(plan.shards(tables)),
-                  dtype_bytes(spec.parallelism.sharding.comm_precision))
+    sharding = spec.parallelism.sharding
+    return Layout(world, spec.train.batch_per_gpu, tuple(plan.shards(tables)), dtype_bytes(sharding.comm_precision),
+                  sharding.compute_kernel == "per_table")
 
 
 @register("dlrm")
