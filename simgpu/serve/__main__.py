@@ -79,7 +79,7 @@ def _main(argv: Sequence[str] | None) -> int:
     serving = load_serving(args.serving, overrides)
     spec = serving.spec
     rates = args.sweep or spec.outputs.sweep_rates_per_s
-    if rates and spec.requests.kind == "fixed":
+    if rates and spec.requests.kind in ("fixed", "closed_loop"):
         raise ConfigError("a sweep of arrival rates needs poisson or trace requests; expected requests.kind poisson "
                           "or trace", file=serving.file, key="--sweep" if args.sweep else "outputs.sweep_rates_per_s")
     out = Path(args.out) if args.out else Path("out") / safe_name(spec.name)

@@ -155,7 +155,9 @@ def serve(serving: Serving, deployment: Deployment, rate_per_s: float | None = N
     except ConfigError as e:
         raise ConfigError(e.message, file=serving.file, key=e.key) from None
     check_slo(serving, deployment, reqs)
-    res = simulate_serving(reqs, deployment.pools, spec.scheduler, spec.timing, deployment.network, progress)
+    closed = spec.requests.concurrency if spec.requests.kind == "closed_loop" else None
+    res = simulate_serving(reqs, deployment.pools, spec.scheduler, spec.timing, deployment.network, progress,
+                           concurrency=closed, warmup=spec.requests.warmup_count)
     res.meta.update(name=spec.name, deployment=deployment.label, scheduler=spec.scheduler.kind,
                     platform=deployment.jobs[0].platform.name, seed=spec.seed,
                     rate_per_s=rate_per_s or spec.requests.rate_per_s, overrides=list(serving.overrides))

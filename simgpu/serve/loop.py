@@ -101,6 +101,8 @@ class ServeResult:
     distinct_steps: int = 0
     events: int = 0
     meta: dict[str, Any] = field(default_factory=dict)
+    #: requests at the start (in sending order) left out of the latency figures: a closed loop's warm-up
+    warmup: int = 0
     #: pipeline parallel: (pool, replica, virtual engine, (start, end) of each stage in turn, prefill
     #: tokens, decodes) per batch; its ``iterations`` row runs from the first stage's start to the
     #: last stage's end
@@ -129,8 +131,14 @@ def check_fits(requests: Requests, pools: Sequence[Pool], key: str = "requests")
 
 def simulate_serving(requests: Requests, pools: Sequence[Pool], sched: SchedulerSpec, timing: TimingSpec,
                      network: Network | None = None,
-                     progress: Callable[[int, int], None] | None = None) -> ServeResult:
-    """Serve ``requests`` on ``pools`` (one colocated pool, or a prefill and a decode pool)."""
+                     progress: Callable[[int, int], None] | None = None,
+                     concurrency: int | None = None, warmup: int = 0) -> ServeResult:
+    """Serve ``requests`` on ``pools`` (one colocated pool, or a prefill and a decode pool).
+
+    ``concurrency``: a closed loop of that many clients. The first ``concurrency`` requests are sent
+    at time 0 and each later one the moment a request finishes (its client sends the next, as the
+    serving benchmarks' clients do); ``requests.arrival_s`` is filled in with the times they were
+    sent. ``warmup``: the first requests sent that the latency figures leave out."""
     if not len(requests):
         raise ConfigError("no requests to serve; expected at least one", key="requests")
     disagg = len(pools) == 2
@@ -211,6 +219,8 @@ def simulate_serving(requests: Requests, pools: Sequence[Pool], sched: Scheduler
             progress(counts["done"], n)
         if counts["done"] == n:
             all_done.succeed()
+        elif concurrency is not None and sent[0] < n:  # its client sends the next request
+            admit(sent[0])
 
     def reserve(d: int) -> None:
         rep = reps[1][d]
@@ -336,20 +346,28 @@ def simulate_serving(requests: Requests, pools: Sequence[Pool], sched: Scheduler
         ves = us[i]
         return ves[0] if len(ves) == 1 else min(ves, key=lambda v: (v.outstanding, v.index))
 
+    sent = [0]  # requests sent so far (the next to send, in order)
+
+    def admit(r: int) -> None:
+        rep = pick(0, sched.routing == "round_robin")
+        home[r] = rep.unit
+        where[r] = rep.index
+        rep.outstanding += 1
+        rep.waiting.append(r)
+        counts["in"] += 1
+        in_system.append((env.now, counts["in"]))
+        sent[0] = r + 1
+        if concurrency is not None:
+            requests.arrival_s[r] = env.now
+        poke(0, rep.index)
+
     def arrivals() -> Any:
         arr = requests.arrival_s
-        rrobin = sched.routing == "round_robin"
-        for r in range(n):
-            if arr[r] > env.now:
+        last = n if concurrency is None else min(concurrency, n)
+        for r in range(last):
+            if concurrency is None and arr[r] > env.now:
                 yield env.timeout(float(arr[r]) - env.now)
-            rep = pick(0, rrobin)
-            home[r] = rep.unit
-            where[r] = rep.index
-            rep.outstanding += 1
-            rep.waiting.append(r)
-            counts["in"] += 1
-            in_system.append((env.now, counts["in"]))
-            poke(0, rep.index)
+            admit(r)
 
     stage_spans: list[tuple[int, int, int, tuple[float, ...], int, int]] = []
     for p, pool in enumerate(pools):
@@ -368,4 +386,4 @@ def simulate_serving(requests: Requests, pools: Sequence[Pool], sched: Scheduler
     return ServeResult(requests, first, finish, np.asarray(st.preemptions), home, dest, xfer, iterations,
                        transfers, kv_samples, in_system, list(pools),
                        distinct_steps=sum(len(p.cache) for p in pools), events=len(iterations) + 2 * n,
-                       stage_spans=stage_spans)
+                       stage_spans=stage_spans, warmup=min(warmup, n - 1))

@@ -4,7 +4,9 @@ goodput under the SLOs, KV-cache occupancy, and the per-request table.
 TTFT is arrival to first token; TPOT (time per output token) is the time between tokens after the
 first, ``(E2E - TTFT) / (output - 1)`` (requests of one output token have none); E2E is arrival to
 last token. A request counts in goodput when it meets both the TTFT and the TPOT objective.
-Throughput is measured from the first arrival to the last completion.
+Throughput is measured from the first arrival to the last completion. A closed loop's warm-up
+requests (the first ``warmup`` sent) are in the request table (``warmup`` column) but left out of
+the latency figures and goodput, as the serving benchmarks leave out theirs.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ def request_table(res: ServeResult) -> pd.DataFrame:
         "output_tokens": rq.output, "ttft_ms": ttft * 1e3, "tpot_ms": tpot * 1e3, "e2e_ms": e2e * 1e3,
         "finish_ms": res.finish_s * 1e3, "replica": res.replica, "decode_replica": res.decode_replica,
         "kv_transfer_ms": res.transfer_s * 1e3, "preemptions": res.preemptions,
+        "warmup": np.arange(len(rq)) < res.warmup,
     })
 
 
@@ -66,22 +69,23 @@ def summarize(res: ServeResult, slo: SloSpec) -> dict[str, Any]:
     """The figures of ``summary.json``."""
     table = request_table(res)
     rq = res.requests
+    measured = table[~table["warmup"]]
     span = float(np.nanmax(res.finish_s) - rq.arrival_s[0])
     gpus = sum(p.gpus for p in res.pools)
     out_tokens = int(rq.output.sum())
-    ok = (table["ttft_ms"] <= slo.ttft_ms) & (table["tpot_ms"].fillna(0) <= slo.tpot_ms)
+    ok = (measured["ttft_ms"] <= slo.ttft_ms) & (measured["tpot_ms"].fillna(0) <= slo.tpot_ms)
     occ = kv_occupancy(res)
     iters = pd.DataFrame(res.iterations, columns=["pool", "replica", "start_s", "end_s", "prefill_tokens",
                                                   "decodes"])
     batch = iters["decodes"] + (iters["prefill_tokens"] > 0)
-    p99 = {k: _stats(table[f"{k}_ms"].to_numpy())["p99"] for k in ("ttft", "tpot")}
+    p99 = {k: _stats(measured[f"{k}_ms"].to_numpy())["p99"] for k in ("ttft", "tpot")}
     return {
         "requests": len(rq),
         "gpus": gpus,
         "duration_s": span,
-        "ttft_ms": _stats(table["ttft_ms"].to_numpy()),
-        "tpot_ms": _stats(table["tpot_ms"].to_numpy()),
-        "e2e_ms": _stats(table["e2e_ms"].to_numpy()),
+        "ttft_ms": _stats(measured["ttft_ms"].to_numpy()),
+        "tpot_ms": _stats(measured["tpot_ms"].to_numpy()),
+        "e2e_ms": _stats(measured["e2e_ms"].to_numpy()),
         "throughput": {
             "requests_per_s": len(rq) / span if span > 0 else None,
             "output_tokens_per_s": out_tokens / span if span > 0 else None,
@@ -91,6 +95,7 @@ def summarize(res: ServeResult, slo: SloSpec) -> dict[str, Any]:
         "goodput": {
             "slo_ttft_ms": slo.ttft_ms, "slo_tpot_ms": slo.tpot_ms,
             "requests_per_s": float(ok.sum()) / span if span > 0 else None,
+            "warmup_requests": int(res.warmup),
             "attained": float(ok.mean()),
             "p99_meets_slo": bool(p99["ttft"] is not None and p99["ttft"] <= slo.ttft_ms
                                   and (p99["tpot"] is None or p99["tpot"] <= slo.tpot_ms)),

@@ -1,9 +1,11 @@
 """Request sources: arrival times and prompt / output token counts, drawn from the run's seed.
 
 ``poisson`` draws exponential gaps at ``rate_per_s``; ``fixed`` puts every request at time 0 (an
-offline throughput run); ``trace`` reads a CSV of ``TIMESTAMP, ContextTokens, GeneratedTokens``
-(Azure's LLM inference traces), arrivals relative to its first row, optionally rescaled to a mean
-rate. All three give a :class:`Requests`: three arrays sorted by arrival.
+offline throughput run); ``closed_loop`` leaves arrivals to the serving loop (each is sent when a
+client's previous request finishes, see :func:`~simgpu.serve.loop.simulate_serving`); ``trace``
+reads a CSV of ``TIMESTAMP, ContextTokens, GeneratedTokens`` (Azure's LLM inference traces),
+arrivals relative to its first row, optionally rescaled to a mean rate. All give a
+:class:`Requests`: three arrays sorted by arrival.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ def make_requests(spec: RequestsSpec, seed: int, trace: Path | None = None,
     assert spec.prompt_tokens is not None and spec.output_tokens is not None  # checked by the spec
     prompt = draw_counts(spec.prompt_tokens, n, rng)
     output = draw_counts(spec.output_tokens, n, rng)
-    if spec.kind == "fixed":
+    if spec.kind in ("fixed", "closed_loop"):  # a closed loop's arrivals are set as it runs
         arrival = np.zeros(n)
     else:
         assert rate is not None

@@ -47,9 +47,16 @@ class LengthSpec(Spec):
 
 class RequestsSpec(Spec):
     """Where requests come from: ``poisson`` arrivals at a rate, ``fixed`` (all at time 0, offline
-    throughput) or ``trace`` (a CSV of arrival times and token counts, e.g. Azure's)."""
+    throughput), ``trace`` (a CSV of arrival times and token counts, e.g. Azure's) or
+    ``closed_loop`` (the serving benchmarks' load: ``concurrency`` clients, each sending its next
+    request the moment its last one finishes, ``count`` requests in all; the first ``warmup`` sent,
+    by default the first wave of ``concurrency``, are left out of the latency figures)."""
 
-    kind: Literal["poisson", "fixed", "trace"] = Field(description="poisson, fixed or trace")
+    kind: Literal["poisson", "fixed", "trace", "closed_loop"] = Field(
+        description="poisson, fixed, trace or closed_loop")
+    concurrency: int | None = Field(None, ge=1, description="closed_loop: clients, each with one request in flight")
+    warmup: int | None = Field(None, ge=0, description="closed_loop: requests left out of the latency figures at the "
+                               "start (default: the first wave, concurrency of them)")
     count: int | None = Field(None, ge=1, description="requests to simulate (a trace: at most this many)")
     rate_per_s: float | None = Field(None, gt=0, description="poisson: mean arrivals per second; trace: rescale "
                                      "the trace's arrivals to this mean rate")
@@ -72,7 +79,24 @@ class RequestsSpec(Spec):
                                  "count or a distribution {dist, mean, max}")
             if self.kind == "poisson" and self.rate_per_s is None:
                 raise ValueError("poisson requests need rate_per_s; expected arrivals per second")
+        if self.kind == "closed_loop":
+            if self.concurrency is None:
+                raise ValueError("closed_loop requests need concurrency; expected the number of clients (>= 1)")
+            if self.rate_per_s is not None:
+                raise ValueError("closed_loop requests arrive as others finish; expected no rate_per_s")
+            if self.count is not None and self.count <= self.warmup_count:
+                raise ValueError(f"count {self.count} leaves no request after the {self.warmup_count} of the warm-up; "
+                                 "expected more requests than warmup")
+        elif self.concurrency is not None or self.warmup is not None:
+            raise ValueError(f"concurrency and warmup are a closed loop's; expected kind: closed_loop, not {self.kind}")
         return self
+
+    @property
+    def warmup_count(self) -> int:
+        """Requests left out of the latency figures (a closed loop's warm-up; none otherwise)."""
+        if self.kind != "closed_loop":
+            return 0
+        return self.warmup if self.warmup is not None else int(self.concurrency or 0)
 
 
 class SchedulerSpec(Spec):
