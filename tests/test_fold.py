@@ -75,6 +75,25 @@ def test_folded_moe_equals_full():
     assert (full.records["category"] == "all_to_all").any()
 
 
+MIXTRAL_SMALL = ["model.layers=4", "nodes=4", "parallelism.pp=2", "training.global_batch=16"]
+
+
+@pytest.mark.parametrize("extra, factor", [
+    (["parallelism.tp=4", "parallelism.sp=true", "parallelism.ep=4"], 4),  # two members a node: 2 x 2
+    (["parallelism.tp=8", "parallelism.ep=2"], 8),                         # one member a node: 2 x 4
+], ids=["tp4-ep4", "tp8-ep2"])
+def test_folded_moe_whose_expert_group_spans_every_replica_equals_full(extra, factor):
+    """Expert parallelism over every data-parallel rank of a stage (ep == dp, as Qwen3-235B's EP32):
+    each shift of replicas maps the expert group onto itself, so whole nodes fold and the even
+    all-to-all's transfers are kept once per orbit. Every rank's records are the full run's, to the bit."""
+    full, folded = both(ROOT / "workloads" / "mixtral_8x7b_64x_h100.yaml", MIXTRAL_SMALL + extra)
+    assert_same(full, folded, factor)
+    assert (full.records["category"] == "all_to_all").any()
+    assert folded.iteration_time_s == full.iteration_time_s
+    ea, eb = full.records, folded.expanded()
+    assert (eb[["start_s", "end_s"]].to_numpy() == ea[["start_s", "end_s"]].to_numpy()).all()
+
+
 def test_folded_data_parallel_64_gpus_equals_full():
     full, folded = both(GPT, ["nodes=8", "parallelism.dp=64", "comm.algorithm=ring", "model.layers=4"])
     assert_same(full, folded, 8)

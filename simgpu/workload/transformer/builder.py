@@ -485,8 +485,10 @@ def replicas(lay: Layout, world: World, tp_ring: bool = False) -> Replicas | Non
     """The identical ranks of ``lay`` as levels of :class:`Replicas`, or None.
 
     Every rank of a stage runs the same program, so shifting the data-parallel coordinate by a
-    multiple of ``ep`` (expert groups stay whole) maps the job onto itself: the data-parallel level's
-    unit is the smallest such shift whose ranks fill whole nodes and that divides ``dp`` (none where
+    multiple of ``ep`` (expert groups stay whole) maps the job onto itself; where one expert group
+    holds every data-parallel rank of a stage (``ep == dp``), any shift maps it onto itself (its
+    members move round it, and its even all-to-all with them). The data-parallel level's unit is the
+    smallest such shift whose ranks fill whole nodes and that divides ``dp`` (none where
     ``world.whole_nodes`` is off). Shifting
     the tensor-parallel coordinate does too; where a tensor-parallel group lies inside a node, its
     level's unit is the smallest shift of GPUs that the node's topology allows
@@ -496,7 +498,8 @@ def replicas(lay: Layout, world: World, tp_ring: bool = False) -> Replicas | Non
     gpn = world.gpus_per_node
     per_dp = lay.tp * lay.cp
     levels: list[tuple[int, int]] = []
-    for u in range(lay.ep, lay.dp // 2 + 1 if world.whole_nodes else 0, lay.ep):
+    step = lay.ep if lay.ep < lay.dp else 1
+    for u in range(step, lay.dp // 2 + 1 if world.whole_nodes else 0, step):
         if lay.dp % u == 0 and (u * per_dp) % gpn == 0:
             levels.append((per_dp * lay.dp, per_dp * u))
             break
