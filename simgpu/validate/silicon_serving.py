@@ -1,0 +1,171 @@
+"""TTFT and TPOT of the measured serving sample's aggregated rows, predicted under their closed-loop load.
+
+Each aggregated row of ``../shared/data/inference/aiconfigurator-silicon/silicon_sample.csv`` that
+:mod:`simgpu.validate.silicon` can express becomes a serving run:
+
+- engines of the row's parallelism (its inference workload from
+  :func:`simgpu.validate.silicon.workload`): one, or as many as the clients fill at ``batch_size``
+  each (:func:`replicas`; the sample gives no worker count for aggregated rows);
+- each engine's ``batch_size`` (per attention-DP rank) as the scheduler's largest batch, chunked
+  prefill with an 8,192-token budget (the default ``max_num_tokens`` / ``max_num_batched_tokens`` /
+  ``chunked_prefill_size`` of TensorRT-LLM, vLLM and SGLang on these GPUs);
+- the benchmark's load: a closed loop of ``concurrency`` clients with the row's fixed ISL and OSL,
+  :data:`ROUNDS` requests a client, the first wave left out as warm-up.
+
+TTFT is the mean time from sending to the first token; TPOT the mean of ``(E2E - TTFT) / (OSL -
+1)``, the definition of vLLM's ``benchmark_serving.py``. The disaggregated rows are not scored here
+yet.
+
+``python -m simgpu.validate.silicon_serving [--model SUBSTRING] [--limit N] [--csv PATH]`` prints
+the geometric-mean |error| and median signed error of TTFT and TPOT per model, framework and
+concurrency band.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from ..errors import SimgpuError
+from ..kernels.importers import data_root
+from .silicon import SAMPLE, pools, workload
+
+#: Requests each client sends (the first wave of them is the warm-up).
+ROUNDS = 4
+#: Chunked-prefill token budget of the three frameworks' defaults.
+TOKEN_BUDGET = 8192
+
+
+def concurrency_of(row: pd.Series) -> int:
+    c = row.get("concurrency")
+    if c is None or (isinstance(c, float) and np.isnan(c)):
+        c = row.get("batch_size")
+    return max(1, int(c))
+
+
+def replicas(row: pd.Series, attention_dp: int = 1) -> int:
+    """Engines serving the row's clients: one, unless the clients outnumber the engine's batch
+    (``batch_size x attention_dp``), in which case as many engines as it takes to hold them (the
+    sample gives no worker count for aggregated rows; its concurrency over the batch is one)."""
+    c = concurrency_of(row)
+    b = row.get("batch_size")
+    if b is None or b != b or int(b) <= 0:
+        return 1
+    return max(1, round(c / (int(b) * attention_dp)))
+
+
+def serving_data(row: pd.Series, workload_file: Path, attention_dp: int = 1) -> dict[str, Any]:
+    """The serving file of an aggregated row (as a YAML mapping): ``batch_size`` is each attention
+    data-parallel rank's, so the engine's largest batch is ``batch_size x attention_dp``."""
+    c = concurrency_of(row)
+    batch = (int(row["batch_size"]) if row.get("batch_size") == row.get("batch_size") else c) * attention_dp
+    return {"name": "row", "seed": 0, "deployment": {"workload": str(workload_file)},
+            "requests": {"kind": "closed_loop", "concurrency": c, "count": ROUNDS * c, "warmup": c,
+                         "prompt_tokens": int(row["isl"]), "output_tokens": int(row["osl"])},
+            "scheduler": {"kind": "chunked", "max_batch": max(batch, 1), "max_tokens": TOKEN_BUDGET}}
+
+
+def predict(row: pd.Series, folder: Path, tmp: Path) -> tuple[float, float]:
+    """(TTFT ms, TPOT ms) predicted for an aggregated row."""
+    from ..serve.deploy import build, serve
+    from ..serve.spec import load_serving
+
+    (pool,) = pools(row)
+    w = workload(row, pool, folder)
+    n = replicas(row, pool["attention_dp"])
+    if n > 1:  # the deployment's engines side by side, the NVLink domain filled first
+        gpn = 72 if row["system"] == "gb200" else 8
+        gpus = pool["tp"] * pool["attention_dp"] * pool["pp"] * n
+        w["nodes"], w["gpus_per_node"] = max(1, -(-gpus // gpn)), min(gpus, gpn)
+    wfile = tmp / f"{w['name']}.yaml"
+    wfile.write_text(yaml.safe_dump(w))
+    sfile = tmp / f"{w['name']}.serving.yaml"
+    sfile.write_text(yaml.safe_dump(serving_data(row, wfile, pool["attention_dp"])))
+    serving = load_serving(sfile)
+    _, summary = serve(serving, build(serving))
+    return float(summary["ttft_ms"]["mean"]), float(summary["tpot_ms"]["mean"])
+
+
+def score(folder: Path, model: str | None = None, limit: int | None = None) -> pd.DataFrame:
+    """One line per aggregated row (of ``model``'s, the first ``limit``): measured and predicted TTFT
+    and TPOT, or why the row was not scored."""
+    rows = pd.read_csv(folder / "silicon_sample.csv")
+    rows = rows[rows["mode"] == "agg"]
+    if model:
+        rows = rows[rows["model_path"].str.contains(model, case=False, regex=False)]
+    if limit:
+        rows = rows.head(limit)
+    out = []
+    with tempfile.TemporaryDirectory() as d:
+        for i, (_, row) in enumerate(rows.iterrows()):
+            if i % 50 == 0:
+                print(f"row {i} of {len(rows)}", file=sys.stderr, flush=True)
+            rec: dict[str, Any] = {"id": row["id"], "model": row["model_path"], "backend": row["backend"],
+                                   "system": row["system"], "concurrency": concurrency_of(row),
+                                   "isl": int(row["isl"]), "osl": int(row["osl"]),
+                                   "ttft_ms": row["silicon_ttft_ms"], "tpot_ms": row["silicon_tpot_ms"]}
+            t0 = time.perf_counter()
+            try:
+                rec["pred_ttft_ms"], rec["pred_tpot_ms"] = predict(row, folder, Path(d))
+                rec["reason"] = ""
+            except (SimgpuError, ValueError) as e:
+                rec["pred_ttft_ms"] = rec["pred_tpot_ms"] = np.nan
+                rec["reason"] = " ".join(str(e).split())[:160]
+            rec["seconds"] = time.perf_counter() - t0
+            out.append(rec)
+    t = pd.DataFrame(out)
+    t["ttft_error"] = t["pred_ttft_ms"] / t["ttft_ms"] - 1
+    t["tpot_error"] = t["pred_tpot_ms"] / t["tpot_ms"] - 1
+    return t
+
+
+def geomean_error(err: pd.Series) -> float:
+    """``exp(mean |ln(1 + error)|) - 1`` over the finite errors."""
+    e = err[np.isfinite(err)]
+    return float(np.exp(np.mean(np.abs(np.log1p(e))))) - 1 if len(e) else float("nan")
+
+
+def band(c: int) -> str:
+    return "1-8" if c <= 8 else "9-64" if c <= 64 else "65-256" if c <= 256 else ">256"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m simgpu.validate.silicon_serving",
+                                 description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("--data", type=Path, default=None, help="the shared data folder (default ../shared/data)")
+    ap.add_argument("--model", help="only rows whose model id contains this")
+    ap.add_argument("--limit", type=int, help="only the first N rows")
+    ap.add_argument("--csv", help="write every row here")
+    args = ap.parse_args(argv)
+    folder = (args.data or data_root()) / SAMPLE
+    if not (folder / "silicon_sample.csv").is_file():
+        print(f"error: no serving sample at {folder}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    t = score(folder, args.model, args.limit)
+    if args.csv:
+        t.to_csv(args.csv, index=False)
+    ok = t[t["reason"] == ""].assign(band=lambda d: d["concurrency"].map(band))
+    with pd.option_context("display.width", 200, "display.max_rows", 100):
+        for key in ("model", "backend", "band"):
+            g = ok.groupby(key).agg(rows=("id", "size"), ttft=("ttft_error", geomean_error),
+                                    ttft_median=("ttft_error", "median"), tpot=("tpot_error", geomean_error),
+                                    tpot_median=("tpot_error", "median"))
+            print(g.to_string(float_format="{:+.1%}".format), "\n")
+    print(f"{len(ok)} of {len(t)} aggregated rows scored in {time.perf_counter() - t0:.0f} s "
+          f"(median {ok['seconds'].median() if len(ok) else float('nan'):.2f} s a row): TTFT geomean |error| "
+          f"{geomean_error(ok['ttft_error']):.1%}, TPOT {geomean_error(ok['tpot_error']):.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
