@@ -6,7 +6,9 @@ deployments (read its provenance.md): a model (its Hugging Face id, whose ``conf
 written as the inference workload(s) of its pool(s) — the model from its config.json, the precision
 from its GEMM and MoE quantisation modes, ``tp``, ``pp``, ``attention_dp``, ``moe_tp``, ``moe_ep``
 — and resolved as a deployment on its platform: loaded, split, and its weights checked against the
-GPU. A row is expressible when every pool resolves; otherwise the first refusal is its reason.
+GPU. Decode iterations replay CUDA graphs, as the three frameworks do by default (vLLM's captured
+batch sizes, SGLang's ``cuda_graph_max_bs``, TensorRT-LLM's ``cuda_graph_config``). A row is
+expressible when every pool resolves; otherwise the first refusal is its reason.
 Scoring TTFT and TPOT against the measured figures is the serving validation's (``simgpu serve``
 with a closed-loop load); this module only says what can be asked.
 
@@ -120,7 +122,7 @@ def workload(row: pd.Series, pool: dict[str, int], folder: Path) -> dict[str, An
     return {"name": str(row["id"]), "platform": PLATFORMS[str(row["system"])], "nodes": nodes,
             "gpus_per_node": min(gpus, gpn), "model": {"config": str(config_path(folder, str(row["model_path"])))},
             "inference": {**_precisions(row), "framework": FRAMEWORKS[backend], "decode_requests": 1,
-                          "context_tokens": int(row["isl"]) + int(row["osl"])},
+                          "context_tokens": int(row["isl"]) + int(row["osl"]), "cuda_graphs": True},
             "parallelism": par}
 
 

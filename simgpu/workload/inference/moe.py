@@ -10,7 +10,9 @@ partial outputs (TensorRT-LLM's and vLLM's MoE under attention TP). A rank's exp
 ``tokens x top_k / moe_ep`` copies of the stage's tokens, over ``experts / moe_ep`` experts of
 ``expert width / moe_tp``, under a stated routing skew (``moe.skew``, the ``moe`` kernel's
 power-law exponent); the kernel routes every token of the stage (``group_tokens``), as the engines'
-fused MoE kernels filter the gathered tokens for their own experts. Shared experts run as a dense MLP
+fused MoE kernels filter the gathered tokens for their own experts. The tokens routed are the
+batch's own, not the GEMMs' padded rows (:func:`routed_tokens`): padding a decode of one request
+to 32 rows would wake 32 x top-k experts instead of top-k. Shared experts run as a dense MLP
 (tp-split as attention) beside the routed ones.
 """
 
@@ -23,6 +25,15 @@ from ..transformer.shapes import Block
 
 if TYPE_CHECKING:
     from .forward import StageForward
+    from .shape import Shape
+
+
+def routed_tokens(shape: Shape, padded: int) -> int:
+    """The tokens a batch routes to experts: its own, not the rows the GEMMs are padded to (a
+    multiple of 32, :func:`~simgpu.workload.inference.shape.pad`), which add no expert. Exact for
+    decode-only batches; with prompts, their chunks' root-mean-square length times their count
+    (the shape keeps no more), at most ``padded``."""
+    return max(1, min(padded, shape.prefill * shape.prefill_len + shape.decode))
 
 
 def serve_moe_fwd(fw: StageForward, blk: Block) -> int:
@@ -35,9 +46,10 @@ def serve_moe_fwd(fw: StageForward, blk: Block) -> int:
     bl.lin_fwd(ex.router, "fwd")
     em.kernel(f"{ex.name}.route", "softmax", bl.aux, phase="fwd", rows=t, cols=moe.experts, bwd=0)
     shared = fw.mlp(*blk.shared) if blk.shared is not None else None
-    stage_tokens = t * adp  # the tokens of every attention rank of the stage
+    routed = routed_tokens(fw.shape, t)
+    stage_tokens = routed * adp  # the tokens of every attention rank of the stage
     rows = math.ceil(stage_tokens * k / s.expert_ep)
-    copies = math.ceil(t * k / tp) * h * bl.w
+    copies = math.ceil(routed * k / tp) * h * bl.w
     dispatch = None
     if adp > 1:
         perm = bl.ew(f"{ex.name}.permute", t * k * h // tp, 1, 1, "fwd", op="gather")
