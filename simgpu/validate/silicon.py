@@ -173,14 +173,23 @@ def table(folder: Path) -> pd.DataFrame:
                          "mode": rows["mode"], "expressible": [not w for w in why], "reason": why})
 
 
+def sample_folder(data: Path | None) -> Path | None:
+    """The sample's folder under the shared data folder ``data`` (default ``../shared/data``), or
+    None, having said so on stderr, where it holds no sample."""
+    folder = (data or data_root()) / SAMPLE
+    if not (folder / "silicon_sample.csv").is_file():
+        print(f"error: no serving sample at {folder}", file=sys.stderr)
+        return None
+    return folder
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m simgpu.validate.silicon", description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--data", type=Path, default=None, help="the shared data folder (default ../shared/data)")
     ap.add_argument("--csv", help="write every row's verdict here")
     args = ap.parse_args(argv)
-    folder = (args.data or data_root()) / SAMPLE
-    if not (folder / "silicon_sample.csv").is_file():
-        print(f"error: no serving sample at {folder}", file=sys.stderr)
+    folder = sample_folder(args.data)
+    if folder is None:
         return 2
     t = table(folder)
     if args.csv:

@@ -36,8 +36,7 @@ import pandas as pd
 import yaml
 
 from ..errors import SimgpuError
-from ..kernels.importers import data_root
-from .silicon import SAMPLE, pools, workload
+from .silicon import pools, sample_folder, workload
 
 #: Requests each client sends (the first wave of them is the warm-up).
 ROUNDS = 4
@@ -146,9 +145,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, help="only the first N rows")
     ap.add_argument("--csv", help="write every row here")
     args = ap.parse_args(argv)
-    folder = (args.data or data_root()) / SAMPLE
-    if not (folder / "silicon_sample.csv").is_file():
-        print(f"error: no serving sample at {folder}", file=sys.stderr)
+    folder = sample_folder(args.data)
+    if folder is None:
         return 2
     t0 = time.perf_counter()
     t = score(folder, args.model, args.limit)
