@@ -43,8 +43,6 @@ SCALE_BYTES = {"fp8_block": (4 / 128, 4 / 16384), "mxfp8": (1 / 32, 1 / 32), "mx
                "w4a16": (0.0, 2 / 128)}
 #: GEMM output tiles (rows, columns, efficiency relative to the largest tile)
 TILES = ((256, 128, 1.0), (128, 128, 0.95), (128, 64, 0.85), (64, 64, 0.7))
-SECTOR = 32     # bytes of one DRAM sector: the unit of a random row read
-INDEX_BYTES = 8  # int64 ids
 ATTN_EFFICIENCY = 0.6  # flash attention reaches a lower share of the matmul peak (softmax, masking)
 #: Tensor-core GEMMs load their operands in 16-byte vectors; when a dimension is not a multiple of
 #: 16 bytes the kernels fall back to narrower loads and run at about this share of the aligned rate.

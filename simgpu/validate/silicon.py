@@ -69,7 +69,7 @@ def _has_experts(path: Path) -> bool:
         return False
 
 
-def _int(v: Any, default: int = 1) -> int:
+def sample_int(v: Any, default: int = 1) -> int:
     """A size of the sample: empty or 0 (unset) is ``default``."""
     return default if v is None or (isinstance(v, float) and math.isnan(v)) or int(v) == 0 else int(v)
 
@@ -91,9 +91,9 @@ def _precisions(row: pd.Series) -> dict[str, str]:
 def pools(row: pd.Series) -> list[dict[str, int]]:
     """The row's pools' parallelism: one (aggregated) or a prefill and a decode pool."""
     if row["mode"] == "disagg":
-        return [{k: _int(row.get(f"{side}_{k}_size")) for k in ("tp", "pp", "attention_dp", "moe_tp", "moe_ep")}
+        return [{k: sample_int(row.get(f"{side}_{k}_size")) for k in ("tp", "pp", "attention_dp", "moe_tp", "moe_ep")}
                 for side in ("prefill", "decode")]
-    return [{k: _int(row.get(f"{k}_size")) for k in ("tp", "pp", "attention_dp", "moe_tp", "moe_ep")}]
+    return [{k: sample_int(row.get(f"{k}_size")) for k in ("tp", "pp", "attention_dp", "moe_tp", "moe_ep")}]
 
 
 def _split(pool: dict[str, int]) -> dict[str, int]:

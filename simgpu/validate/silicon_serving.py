@@ -36,7 +36,7 @@ import pandas as pd
 import yaml
 
 from ..errors import SimgpuError
-from .silicon import pools, sample_folder, workload
+from .silicon import pools, sample_folder, sample_int, workload
 
 #: Requests each client sends (the first wave of them is the warm-up).
 ROUNDS = 4
@@ -45,32 +45,31 @@ TOKEN_BUDGET = 8192
 
 
 def concurrency_of(row: pd.Series) -> int:
-    c = row.get("concurrency")
-    if c is None or (isinstance(c, float) and np.isnan(c)):
-        c = row.get("batch_size")
-    return max(1, int(c))
+    """The row's clients (``batch_size`` where the sample leaves concurrency empty)."""
+    return sample_int(row.get("concurrency"), sample_int(row.get("batch_size")))
+
+
+def batch_of(row: pd.Series) -> int:
+    """The engine's largest batch per attention-DP rank (the clients where the sample gives none)."""
+    return sample_int(row.get("batch_size"), concurrency_of(row))
 
 
 def replicas(row: pd.Series, attention_dp: int = 1) -> int:
     """Engines serving the row's clients: one, unless the clients outnumber the engine's batch
     (``batch_size x attention_dp``), in which case as many engines as it takes to hold them (the
     sample gives no worker count for aggregated rows; its concurrency over the batch is one)."""
-    c = concurrency_of(row)
-    b = row.get("batch_size")
-    if b is None or b != b or int(b) <= 0:
-        return 1
-    return max(1, round(c / (int(b) * attention_dp)))
+    return max(1, round(concurrency_of(row) / (batch_of(row) * attention_dp)))
 
 
 def serving_data(row: pd.Series, workload_file: Path, attention_dp: int = 1) -> dict[str, Any]:
     """The serving file of an aggregated row (as a YAML mapping): ``batch_size`` is each attention
     data-parallel rank's, so the engine's largest batch is ``batch_size x attention_dp``."""
     c = concurrency_of(row)
-    batch = (int(row["batch_size"]) if row.get("batch_size") == row.get("batch_size") else c) * attention_dp
+    batch = batch_of(row) * attention_dp
     return {"name": "row", "seed": 0, "deployment": {"workload": str(workload_file)},
             "requests": {"kind": "closed_loop", "concurrency": c, "count": ROUNDS * c, "warmup": c,
                          "prompt_tokens": int(row["isl"]), "output_tokens": int(row["osl"])},
-            "scheduler": {"kind": "chunked", "max_batch": max(batch, 1), "max_tokens": TOKEN_BUDGET}}
+            "scheduler": {"kind": "chunked", "max_batch": batch, "max_tokens": TOKEN_BUDGET}}
 
 
 def predict(row: pd.Series, folder: Path, tmp: Path) -> tuple[float, float]:

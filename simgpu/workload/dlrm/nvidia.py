@@ -100,8 +100,10 @@ def _rank_program(rank: int, spec: WorkloadSpec, model: DLRMModel, arch: Arch, m
     mine = [tables[i] for i in mapping[rank]]
     em = Emitter(rank, kernels)
     bottom_here = rank == 0
+    lookups = sum(t.ids(batch) for t in mine)
     dense_in = batch * model.dense_features * _DENSE_BYTES if bottom_here else 0
-    h2d = em.memcpy("batch.h2d", sum(t.ids(batch) for t in mine) * _IDS_BYTES + dense_in + b * _LABEL_BYTES)
+    input_bytes = lookups * _IDS_BYTES + dense_in + b * _LABEL_BYTES  # what this GPU reads of a batch
+    h2d = em.memcpy("batch.h2d", input_bytes)
     last = h2d
     if bottom_here:
         last = mlp_fwd(em, arch.bottom, batch, prec, relu_last=True, deps=(h2d,))
@@ -123,8 +125,8 @@ def _rank_program(rank: int, spec: WorkloadSpec, model: DLRMModel, arch: Arch, m
     em.elementwise("loss.fwd", out, 2, 1, aux, op="bce_logits", phase="fwd")
     em.elementwise("loss.bwd", out, 2, 1, aux, op="bce_logits_bwd", phase="bwd")
     top_params = [p for lin in reversed(arch.top) for p in lin.params]
-    grads = GradBuckets(em, assign_buckets(top_params, spec.comm.bucket_mib * MIB, spec.comm.first_bucket_mib * MIB),
-                                                tuple(range(w))) if w > 1 else None
+    buckets = assign_buckets(top_params, spec.comm.bucket_mib * MIB, spec.comm.first_bucket_mib * MIB)
+    grads = GradBuckets(em, buckets, tuple(range(w))) if w > 1 else None
     mlp_bwd(em, arch.top, b, prec, relu_last=False, input_grad=True, grads=grads)
     ibwd = em.kernel("interaction.fused_bwd", "bmm", prec, phase="bwd", b=b, m=f + 1, n=arch.dim, k=f + 1)
     if w > 1:
@@ -143,16 +145,14 @@ def _rank_program(rank: int, spec: WorkloadSpec, model: DLRMModel, arch: Arch, m
         # GradScaler.step reads the inf check to the host: the host waits for the backward, then unscales
         # the embedding's sparse gradient (one fp32 row per id, read and written) before the sparse SGD
         em.program.add(Op("scaler.found_inf", "host_wait", "sync", stream="compute", phase="opt", deps=tuple(ends)))
-        lookups = sum(t.ids(batch) for t in mine)
         if lookups:
             em.elementwise("emb.grad_unscale", lookups * dim, 1, 1, "fp32", op="mul", phase="opt")
     dense = sum(lin.numel for lin in arch.top) + (sum(lin.numel for lin in arch.bottom) if bottom_here else 0)
     optimizer_step(em, dense, spec.train.optimizer, deps=ends)
     rate = spec.train.input_mbytes_per_s
     if rate is not None:  # once the step is launched, the host reads the next batch while the GPU runs
-        nbytes = sum(t.ids(batch) for t in mine) * _IDS_BYTES + dense_in + b * _LABEL_BYTES
         em.program.add(Op("loader.next_batch", "host", "host", stream="compute", phase="data",
-                          cpu_s=nbytes / (rate * 1e6)))
+                          cpu_s=input_bytes / (rate * 1e6)))
     program = em.program
     host = spec.train.host_overhead_us
     if host is not None:  # the framework's host time per launched op, where the platform's is not it
