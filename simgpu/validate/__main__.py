@@ -2,14 +2,18 @@
 
 Each suite compares predictions with real measurements in ``../shared/data`` and prints its table;
 the exit status is non-zero when any suite is above its thresholds. ``--only NAME`` runs one.
+``--report DIR`` instead writes the accuracy pages of the documentation (:mod:`.report`): a page,
+a CSV of every point and a plot per validation set, and their index.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
+from pathlib import Path
 
 from ..cli import ArgParser, entry, run_command
+from .report import set_names, write_report
 
 #: suite name -> (module with ``main(argv) -> int``, its arguments); modules not present are skipped
 SUITES: dict[str, tuple[str, list[str]]] = {
@@ -32,8 +36,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     ap = ArgParser(prog="simgpu validate", description=__doc__.splitlines()[0])
-    ap.add_argument("--only", choices=sorted(SUITES), action="append", help="run only these suites")
+    ap.add_argument("--only", action="append", metavar="NAME",
+                    help=f"run only these suites ({', '.join(sorted(SUITES))}); with --report, these sets "
+                         f"({', '.join(set_names())})")
+    ap.add_argument("--report", metavar="DIR", type=Path,
+                    help="instead write the accuracy pages, tables and plots into DIR (e.g. docs/accuracy)")
+    ap.add_argument("--quick", action="store_true", help="with --report: fewer points of the slow sets")
     args = ap.parse_args(argv)
+    if args.report is not None:
+        bad = sorted(set(args.only or ()) - set(set_names()))
+        if bad:
+            ap.error(f"--only: unknown set {bad[0]!r} (expected one of {', '.join(set_names())})")
+        return write_report(args.report, args.only or (), quick=args.quick)
+    bad = sorted(set(args.only or ()) - set(SUITES))
+    if bad:
+        ap.error(f"--only: unknown suite {bad[0]!r} (expected one of {', '.join(sorted(SUITES))})")
     status = 0
     for name in args.only or list(SUITES):
         path, suite_args = SUITES[name]
