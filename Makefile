@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed-stamp
 EXAMPLE ?= workloads/dlrm_2x_dgx_a100.yaml
 
-.PHONY: help install run test lint bench validate fit clean
+.PHONY: help install run test lint docs bench validate fit clean
 
 help:  ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -32,6 +32,10 @@ lint: $(STAMP)  ## ruff and mypy
 	$(BIN)/ruff check simgpu tests
 	$(BIN)/mypy
 
+docs: $(STAMP)  ## regenerate the input reference (docs/reference) and build the site into site/
+	$(BIN)/python -m simgpu.config.reference docs/reference
+	$(BIN)/mkdocs build --strict -d site
+
 bench: $(STAMP)  ## measure the simulator's own speed and memory
 	$(BIN)/python -m simgpu.speed
 
@@ -42,4 +46,4 @@ validate: $(STAMP)  ## compare predictions with real measurements in ../shared/d
 	$(BIN)/python -m simgpu.validate
 
 clean:  ## remove outputs and the virtual environment
-	rm -rf out $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf out site $(VENV) .pytest_cache .mypy_cache .ruff_cache
