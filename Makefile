@@ -37,7 +37,7 @@ docs: $(STAMP)  ## regenerate the input reference (docs/reference) and build the
 	$(BIN)/mkdocs build --strict -d site
 
 bench: $(STAMP)  ## measure the simulator's own speed and memory
-	$(BIN)/python -m simgpu.speed
+	$(BIN)/python -m simgpu.speed --report docs/speed.md
 
 fit: $(STAMP)  ## refit every shipped platform's kernel models (and the transfer models) from their data
 	$(BIN)/python -m simgpu.fit --all

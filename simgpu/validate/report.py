@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 
 #: the band drawn around the diagonal, and the share of points inside it reported
 BAND = 0.10
@@ -41,8 +42,8 @@ class Set:
     points: Callable[[bool], pd.DataFrame]
 
 
-def _frame(case: Sequence[str], group: Sequence[str], measured: Sequence[float], predicted: Sequence[float],
-           size: Sequence[float] | None = None) -> pd.DataFrame:
+def _frame(case: Iterable[str], group: Iterable[str], measured: ArrayLike, predicted: ArrayLike,
+           size: ArrayLike | None = None) -> pd.DataFrame:
     out = pd.DataFrame({"case": list(case), "group": list(group), "measured": np.asarray(measured, float),
                         "predicted": np.asarray(predicted, float)})
     if size is not None:
@@ -178,7 +179,9 @@ SETS: tuple[Set, ...] = (
     Set("dlrm-pytorch", "DLRM with PyTorch on DGX A100 / DGX-1 / DGX-2", "python -m simgpu.validate.dlrm", "ms",
         "NVIDIA DeepLearningExamples' DLRM and MLPerf v0.7 PyTorch runs: one training iteration.", _dlrm),
     Set("traces", "Profiler traces replayed", "python -m simgpu.validate.traces", "ms",
-        "PyTorch profiler traces of real training steps, replayed on the platform of their GPU.", _traces),
+        "PyTorch profiler traces of real training steps replayed with their measured kernel durations on the "
+        "platform of their GPU: a check that the engine's streams, dependencies and host launches reproduce the "
+        "traced step, not a prediction of the kernels.", _traces),
     Set("serving-steps", "LLM serving steps (Splitwise)", "python -m simgpu.validate --only inference", "ms",
         "Prefill and decode iterations of Llama-2-70B and BLOOM-176B on A100 and H100 (each model/TP group "
         "held out of the serving stack's fitted figures).", _serving_steps),
