@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed-stamp
 EXAMPLE ?= workloads/dlrm_2x_dgx_a100.yaml
 
-.PHONY: help install run test lint docs bench validate fit clean
+.PHONY: help install run test lint docs images bench validate fit clean
 
 help:  ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -35,6 +35,14 @@ lint: $(STAMP)  ## ruff and mypy
 docs: $(STAMP)  ## regenerate the input reference (docs/reference) and build the site into site/
 	$(BIN)/python -m simgpu.config.reference docs/reference
 	$(BIN)/mkdocs build --strict -d site
+
+images: $(STAMP)  ## regenerate the README tour's pictures in docs/images (a run, a what-if, a serving run)
+	$(BIN)/python -m simgpu run workloads/gpt_2x_dgx_h100.yaml --out out/tour/run
+	$(BIN)/python -m simgpu whatif workloads/studies/faster_nic.yaml --out out/tour/whatif
+	$(BIN)/python -m simgpu serve workloads/serving/llama2_70b_2x_dgx_h100_disagg.yaml --out out/tour/serve
+	cp out/tour/run/timeline.png docs/images/tour-timeline.png
+	cp out/tour/whatif/bars.png docs/images/tour-whatif.png
+	cp out/tour/serve/latency_cdf.png docs/images/tour-latency-cdf.png
 
 bench: $(STAMP)  ## measure the simulator's own speed and memory
 	$(BIN)/python -m simgpu.speed --report docs/speed.md
