@@ -446,7 +446,7 @@ def test_a_transfer_tables_caps_lowered_to_a_time():
     its bytes over it, a lower cap kept), over the same routes; per kind where the table has kinds."""
     import numpy as np
 
-    from simgpu.comm.plan import TransferTable
+    from simgpu.comm.transfers import TransferTable
 
     flat, starts = np.array([0, 1, 1, 2]), np.array([0, 2, 3, 4])
     t = TransferTable(flat, starts, np.array([10.0, 40.0, 4.0]), np.array([np.inf, 5.0, 1.0])).capped_to(2.0)

@@ -12,10 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simgpu.comm import parts as parts_module
+from simgpu.comm.aggregates import _flows_of, _part_flows
 from simgpu.comm.algorithms import direct
-from simgpu.comm.network import _Batch, _flows_of, _part_flows, isolated_rates, isolated_time
+from simgpu.comm.fair import isolated_rates, isolated_time
+from simgpu.comm.flows import _Batch
 from simgpu.comm.parts import _tally2
-from simgpu.comm.plan import CollectiveRequest, Transfer, TransferTable
+from simgpu.comm.plan import CollectiveRequest
+from simgpu.comm.transfers import Transfer, TransferTable
 from simgpu.config.loader import load_platform
 from simgpu.platform import topology
 from simgpu.platform.topology import Topology, first_positions

@@ -24,7 +24,8 @@ import numpy as np
 from ..config.platform import CollectiveSpec, ProtocolSpec
 from ..platform.topology import RouteParts, Topology, first_positions, key_members
 from .channels import Channels, communicator
-from .plan import CollectivePlan, CollectiveRequest, Transfer, TransferTable, register
+from .plan import CollectivePlan, CollectiveRequest, register
+from .transfers import Transfer, TransferTable
 from .tuning import PAT_PER_RANK_US, pat_enabled
 
 US = 1e-6

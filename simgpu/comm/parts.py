@@ -16,7 +16,7 @@ from ..platform.topology import RouteParts, first_positions, key_members
 #: the most counters a tally counts in at once (beyond: numbered in two digits, or sorted)
 _DENSE_BINS = 1 << 26
 #: (flow, link) pairs of aggregates: each pair's flow, its link among the links in use, the links in
-#: use and the edges crossing (see :func:`simgpu.comm.network._incidence`)
+#: use and the edges crossing (see :func:`simgpu.comm.fair._incidence`)
 Incidence = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 

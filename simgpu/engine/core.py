@@ -39,9 +39,11 @@ import pandas as pd
 import simpy
 from simpy.events import NORMAL
 
-from ..comm.network import AGGREGATE_FROM, FlowNetwork, _Soon, soon
-from ..comm.plan import CollectiveRequest, TransferTable
+from ..comm.flows import AGGREGATE_FROM, _Soon, soon
+from ..comm.network import FlowNetwork
+from ..comm.plan import CollectiveRequest
 from ..comm.planner import Planner
+from ..comm.transfers import TransferTable
 from ..errors import SimulationError
 from ..graph import CollectiveCall, Op, Workload
 from ..platform.topology import Topology

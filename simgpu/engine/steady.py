@@ -85,8 +85,9 @@ from typing import Final
 
 import numpy as np
 
-from ..comm.plan import CollectiveRequest, TransferTable
+from ..comm.plan import CollectiveRequest
 from ..comm.planner import Planner
+from ..comm.transfers import TransferTable
 from ..graph import Op, Program, Workload
 from ..platform.topology import Topology
 from .core import EngineOptions
