@@ -81,7 +81,7 @@ class EngineOptions:
     #: used, see simgpu.engine.periodic); off: every micro-batch simulated
     periodic: bool = True
     #: keep every op's issue, start and end times (``meta["op_times"]``: rank -> three arrays in program
-    #: order), for the check of the shortened first iteration (simgpu.engine.steady)
+    #: order), for the check of the shortened first iteration (simgpu.engine.steady_check)
     op_times: bool = False
 
 
