@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from simgpu.comm import parts as parts_module
 from simgpu.comm.aggregates import _flows_of, _part_flows
-from simgpu.comm.algorithms import direct
+from simgpu.comm.algorithms.p2p import direct
 from simgpu.comm.fair import isolated_rates, isolated_time
 from simgpu.comm.flows import _Batch
 from simgpu.comm.parts import _tally2
