@@ -8,7 +8,7 @@ from typing import NamedTuple, overload
 
 import numpy as np
 
-from ..platform.topology import RouteParts
+from ..platform.route_parts import RouteParts
 
 
 class Transfer(NamedTuple):

@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from ...config.platform import CollectiveSpec, ProtocolSpec
-from ...platform.topology import RouteParts, Topology, first_positions, key_members
+from ...platform.route_parts import RouteParts, first_positions, key_members
+from ...platform.topology import Topology
 from ..channels import communicator
 from ..plan import CollectivePlan, CollectiveRequest, register
 from ..transfers import Transfer, TransferTable
