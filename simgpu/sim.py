@@ -81,7 +81,7 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
     (the default), a pipeline's identical middle micro-batches are simulated once where the schedule
     is found to repeat (see :mod:`simgpu.engine.periodic`); ``meta["periodic"]`` says how, or why
     not. With ``steady_cut`` (the default), the first of two iterations is simulated from each rank's
-    last micro-batch on where a check on that run finds it exact (see :mod:`simgpu.engine.steady`);
+    last micro-batch on where a check on that run finds it exact (see :mod:`simgpu.engine.steady_cut`);
     the ``steady_state`` note says which way the steady iteration was found. ``on_stage`` is told
     what is being done (for a progress line).
     """

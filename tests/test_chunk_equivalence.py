@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import simpy
 
-from simgpu.comm.algorithms import ring_orders
+from simgpu.comm.algorithms.rings import ring_orders
 from simgpu.comm.network import FlowNetwork
 from simgpu.comm.plan import CollectiveRequest
 from simgpu.comm.planner import Planner

@@ -10,7 +10,7 @@ from conftest import run_programs
 
 from simgpu.comm.__main__ import main as comm_main
 from simgpu.comm.__main__ import parse_sizes
-from simgpu.comm.algorithms import ring_orders
+from simgpu.comm.algorithms.rings import ring_orders
 from simgpu.comm.calibrate import main as calibrate_main
 from simgpu.comm.calibrate import parse_nccl_tests
 from simgpu.comm.collective import simulate_collective
@@ -261,7 +261,7 @@ def test_window_holds_mid_size_messages_on_slow_fabrics(dgx_h100):
 
 def test_tree_chunks_shrink_with_the_message():
     """NCCL halves the tree's chunk until a channel's share is several chunks per level."""
-    from simgpu.comm.algorithms import _tree_chunk
+    from simgpu.comm.algorithms.trees import _tree_chunk
     from simgpu.config.platform import _default_protocols
 
     simple = _default_protocols()["simple"]
@@ -277,7 +277,7 @@ def test_tree_bandwidth_follows_nccls_derating_by_size():
     """Trees reach NCCL's treeCorrectionFactor of their bandwidth: Simple half of it from 128 KiB
     (64 B x 2^11) to 1 MiB, 0.6 at 2 MiB, all of it beyond 256 MiB; the figure of a size is that of
     the power of two at or below it."""
-    from simgpu.comm.algorithms import _tree_efficiency
+    from simgpu.comm.algorithms.trees import _tree_efficiency
     from simgpu.config.platform import _default_protocols
 
     simple, ll = _default_protocols()["simple"], _default_protocols()["ll"]
@@ -372,7 +372,7 @@ def test_ring_latency_adds_up_hop_by_hop():
 def test_point_to_point_channels_grow_with_the_transfer():
     """NCCL cuts a send into pieces of at most 32 steps on as few channels as the communicator's
     share per peer allows (32 channels over the ranks), doubling them up to four times that share."""
-    from simgpu.comm.algorithms import p2p_channels
+    from simgpu.comm.algorithms.p2p import p2p_channels
 
     nvl = 512 << 10
     assert [p2p_channels(mb << 20, 8, nvl, False) for mb in (32, 64, 128, 256, 1024)] == [4, 4, 8, 16, 16]
@@ -446,7 +446,7 @@ def test_a_transfer_tables_caps_lowered_to_a_time():
     its bytes over it, a lower cap kept), over the same routes; per kind where the table has kinds."""
     import numpy as np
 
-    from simgpu.comm.plan import TransferTable
+    from simgpu.comm.transfers import TransferTable
 
     flat, starts = np.array([0, 1, 1, 2]), np.array([0, 2, 3, 4])
     t = TransferTable(flat, starts, np.array([10.0, 40.0, 4.0]), np.array([np.inf, 5.0, 1.0])).capped_to(2.0)

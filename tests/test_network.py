@@ -8,9 +8,10 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simgpu.comm import network
-from simgpu.comm.network import FlowNetwork, _max_min, isolated_rates
-from simgpu.comm.plan import TransferTable
+from simgpu.comm import aggregates
+from simgpu.comm.fair import _max_min, isolated_rates
+from simgpu.comm.network import FlowNetwork
+from simgpu.comm.transfers import TransferTable
 
 
 class F:
@@ -319,7 +320,7 @@ def test_a_transfer_table_runs_as_its_transfers(items, again, cap):
         want, plain = _run_all(cap, [(0.0, items), (again, items)], aggregate)
         memo: dict[str, object] = {}
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(network, "_DENSE_BINS", dense)
+            mp.setattr(aggregates, "_DENSE_BINS", dense)
             got, table = _run_all(cap, [(0.0, _as_table(items, memo)), (again, _as_table(items, memo))], aggregate)
         assert got == want
         assert list(table.link_bytes) == list(plain.link_bytes)

@@ -209,7 +209,7 @@ def test_trees_take_nccls_double_binary_tree_shape():
     """NCCL's tree over 14 nodes (src/graph/trees.cc's illustration): subtrees on consecutive nodes,
     root 0 above 8; the second tree mirrors the first on an even count and shifts it by one on an
     odd count, so no node is inner in both."""
-    from simgpu.comm.algorithms import _binary_tree
+    from simgpu.comm.algorithms.trees import _binary_tree
 
     parent = dict(_binary_tree(list(range(14))))
     assert parent == {1: 2, 3: 2, 5: 6, 7: 6, 9: 10, 11: 10, 13: 12, 2: 4, 6: 4, 10: 12, 4: 8, 12: 8, 8: 0}

@@ -12,13 +12,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simgpu.comm import parts as parts_module
-from simgpu.comm.algorithms import direct
-from simgpu.comm.network import _Batch, _flows_of, _part_flows, isolated_rates, isolated_time
+from simgpu.comm.aggregates import _flows_of, _part_flows
+from simgpu.comm.algorithms.p2p import direct
+from simgpu.comm.fair import isolated_rates, isolated_time
+from simgpu.comm.flows import _Batch
 from simgpu.comm.parts import _tally2
-from simgpu.comm.plan import CollectiveRequest, Transfer, TransferTable
+from simgpu.comm.plan import CollectiveRequest
+from simgpu.comm.transfers import Transfer, TransferTable
 from simgpu.config.loader import load_platform
-from simgpu.platform import topology
-from simgpu.platform.topology import Topology, first_positions
+from simgpu.platform import route_parts
+from simgpu.platform.route_parts import first_positions
+from simgpu.platform.topology import Topology
 
 CASES = [
     ("dgx_a100", [], 6, None),  # rail-optimised leaves, PXN across rails
@@ -73,7 +77,7 @@ def both(topo: Topology, t: TransferTable, live: np.ndarray, ones: bool = False)
 def test_part_groups_equal_groups_from_rows(case, sorted_, monkeypatch):
     if sorted_:
         monkeypatch.setattr(parts_module, "_DENSE_BINS", 0)
-        monkeypatch.setattr(topology, "_LOOKUP_KEYS", 0)
+        monkeypatch.setattr(route_parts, "_LOOKUP_KEYS", 0)
     for nbytes in (1 << 16, 1 << 26):
         topo, t = plan_table(case, nbytes)
         parts, plain = both(topo, t, np.arange(len(t)))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from simgpu.config.loader import load_platform
-from simgpu.platform import topology
+from simgpu.platform import route_parts
 from simgpu.platform.topology import Topology
 
 CASES = [
@@ -54,14 +54,14 @@ def test_route_table_rejects_a_pair_of_one_gpu():
 
 @pytest.mark.parametrize("lookup", [1 << 24, 0])  # 0: every range sorted
 def test_key_members_numbers_keys_as_unique_does(lookup, monkeypatch):
-    monkeypatch.setattr(topology, "_LOOKUP_KEYS", lookup)
+    monkeypatch.setattr(route_parts, "_LOOKUP_KEYS", lookup)
     key = np.random.default_rng(3).integers(0, 50, 2000) * 7
-    values, member, inverse = topology.key_members(key)
+    values, member, inverse = route_parts.key_members(key)
     want, want_inverse = np.unique(key, return_inverse=True)
     assert values.tolist() == want.tolist() and inverse.tolist() == want_inverse.reshape(-1).tolist()
     assert key[member].tolist() == values.tolist()
     sparse = np.concatenate((np.zeros(4001, dtype=np.int64), [5]))  # 5 only at 4001: a 16th-position sample misses it
-    values, member, _ = topology.key_members(sparse)
+    values, member, _ = route_parts.key_members(sparse)
     assert sparse[member].tolist() == values.tolist() == [0, 5]
 
 

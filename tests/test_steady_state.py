@@ -277,7 +277,7 @@ def test_the_steady_window_does_not_depend_on_the_first_iterations_earlier_micro
     np.testing.assert_allclose(b.to_numpy(), a.to_numpy(), rtol=0, atol=1e-9 * full.iteration_time_s)
 
 
-# -- the shortened first iteration (simgpu.engine.steady.shorten / check) against both iterations in full --
+# -- the shortened first iteration (simgpu.engine.steady_cut, steady_check) against both iterations in full --
 
 OPG = [*ZERO1, "parallelism.overlap_param_gather=true"]
 
@@ -380,7 +380,7 @@ def test_the_shortened_first_iteration_is_the_full_run_on_small_jobs(layers, ga,
 def test_context_parallel_jobs_are_not_cut(cp_comm, monkeypatch):
     """Context parallelism's communication is not cut: on this job (found by the property above) the
     check passes a cut whose window is 3.4e-4 off the full run's; it is refused up front, at no cost."""
-    from simgpu.engine import steady
+    from simgpu.engine import steady_cut
 
     over = [*OPG, "model.layers=1", "training.grad_accumulation=5", "parallelism.cp=2", "parallelism.dp=8",
             "platform.network.nic_gbps=100", f"parallelism.cp_comm={cp_comm}"]
@@ -391,7 +391,7 @@ def test_context_parallel_jobs_are_not_cut(cp_comm, monkeypatch):
         # models of version 3; those of version 4 happen to leave this job's cut exact, so the refusal
         # rests on the mechanism (a memory-bound kernel's slowdown decided by one instant's order), not
         # on this job's figure)
-        monkeypatch.setattr(steady, "CP_STREAMS", frozenset())
+        monkeypatch.setattr(steady_cut, "CP_STREAMS", frozenset())
         forced = simulate(load_job(GPT, over))
         assert forced.meta["steady_cut"].startswith("used (")
 
@@ -442,7 +442,7 @@ def test_shorten_and_check_read_once_per_template_as_rank_by_rank(over):
 
     from simgpu.comm.planner import Planner
     from simgpu.config.checks import gpus_per_node
-    from simgpu.engine import Engine, EngineOptions, steady
+    from simgpu.engine import Engine, EngineOptions, steady_check, steady_cut
     from simgpu.kernels.base import make_predictor
     from simgpu.platform.topology import Topology
     from simgpu.sim import DEFAULT_KERNEL_MODEL
@@ -463,18 +463,18 @@ def test_shorten_and_check_read_once_per_template_as_rank_by_rank(over):
                 q if q.rank != slow else dc_replace(q, ops=_own_copies(full, slow).programs[i].ops)
                 for i, q in enumerate(full.programs)])
         own = _own_copies(full, slow)
-        a, b = steady.shorten(shared), steady.shorten(own)
+        a, b = steady_cut.shorten(shared), steady_cut.shorten(own)
         assert not isinstance(a, str) and not isinstance(b, str)
         assert a.dropped == b.dropped and a.off == b.off
         for pa, pb in zip(a.workload.programs, b.workload.programs, strict=True):
             assert pa.rank == pb.rank and pa.ops == pb.ops
-        assert (steady._early_copies(shared, a, topo, None, options.launch_s, 1.0)
-                == steady._early_copies(own, b, topo, None, options.launch_s, 1.0))
+        assert (steady_check._early_copies(shared, a, topo, None, options.launch_s, 1.0)
+                == steady_check._early_copies(own, b, topo, None, options.launch_s, 1.0))
         got = []
         for cut, prog in ((a, shared), (b, own)):
             planner = Planner(topo, p.collectives, job.workload.comm.algorithm, job.workload.comm.protocol)
             r = Engine(topo, cut.workload, durations, models, planner, options).run()
-            got.append((r.iteration_time_s, steady.check(r, cut, prog, topo, planner,
+            got.append((r.iteration_time_s, steady_check.check(r, cut, prog, topo, planner,
                                                          np.asarray(durations).tolist(), options)))
         assert got[0] == got[1]
         verdicts.append(got[0][1])

@@ -10,13 +10,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..platform import topology as _topology
-from ..platform.topology import RouteParts, first_positions, key_members
+from ..platform import route_parts as _route_parts
+from ..platform.route_parts import RouteParts, first_positions, key_members
 
 #: the most counters a tally counts in at once (beyond: numbered in two digits, or sorted)
 _DENSE_BINS = 1 << 26
 #: (flow, link) pairs of aggregates: each pair's flow, its link among the links in use, the links in
-#: use and the edges crossing (see :func:`simgpu.comm.network._incidence`)
+#: use and the edges crossing (see :func:`simgpu.comm.fair._incidence`)
 Incidence = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
@@ -91,7 +91,7 @@ def _tally2(hi: np.ndarray, lo: np.ndarray, lo_bound: int) -> tuple[np.ndarray, 
         values, count = _tally(_joined(hi, H, lo, lo_bound), H * lo_bound)
         a, b = np.divmod(values, lo_bound)
         return a, b, count
-    lookup = _topology._LOOKUP_KEYS
+    lookup = _route_parts._LOOKUP_KEYS
     if lookup >= H:  # the high values numbered first, if that narrows the range enough
         his, _, at = key_members(hi, members=False)
         if len(his) * lo_bound <= _DENSE_BINS:

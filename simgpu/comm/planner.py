@@ -16,7 +16,8 @@ from dataclasses import replace
 from ..config.platform import CollectiveSpec
 from ..platform.topology import Topology
 from . import algorithms  # noqa: F401  (registers the algorithms)
-from .plan import ALGORITHMS, CollectivePlan, CollectiveRequest, Transfer, TransferTable, algorithms_for
+from .plan import ALGORITHMS, CollectivePlan, CollectiveRequest, algorithms_for
+from .transfers import Transfer, TransferTable
 from .tuning import Choice, choose
 
 #: What each op uses when the requested algorithm does not implement it.

@@ -22,15 +22,20 @@ members have arrived (the others arrive at the same time, by symmetry) and moves
 representatives' share of its transfers.
 
 The engine knows no model family and calls no kernel model: kernel durations arrive as an array.
+
+Its parts: the per-rank state and the engine's own events (:mod:`simgpu.engine.state`), the
+collectives' rendezvous (:mod:`simgpu.engine.rendezvous`), the records built after the run
+(:mod:`simgpu.engine.records`). This file, the event loop, the CPU thread and the streams with the
+slowdown of kernels beside collectives, stays a little above 500 lines: those callbacks call each
+other on the engine's hottest path, some inlined into each other, and read best side by side.
 """
 
 from __future__ import annotations
 
 import gc
 import math
-from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from heapq import heappop, heappush
 from typing import Any
 
@@ -39,14 +44,17 @@ import pandas as pd
 import simpy
 from simpy.events import NORMAL
 
-from ..comm.network import AGGREGATE_FROM, FlowNetwork, _Soon, soon
-from ..comm.plan import CollectiveRequest, TransferTable
+from ..comm.flows import AGGREGATE_FROM, _Soon, soon
+from ..comm.network import FlowNetwork
 from ..comm.planner import Planner
 from ..errors import SimulationError
-from ..graph import CollectiveCall, Op, Workload
+from ..graph import Op, Workload
 from ..platform.topology import Topology
 from .fold import SLACK_FRACTION, FoldBroken, FoldMap
-from .result import LINK_RECORD_COLUMNS, LINK_STAT_COLUMNS, RECORD_COLUMNS, SimResult
+from .records import records_table, window_busy
+from .rendezvous import _Collectives
+from .result import LINK_RECORD_COLUMNS, LINK_STAT_COLUMNS, SimResult
+from .state import _EMPTY_COUNTS, _NO_COUNTS, _Call, _Ends, _Rank, _Rendezvous, _Shape, _Stream, _Wakes
 
 
 @dataclass(frozen=True)
@@ -73,158 +81,11 @@ class EngineOptions:
     #: used, see simgpu.engine.periodic); off: every micro-batch simulated
     periodic: bool = True
     #: keep every op's issue, start and end times (``meta["op_times"]``: rank -> three arrays in program
-    #: order), for the check of the shortened first iteration (simgpu.engine.steady)
+    #: order), for the check of the shortened first iteration (simgpu.engine.steady_check)
     op_times: bool = False
 
 
-@dataclass(slots=True)
-class _Rendezvous:
-    call: CollectiveCall
-    needed: int  # members that arrive (the representatives among them, when folded)
-    arrived: dict[int, tuple[CollectiveCall, int]] = field(default_factory=dict)  # rank -> (call, op index)
-    across: bool | None = None  # the group spans nodes (found where memory-bound kernels need it)
-
-
-class _Stream:
-    __slots__ = ("busy", "queue", "waking")
-
-    def __init__(self) -> None:
-        self.queue: deque[int] = deque()
-        self.busy = False
-        self.waking = False
-
-
-class _Shape:
-    """What the ranks of one template share (:attr:`Program.template`; a program without one is its
-    own): each op's dependents and count of distinct dependencies."""
-
-    __slots__ = ("counts", "dependents", "deps_left", "ends_on", "left", "ops", "ranks", "starts_on", "times")
-
-    def __init__(self, ops: list[Op]) -> None:
-        n = len(ops)
-        self.ops = ops
-        self.ranks: list[_Rank] = []
-        self.left = 0  # ranks whose records are still to be made
-        #: every rank's four times per op and its dependency counts, one block for all the ranks
-        #: (given back at once when the last rank's records are made), set by :meth:`allocate`
-        self.times = np.zeros((4, 0, n))
-        self.counts = np.zeros((0, n), dtype=np.int32)
-        self.deps_left = [0] * n
-        self.dependents: list[list[int]] = [[] for _ in range(n)]
-        #: per op, the stream whose queue its end frees (kernels, copies, collectives), else None
-        self.ends_on: list[str | None] = [o.stream if o.kind in ("kernel", "memcpy", "collective") else None
-                                          for o in ops]
-        #: per op, the stream its last dependency's end may start it on (every kind but host work and
-        #: host_wait), else None
-        self.starts_on: list[str | None] = [None if o.kind in ("host", "host_wait") else o.stream for o in ops]
-        for i, op in enumerate(ops):
-            deps = set(op.deps)
-            self.deps_left[i] = len(deps)
-            for d in deps:
-                self.dependents[d].append(i)
-
-    def allocate(self, ranks: int) -> None:
-        self.times = np.full((4, ranks, len(self.ops)), math.nan)
-        self.counts = np.tile(np.asarray(self.deps_left, dtype=np.int32), (ranks, 1))
-        self.left = ranks
-
-
-class _Rank:
-    """What the engine tracks for one rank while its program runs, and the times its records take.
-
-    Each op has two records at most: on the CPU thread, its launch (a ``host`` op: its host work),
-    from ``launch`` to ``issue``; a kernel, copy or collective on its stream from ``start`` to
-    ``end``, a ``host_wait`` on the CPU thread from when the thread began to wait to when it went on.
-    """
-
-    __slots__ = (
-        "cpu_time",
-        "cursor",
-        "dependents",
-        "deps_left",
-        "done",
-        "end",
-        "ends_on",
-        "issue",
-        "launch",
-        "launch_scale",
-        "ops",
-        "rank",
-        "start",
-        "starts_on",
-        "streams",
-        "wait_since",
-        "waiting",
-    )
-
-    def __init__(self, rank: int, ops: list[Op], shape: _Shape, k: int, launch_scale: float) -> None:
-        """Rank ``rank``, the ``k``-th of its shape's (see :meth:`_Shape.allocate`)."""
-        self.rank, self.ops, self.launch_scale = rank, ops, launch_scale
-        # memoryviews into the shape's blocks: read and written one element at a time, as fast as
-        # lists or arrays
-        self.launch, self.issue, self.start, self.end = (_view(shape.times[j, k]) for j in range(4))
-        self.deps_left = _view(shape.counts[k])
-        self.done = bytearray(len(ops))
-        self.dependents = shape.dependents
-        self.ends_on, self.starts_on = shape.ends_on, shape.starts_on
-        self.streams: dict[str, _Stream] = {}
-        self.cursor = 0
-        self.cpu_time = 0.0
-        self.waiting = -1  # index of the host_wait the CPU thread is blocked on
-        self.wait_since = 0.0
-
-
-def _view(a: np.ndarray) -> Any:
-    """A memoryview of ``a``'s elements (Python floats or ints one at a time)."""
-    return memoryview(a)  # type: ignore[arg-type]
-
-
-#: what a rank and its shape hold once their times and counts are given back
-_NO_TIMES = _view(np.zeros(0))
-_NO_COUNTS = _view(np.zeros(0, dtype=np.int32))
-_EMPTY_TIMES = np.zeros((4, 0, 0))
-_EMPTY_COUNTS = np.zeros((0, 0), dtype=np.int32)
-#: the records' string columns, in the order of :attr:`_Columns.codes`
-_CODED = ("stream", "name", "category", "phase", "kind", "model")
-#: about how many records :meth:`Engine._records` sorts at once (its scratch arrays: some 60 bytes a
-#: record), whole ranks at a time
-_SORT_ROWS = 1 << 21
-
-
-class _Call:
-    """A SimPy event that calls ``engine._finish(rank, op)`` when processed: scheduled directly on
-    the environment's queue as a ``Timeout`` would be, without a closure or an event of SimPy's."""
-
-    __slots__ = ("callbacks", "i", "r")
-    _ok = True
-
-    def __init__(self, callbacks: list[Any], r: _Rank, i: int) -> None:
-        self.callbacks, self.r, self.i = callbacks, r, i
-
-
-class _Ends:
-    """A SimPy event for a provisional memory-bound kernel's end (``engine._end(rank, op, token)``),
-    scheduled as :class:`_Call` is."""
-
-    __slots__ = ("callbacks", "i", "r", "token")
-    _ok = True
-
-    def __init__(self, callbacks: list[Any], r: _Rank, i: int, token: int) -> None:
-        self.callbacks, self.r, self.i, self.token = callbacks, r, i, token
-
-
-class _Wakes:
-    """A SimPy event that wakes a stream whose next op is issued later (``engine._wake(rank, stream)``),
-    scheduled as :class:`_Call` is."""
-
-    __slots__ = ("callbacks", "r", "stream")
-    _ok = True
-
-    def __init__(self, callbacks: list[Any], r: _Rank, stream: _Stream) -> None:
-        self.callbacks, self.r, self.stream = callbacks, r, stream
-
-
-class Engine:
+class Engine(_Collectives):
     """Simulates one iteration of ``workload`` on ``topo``; see the module docstring."""
 
     def __init__(self, topo: Topology, workload: Workload, durations: np.ndarray, models: list[str],
@@ -591,37 +452,6 @@ class Engine:
             del self._live[r.rank, i]
             self._finish(r, i)
 
-    def _recheck(self, rv: _Rendezvous) -> None:
-        """``rv`` moves bytes from now: the memory-bound kernels its members started at this instant
-        beside it take its HBM share too."""
-        now = self.env.now
-        for rank in rv.arrived:
-            started = self._started.get(rank)
-            if started is None or started[0] != now:
-                continue
-            r = self._ranks[rank]
-            for j, (i, dur, slow, token) in enumerate(started[1]):
-                new = self._slowdown(rank, r.ops[i].kernel)
-                if new > slow and self._live.get((rank, i)) == token:
-                    token = self._token = self._token + 1
-                    self._live[rank, i] = token
-                    started[1][j] = (i, dur, new, token)
-                    self._end_at(now + dur * (1.0 + new), r, i, token)
-
-    def _waiting(self, rank: int) -> bool:
-        """Whether a collective ``rank`` has reached still waits for members (moves no bytes yet)."""
-        moving = self._moving.get(rank)
-        return self._comm_active[rank] > (sum(moving.values()) if moving else 0)
-
-    def _moves(self, rv: _Rendezvous, step: int) -> None:
-        """Count ``rv``'s collective as moving bytes on its members (``step`` 1) or done (-1)."""
-        if rv.across is None:
-            gpn, group = self.topo.gpus_per_node, rv.call.group
-            rv.across = any(m // gpn != group[0] // gpn for m in group)
-        for rank in rv.arrived:
-            moving = self._moving.setdefault(rank, {})
-            moving[rv.across] = moving.get(rv.across, 0) + step
-
     def _finish(self, r: _Rank, i: int) -> None:
         r.done[i] = 1
         now = self.env._now
@@ -669,117 +499,6 @@ class Engine:
                 else:
                     self._try_start(r, stream)
 
-    # -- collectives ------------------------------------------------------------------------------
-
-    def _arrive(self, r: _Rank, i: int, op: Op) -> None:
-        call = op.coll
-        rank = r.rank
-        if call is None:
-            raise SimulationError(f"rank {rank} op {op.name!r} is a collective without a call")
-        if rank not in call.group:
-            raise SimulationError(f"rank {rank} issues collective {call.key!r} but is not in its group")
-        rv = self._rv.get(call.key)
-        if rv is None:
-            if self.fold is None:
-                needed = len(call.group)
-            else:
-                needed = self._needed.get(call.group, -1)
-                if needed < 0:
-                    needed = self._needed[call.group] = sum(1 for m in call.group if self.fold.replicas.is_rep(m))
-            rv = self._rv[call.key] = _Rendezvous(call, needed)
-        elif rv.call is not call and ((rv.call.op, rv.call.group) != (call.op, call.group) or (
-                call.send_bytes is None and rv.call.nbytes != call.nbytes)):  # members sharing a call agree
-            raise SimulationError(f"collective {call.key!r}: rank {rank} issues {call.op} of "
-                                  f"{call.nbytes} B over {len(call.group)} ranks, another member "
-                                  f"{rv.call.op} of {rv.call.nbytes} B over {len(rv.call.group)}")
-        rv.arrived[rank] = (call, i)
-        self._comm_active[rank] += 1
-        if self._by_op:
-            active = self._ops_active.setdefault(rank, {})
-            active[call.op] = active.get(call.op, 0) + 1
-        if len(rv.arrived) < rv.needed:
-            return
-        if self._mem_bound is not None:
-            self._moves(rv, 1)
-            self._recheck(rv)
-        if rv.call.duration_s is not None:
-            self._soon(self.env.now + rv.call.duration_s, self._complete, rv)
-            return
-        c = rv.call
-        key = None if c.op == "all_to_all" else (c.op, c.group, c.nbytes, c.root, c.comm_size)
-        got = self._plans.get(key) if key is not None else None
-        if got is None:  # (the request is one of the same fields where the op is not an all-to-all)
-            req = self._request(rv)
-            plan = self.planner.plan(req)
-            items: Sequence[tuple[Sequence[int], float, float]]
-            if self.fold is None:
-                items, slack = plan.transfers, 0.0  # (links, nbytes, max_rate) each
-            else:
-                items = self.fold.transfers(self.planner, req, plan)
-                slack = self.fold.latency_slack(self.planner, req, plan)
-            got = (plan.latency_s, items, slack)
-            if key is not None:
-                self._plans[key] = got
-        latency, items, slack = got
-        if self.fold is not None:
-            self.fold_slack_s += slack
-        if self.iteration_link_bytes is not None:
-            self._count_bytes(items, op.iteration)
-
-        # through the event queue even without latency, so a collective never ends inside the walk
-        self._soon(self.env.now + latency, self._move, (rv, items))
-
-    def _move(self, arg: tuple[_Rendezvous, Sequence[tuple[Sequence[int], float, float]]]) -> None:
-        rv, items = arg
-        if not items:
-            self._complete(rv)
-            return
-        self.net.transfer_group_then(items, self._complete, rv)
-
-    def _count_bytes(self, items: Sequence[tuple[Sequence[int], float, float]], iteration: int) -> None:
-        """Add the bytes ``items`` move over each link to ``iteration``'s (each transfer its bytes on
-        every link of its route, as the network counts them); per set of transfers, worked out once."""
-        got = self._link_sums.get(id(items))
-        if got is None or got[0] is not items:
-            if isinstance(items, TransferTable):
-                flat = np.asarray(items.flat, dtype=np.int64)
-                weights = np.repeat(np.asarray(items.nbytes, dtype=float), np.asarray(items.lens, dtype=np.int64))
-            else:
-                flat = np.asarray([lid for links, _, _ in items for lid in links], dtype=np.int64)
-                weights = np.asarray([b for links, b, _ in items for _ in links], dtype=float)
-            keep = weights > 0
-            sums = np.bincount(flat[keep], weights[keep], minlength=len(self.topo.capacity))
-            used = np.flatnonzero(sums)
-            got = self._link_sums[id(items)] = (items, used, sums[used])
-        self.iteration_link_bytes[iteration, got[1]] += got[2]  # type: ignore[index]
-
-    def _complete(self, rv: _Rendezvous) -> None:
-        del self._rv[rv.call.key]  # done: only the rendezvous not yet complete are kept
-        if self._mem_bound is not None:
-            self._moves(rv, -1)
-        for rank in rv.call.group:
-            if rank not in rv.arrived:
-                continue  # another replica's member (folded)
-            call, i = rv.arrived[rank]
-            self._comm_active[rank] -= 1
-            if self._by_op:
-                self._ops_active[rank][call.op] -= 1
-            self._finish(self._ranks[rank], i)
-
-    def _request(self, rv: _Rendezvous) -> CollectiveRequest:
-        c = rv.call
-        matrix = None
-        if c.op == "all_to_all" and any(a.send_bytes is not None for a, _ in rv.arrived.values()):
-            if self.fold is not None and self.fold.spans_replicas(c.group):
-                raise FoldBroken(f"{c.key}: an uneven all-to-all across replicas")
-            rows = []
-            for r in c.group:
-                a = rv.arrived[r][0]
-                rows.append(tuple(a.send_bytes) if a.send_bytes is not None
-                            else tuple([a.nbytes // len(c.group)] * len(c.group)))
-            matrix = tuple(rows)
-        return CollectiveRequest(c.op, c.group, c.nbytes if matrix is None else 0, matrix, c.root, c.comm_size)
-
     # -- results ----------------------------------------------------------------------------------
 
     def _check_finished(self) -> None:
@@ -813,94 +532,9 @@ class Engine:
             for j in np.unique(it):
                 ends[j] = max(ends[j], float(last[it == j].max()))
 
-    def _records(self) -> pd.DataFrame:
-        """The records table (:data:`RECORD_COLUMNS`) from every rank's times, in the order of
-        ``sort_values(["rank", "stream", "start_s", "end_s"], kind="stable")`` over the records as
-        they happened: within a rank's stream, records happen in program order (a stream runs its
-        ops in issue order; the CPU thread walks the program, an op's launch before its host_wait).
-        Each template's columns are worked out once, as codes into one table of strings; the string
-        columns are categoricals (per column, the strings it holds in sorted order, and one small
-        integer code per record), ``rank`` is int32, the times float64 and ``nbytes`` int64. The
-        columns are allocated once and filled a template at a time, a bounded number of its ranks
-        at a time: their records sorted in one go, each rank's on their own; a template's times are
-        let go once its ranks' rows are filled. Called once, after the run."""
-        strings: dict[str, int] = {}
-
-        def code(x: str) -> int:
-            c = strings.get(x)
-            if c is None:
-                c = strings[x] = len(strings)
-            return c
-
-        host, cpu, launch, network = code("host"), code("cpu"), code("launch"), code("network")
-        models = [code(m) for m in self.models]
-        shapes = [shape for shape in self._shapes if shape.ranks]
-        tables = [_Columns(shape.ops, code, host, cpu, launch, network, models) for shape in shapes]
-        rows = {id(shape): len(t.seq) for shape, t in zip(shapes, tables, strict=True)}
-        offset: dict[int, int] = {}  # rank -> its first row: ranks in order, each with its records
-        total = 0
-        for r in sorted(self._ranks.values(), key=lambda r: r.rank):
-            offset[r.rank] = total
-            total += rows[id(self._shape_of[r.rank])]
-        table = list(strings)
-        # per string column: its categories (the strings it holds, sorted) and each table code's
-        # place among them, in the smallest integer type that holds them
-        cats: list[list[str]] = []
-        remaps: list[np.ndarray] = []
-        for c in range(len(_CODED)):
-            used = np.unique(np.concatenate([t.codes[c] for t in tables])) if tables else np.zeros(0, dtype=np.int32)
-            names = sorted({table[u] for u in used.tolist() if table[u] is not None})
-            place = {s: i for i, s in enumerate(names)}
-            dtype = _code_dtype(len(names))
-            remap = np.full(len(table), -1, dtype=dtype)
-            for u in used.tolist():
-                if table[u] is not None:
-                    remap[u] = place[table[u]]
-            cats.append(names)
-            remaps.append(remap)
-        rank = np.empty(total, dtype=np.int32)
-        start, end = np.empty(total), np.empty(total)
-        nbytes = np.empty(total, dtype=np.int64)
-        coded = [np.empty(total, dtype=remap.dtype) for remap in remaps]
-        for shape, t in zip(shapes, tables, strict=True):
-            n = len(t.seq)
-            local_codes = [remap[t.codes[c]] for c, remap in enumerate(remaps)]  # this template's records
-            stream_place = local_codes[0].astype(np.int64)  # sorted position of the stream's name
-            times = shape.times
-            if self.opt.op_times:  # the block is kept for the check that asked for it
-                for k_, r in enumerate(shape.ranks):
-                    self.op_times[r.rank] = (times[1][k_], times[2][k_], times[3][k_])
-            ranks = shape.ranks
-            step = max(1, _SORT_ROWS // max(1, n))
-            for a in range(0, len(ranks), step):
-                part = ranks[a:a + step]
-                k = len(part)
-                first = np.concatenate([times[0, a:a + k], times[2, a:a + k][:, t.second]], axis=1).ravel()
-                last = np.concatenate([times[1, a:a + k], times[3, a:a + k][:, t.second]], axis=1).ravel()
-                # every rank's records sorted on their own: the rank (its row of the block) first
-                perm = np.lexsort((np.tile(t.seq, k), last, first, np.tile(stream_place, k),
-                                   np.repeat(np.arange(k), n)))
-                where = _rows(np.asarray([offset[r.rank] for r in part], dtype=np.int64), n)
-                rank[where] = np.repeat(np.asarray([r.rank for r in part], dtype=np.int32), n)
-                start[where] = first[perm]
-                end[where] = last[perm]
-                del first, last
-                local = perm % n
-                del perm
-                for out, values in zip(coded, local_codes, strict=True):
-                    out[where] = values[local]
-                nbytes[where] = t.codes[len(_CODED)][local]
-                del local, where
-            for r in ranks:
-                r.launch = r.issue = r.start = r.end = _NO_TIMES  # the records hold them now
-            shape.times = times = _EMPTY_TIMES
-        columns: dict[str, Any] = {"rank": rank, "start_s": start, "end_s": end, "nbytes": nbytes}
-        for col, codes, names in zip(_CODED, coded, cats, strict=True):
-            columns[col] = pd.Categorical.from_codes(codes, categories=names, validate=False)
-        return pd.DataFrame(columns, columns=list(RECORD_COLUMNS), copy=False)
-
     def _result(self) -> SimResult:
-        records = self._records()
+        records = records_table(self._shapes, self._ranks, self._shape_of, self.models,
+                                self.op_times if self.opt.op_times else None)
         used = np.flatnonzero(self.net.link_bytes > 0)
         links = self.topo.links
         stats = pd.DataFrame({
@@ -922,74 +556,8 @@ class Engine:
             meta["iteration_ends_s"] = list(self.iteration_ends)
             # per iteration, per link of link_stats (lists: meta compares and serialises as plain values)
             meta["iteration_link_bytes"] = self.iteration_link_bytes[:, used].tolist()  # type: ignore[index]
-            meta["iteration_link_busy_s"] = self._window_busy(used).tolist()
+            meta["iteration_link_busy_s"] = window_busy(self.net.intervals, self.iteration_ends, used,
+                                                        len(self.topo.capacity)).tolist()
         if self.opt.op_times:
             meta["op_times"] = self.op_times
         return SimResult(records, stats, iteration, events, meta, link_records)
-
-
-    def _window_busy(self, used: np.ndarray) -> np.ndarray:
-        """Per iteration (the window from the previous iteration's end, 0 for the first, to its own),
-        each of the links ``used``'s busy time within it, from the network's busy intervals."""
-        ends = np.asarray(self.iteration_ends, dtype=float)
-        out = np.zeros((len(ends), len(used)))
-        if not self.net.intervals or not len(used):
-            return out
-        spans = np.asarray(self.net.intervals, dtype=float)
-        col = np.full(len(self.topo.capacity), -1, dtype=np.int64)
-        col[used] = np.arange(len(used))
-        where = col[spans[:, 0].astype(np.int64)]
-        spans, where = spans[where >= 0], where[where >= 0]
-        lo = np.concatenate([[0.0], ends[:-1]])
-        for k in range(len(ends)):
-            d = np.clip(np.minimum(spans[:, 2], ends[k]) - np.maximum(spans[:, 1], lo[k]), 0.0, None)
-            out[k] = np.bincount(where, d, minlength=len(used))
-        return out
-
-
-class _Columns:
-    """A template's records as codes (see :meth:`Engine._records`): per record, its columns
-    (``codes``: stream, name, category, phase, kind, model as string codes; nbytes), and ``seq``, its
-    place among its rank's records as they happen. A rank's records are its ops' CPU thread records
-    (launch, or a host op's work) in program order, then the second records of the ops ``second``
-    (the stream's, or a host_wait's)."""
-
-    __slots__ = ("codes", "second", "seq")
-
-    def __init__(self, ops: list[Op], code: Any, host: int, cpu: int, launch: int, network: int,
-                 models: list[int]) -> None:
-        two = [i for i, op in enumerate(ops) if op.kind != "host"]
-        cols: list[list[int]] = [[] for _ in range(7)]
-        stream, name, category, phase, kind, model, nbytes = cols
-        for op in ops:  # the CPU thread's record: the launch, or a host op's work
-            h = op.kind == "host"
-            stream.append(cpu)
-            name.append(code(op.name))
-            category.append(code(op.category) if h else launch)
-            phase.append(code(op.phase))
-            kind.append(host if h else launch)
-            model.append(host)
-            nbytes.append(0)
-        for i in two:  # the stream's record, or a host_wait's on the CPU thread
-            op = ops[i]
-            w = op.kind == "host_wait"
-            stream.append(cpu if w else code(op.stream))
-            name.append(code(op.name))
-            category.append(code(op.category))
-            phase.append(code(op.phase))
-            kind.append(code(op.kind))
-            model.append(host if w else models[op.kernel] if op.kind == "kernel" else network)
-            nbytes.append(0 if w else op.nbytes)
-        self.second = np.asarray(two, dtype=np.int64)
-        self.codes = [np.asarray(c, dtype=np.int32) for c in cols[:6]] + [np.asarray(nbytes, dtype=np.int64)]
-        self.seq = np.concatenate([2 * np.arange(len(ops), dtype=np.int64), 2 * self.second + 1])
-
-
-def _rows(firsts: np.ndarray, n: int) -> np.ndarray:
-    """The table rows of ranks with ``n`` records each whose first rows are ``firsts``, in turn."""
-    return np.repeat(firsts, n) + np.tile(np.arange(n, dtype=np.int64), len(firsts))
-
-
-def _code_dtype(n: int) -> Any:
-    """The smallest signed integer type that holds the codes of ``n`` categories (and -1)."""
-    return np.int8 if n < 2**7 else np.int16 if n < 2**15 else np.int32

@@ -11,9 +11,9 @@ shortcut (:mod:`simgpu.engine.periodic`): a pipeline's identical middle micro-ba
 once. Where :func:`periodic.blocker` finds nothing against it, the programs are built and run with
 two short counts of micro-batches (each with the fold as it stands), and where the two runs repeat
 one period the job's iteration is extended from them; else the job's own count is simulated.
-The steady shortcut (:mod:`simgpu.engine.steady`): programs of two iterations run with every
-rank's first iteration cut to its last micro-batch, where :func:`steady.shorten` finds them fit
-and :func:`steady.check` finds the cut run's steady window the full run's from the cut run's own
+The steady shortcut (:mod:`simgpu.engine.steady_cut`): programs of two iterations run with every
+rank's first iteration cut to its last micro-batch, where :func:`steady_cut.shorten` finds them fit
+and :func:`steady_check.check` finds the cut run's steady window the full run's from the cut run's own
 times; else the full programs. It is tried on a run of the job's own count of micro-batches (not
 on the periodic shortcut's short runs) and not where link intervals are recorded; the result's
 ``meta["steady_cut"]`` says how it went. The caller gives the stages it owns as functions
@@ -31,7 +31,7 @@ import numpy as np
 from ..comm.planner import Planner
 from ..graph import PipelineShape, Workload
 from ..platform.topology import Topology
-from . import periodic, steady
+from . import periodic, steady, steady_check, steady_cut
 from .core import Engine, EngineOptions
 from .fold import FoldBroken, fold_blocker, inside_nodes_only
 from .result import SimResult
@@ -122,7 +122,7 @@ class _Runs:
         self.fold, self.inside = fold, True  # fold at all; fold ranks inside nodes too
         self.nodes = True  # fold whole nodes too (off where only ranks inside nodes fold)
         self._timed: tuple[list[object], tuple[np.ndarray, list[str]]] | None = None
-        self.steady_cut = True  # try the shortened first iteration (simgpu.engine.steady)
+        self.steady_cut = True  # try the shortened first iteration (simgpu.engine.steady_cut)
 
     @property
     def state(self) -> tuple[bool, bool, bool, str]:
@@ -194,7 +194,7 @@ class _Runs:
 
     def _engine(self, workload: Workload, durations: np.ndarray, models: list[str]) -> SimResult:
         """The run of ``workload``; of its first iteration cut to its last micro-batch where that
-        holds (see :mod:`simgpu.engine.steady`), else of the whole programs."""
+        holds (see :mod:`simgpu.engine.steady_check`), else of the whole programs."""
         topo, planner, options = self.topo, self.planner, self.options
         shape = workload.pipeline
         why = ""
@@ -207,15 +207,15 @@ class _Runs:
         elif options.record_links:
             why = "link intervals are recorded for every link"
         if not why:
-            got = steady.shorten(workload)
+            got = steady_cut.shorten(workload)
             if isinstance(got, str):
                 why = got
             else:
                 self.say("simulating the first iteration from its last micro-batch")
                 short = Engine(topo, got.workload, durations, models, planner, replace(options, op_times=True)).run()
-                why = steady.check(short, got, workload, topo, planner, self._durations_list(durations), options)
+                why = steady_check.check(short, got, workload, topo, planner, self._durations_list(durations), options)
                 if not why:
-                    steady.restore(short, got, topo)
+                    steady_cut.restore(short, got, topo)
                     short.meta["steady_cut"] = (f"used ({sum(len(p.ops) for p in got.workload.programs):,} of "
                                                 f"{sum(len(p.ops) for p in workload.programs):,} ops simulated)")
                     return short
