@@ -26,7 +26,7 @@ from .engine.shortcuts import Choose
 from .engine.steady import steady_window
 from .errors import ConfigError
 from .graph import KernelSpec, Workload
-from .kernels.base import make_predictor
+from .kernels.registry import make_predictor
 from .platform.topology import Topology
 from .workload import World, get_builder
 
@@ -286,7 +286,7 @@ def versions() -> dict[str, str]:
     import platform as python
     import sys
 
-    from . import __version__
+    from .version import __version__
 
     out = {"simgpu": __version__, "python": python.python_version()}
     for name in ("numpy", "pandas", "simpy", "torch", "lightgbm"):

@@ -18,7 +18,7 @@ from simgpu.engine import EngineOptions
 from simgpu.engine.core import Engine
 from simgpu.engine.result import RECORD_COLUMNS
 from simgpu.graph import CollectiveCall, Op, Program, Workload
-from simgpu.kernels.base import make_predictor
+from simgpu.kernels.registry import make_predictor
 from simgpu.platform.topology import Topology
 from simgpu.sim import build
 

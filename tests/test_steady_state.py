@@ -243,8 +243,8 @@ def test_the_steady_window_does_not_depend_on_the_first_iterations_earlier_micro
     from simgpu.config.checks import gpus_per_node
     from simgpu.engine import Engine, EngineOptions
     from simgpu.graph import Program
-    from simgpu.kernels.base import make_predictor
     from simgpu.kernels.overlap import memory_bound
+    from simgpu.kernels.registry import make_predictor
     from simgpu.platform.topology import Topology
     from simgpu.report.summary import rank_breakdown
     from simgpu.sim import DEFAULT_KERNEL_MODEL
@@ -443,7 +443,7 @@ def test_shorten_and_check_read_once_per_template_as_rank_by_rank(over):
     from simgpu.comm.planner import Planner
     from simgpu.config.checks import gpus_per_node
     from simgpu.engine import Engine, EngineOptions, steady
-    from simgpu.kernels.base import make_predictor
+    from simgpu.kernels.registry import make_predictor
     from simgpu.platform.topology import Topology
     from simgpu.sim import DEFAULT_KERNEL_MODEL
 

@@ -31,8 +31,8 @@ ROW_KEYS = ("latency_p50_ms", "latency_p99_ms", "queries_per_s", "samples_per_s"
 
 def job_key(base: str | Path, variant: Variant) -> str:
     """A hash of what ``variant`` simulates: the serving file after overrides and its workload's job."""
-    from .. import __version__
     from ..config.loader import load_job
+    from ..version import __version__
     from .deploy import overrides_of
     from .dlrm import load_dlrm_serving
 

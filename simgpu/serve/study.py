@@ -73,7 +73,7 @@ def check_overrides(base: Path, overrides: Sequence[tuple[str, Any]], file: str)
 
 def job_key(base: str | Path, variant: Variant) -> str:
     """A hash of what ``variant`` simulates: the serving file after overrides and its pools' jobs."""
-    from .. import __version__
+    from ..version import __version__
     from .deploy import pool_job
     from .spec import load_serving
 

@@ -41,9 +41,9 @@ def job_key(base: str | Path, variant: Variant) -> str:
     """A hash of the job ``variant`` simulates: the validated workload and platform after its overrides,
     the platform's kernel-model manifest and the simulator's version; for a variant that does not
     load, of the files' text, its overrides and the error."""
-    from .. import __version__
     from ..config.loader import load_job
     from ..serve.study import is_serving
+    from ..version import __version__
 
     if is_serving(base):
         from ..serve.study import job_key as serving_key

@@ -33,7 +33,7 @@ from ...engine import Engine, EngineOptions
 from ...engine.fold import FoldBroken, fold_blocker, local_shift_unit
 from ...errors import ConfigError
 from ...graph import KernelSpec, KernelTable, MemoryEstimate, Program, Replicas, Workload
-from ...kernels.base import make_predictor
+from ...kernels.registry import make_predictor
 from ...platform.topology import Topology
 from ..registry import World
 from .api import ReplicaMemory, Step
