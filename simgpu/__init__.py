@@ -6,8 +6,8 @@ Gantt chart, Chrome trace.
 """
 
 from .config.loader import Job, load_job
-from .engine import SimResult
 from .errors import ConfigError, SimgpuError, SimulationError
+from .result import SimResult
 from .sim import simulate, simulate_file
 from .version import __version__
 

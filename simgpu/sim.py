@@ -1,6 +1,6 @@
 """The pipeline in one call: job -> op graph -> kernel times -> engine -> result.
 
-``simulate(job)`` returns a :class:`~simgpu.engine.SimResult` and writes nothing; writing files is
+``simulate(job)`` returns a :class:`~simgpu.result.SimResult` and writes nothing; writing files is
 :func:`simgpu.report.write_outputs`.
 """
 
@@ -20,7 +20,7 @@ from .config.checks import check_memory, gpus_per_node
 from .config.loader import Job, load_job
 from .config.platform import PlatformSpec
 from .config.workload import INFERENCE_KINDS, TransformerModel
-from .engine import EngineOptions, SimResult, shortcuts
+from .engine import EngineOptions, shortcuts
 from .engine.fold import local_shift_unit
 from .engine.shortcuts import Choose
 from .engine.steady import steady_window
@@ -28,6 +28,7 @@ from .errors import ConfigError
 from .graph import KernelSpec, Workload
 from .kernels.registry import make_predictor
 from .platform.topology import Topology
+from .result import SimResult
 from .workload import World, get_builder
 
 

@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 from test_report import make_result, rec
 
 from simgpu import load_job, simulate
-from simgpu.engine.result import SimResult
 from simgpu.engine.steady import TAIL_FRACTION, steady_window
 from simgpu.errors import ConfigError
 from simgpu.report import summarize
 from simgpu.report.gantt import build_timeline_figure
 from simgpu.report.summary import exposed_by_kind
+from simgpu.result import SimResult
 from simgpu.sim import build
 
 GPT = "workloads/gpt_2x_dgx_h100.yaml"

@@ -45,8 +45,8 @@ from ..comm.planner import Planner
 from ..errors import SimulationError
 from ..graph import CollectiveCall, Op, Workload
 from ..platform.topology import Topology
+from ..result import LINK_RECORD_COLUMNS, LINK_STAT_COLUMNS, RECORD_COLUMNS, SimResult
 from .fold import SLACK_FRACTION, FoldBroken, FoldMap
-from .result import LINK_RECORD_COLUMNS, LINK_STAT_COLUMNS, RECORD_COLUMNS, SimResult
 
 
 @dataclass(frozen=True)

@@ -89,9 +89,9 @@ from ..comm.plan import CollectiveRequest, TransferTable
 from ..comm.planner import Planner
 from ..graph import Op, Program, Workload
 from ..platform.topology import Topology
+from ..result import SimResult
 from .core import EngineOptions
 from .fold import FoldMap
-from .result import SimResult
 
 #: How much of the iteration before the steady one the records keep, as a fraction of an iteration.
 TAIL_FRACTION: Final = 0.25
