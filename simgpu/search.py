@@ -233,8 +233,8 @@ def _main(argv: Sequence[str] | None) -> int:
     ap.add_argument("--delay-us", type=int_list(0), help="DLRM serving: batcher.max_queue_delay_us values to try")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
-    from .whatif.__main__ import finish_table, ranking
-    from .whatif.runner import text_progress
+    from .whatif.runner import finish_table, text_progress
+    from .whatif.study import ranking
 
     if args.zero and any(z > 3 for z in args.zero):
         raise ConfigError(f"expected ZeRO stages among 0, 1, 2, 3, got {args.zero}", key="--zero")

@@ -11,30 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
 
 from ..cli import ArgParser, check_out_dir, entry, int_at_least, run_command, safe_name
-from ..config.loader import JobKind
 from .plots import bars, lines
-from .runner import ROW_KEYS, run_study, text_progress
-from .study import load_study, study_kind
-
-
-def ranking(table: pd.DataFrame, limit: int = 20, kind: JobKind = "workload") -> str:
-    """The feasible variants ranked, best first, then the others, as the study's kind ranks them."""
-    return study_kind(kind).ranking(table, limit)
-
-
-def finish_table(rows: list[dict[str, Any]], swept: list[str]) -> pd.DataFrame:
-    table = pd.DataFrame(rows)
-    for col in ROW_KEYS:
-        if col not in table:
-            table[col] = None
-    table["feasible"] = table["feasible"].fillna(False).astype(bool)
-    known = ["name", *swept, *[c for c in ROW_KEYS if c != "name" and c not in swept]]
-    return table[known + [c for c in table.columns if c not in known]]  # serving rows' own columns last
+from .runner import finish_table, run_study, text_progress
+from .study import load_study, ranking
 
 
 def main(argv: Sequence[str] | None = None) -> int:

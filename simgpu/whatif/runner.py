@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+import pandas as pd
+
 from ..config.loader import JobKind, job_kind
 from ..errors import ConfigError, Interrupted
 from ..variant import Variant
@@ -159,3 +161,13 @@ def text_progress(i: int, n: int, row: dict[str, Any]) -> None:
     if i == n:
         sys.stderr.write("\n")
     sys.stderr.flush()
+
+
+def finish_table(rows: list[dict[str, Any]], swept: list[str]) -> pd.DataFrame:
+    table = pd.DataFrame(rows)
+    for col in ROW_KEYS:
+        if col not in table:
+            table[col] = None
+    table["feasible"] = table["feasible"].fillna(False).astype(bool)
+    known = ["name", *swept, *[c for c in ROW_KEYS if c != "name" and c not in swept]]
+    return table[known + [c for c in table.columns if c not in known]]  # serving rows' own columns last

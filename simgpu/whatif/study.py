@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 from pydantic import Field
 
 from ..config.base import Spec
@@ -172,3 +173,8 @@ def _validate_one(wdata: dict[str, Any], common: list[tuple[str, Any]], key: str
         ref = data.get("platform")
         if isinstance(ref, str):
             load_platform(ref, plat, relative_to=Path(wfile).parent)
+
+
+def ranking(table: pd.DataFrame, limit: int = 20, kind: JobKind = "workload") -> str:
+    """The feasible variants ranked, best first, then the others, as the study's kind ranks them."""
+    return study_kind(kind).ranking(table, limit)
