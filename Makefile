@@ -33,7 +33,7 @@ lint: $(STAMP)  ## ruff and mypy
 	$(BIN)/mypy
 
 docs: $(STAMP)  ## regenerate the input reference (docs/reference) and build the site into site/
-	$(BIN)/python -m simgpu.config.reference docs/reference
+	$(BIN)/python -m simgpu.reference docs/reference
 	$(BIN)/mkdocs build --strict -d site
 
 images: $(STAMP)  ## regenerate the README tour's pictures in docs/images (a run, a what-if, a serving run)

@@ -6,10 +6,10 @@ Gantt chart, Chrome trace.
 """
 
 from .config.loader import Job, load_job
-from .engine import SimResult
 from .errors import ConfigError, SimgpuError, SimulationError
+from .result import SimResult
 from .sim import simulate, simulate_file
+from .version import __version__
 
-__version__ = "0.1.0"
-__all__ = ["ConfigError", "Job", "SimResult", "SimgpuError", "SimulationError", "load_job", "simulate",
-           "simulate_file"]
+__all__ = ["ConfigError", "Job", "SimResult", "SimgpuError", "SimulationError", "__version__", "load_job",
+           "simulate", "simulate_file"]

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .cli import ArgParser, Progress, check_out_dir, entry, int_at_least, run_command, safe_name
+from .errors import ConfigError
 
 
 def window(text: str) -> tuple[float, float]:
@@ -73,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     args = parser().parse_args(argv)
-    from .config.loader import load_job
+    from .config.loader import job_kind, load_job
     from .report import format_summary, summarize, write_outputs
     from .report.outputs import RecordsFormat
     from .sim import simulate
@@ -82,6 +83,11 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.out:
         check_out_dir(args.out)
     overrides = list(args.overrides) + ([f"seed={args.seed}"] if args.seed is not None else [])
+    kind = job_kind(args.workload, what="workload")
+    if kind != "workload":
+        verb = "whatif" if kind == "study" else "serve"
+        raise ConfigError(f"is a {kind.replace('_', ' ')} file; expected a workload YAML (simgpu {verb} "
+                          f"{args.workload} runs it)", file=args.workload)
     job = load_job(args.workload, overrides)
     out = Path(args.out) if args.out else default_out(job.workload.name, overrides)
     check_out_dir(out)

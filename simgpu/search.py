@@ -29,10 +29,11 @@ from typing import Any
 import pandas as pd
 
 from .cli import ArgParser, check_out_dir, choice_list, entry, int_at_least, int_list, run_command, safe_name
-from .config.loader import Job, load_job, parse_override, read_yaml
+from .config.loader import Job, JobKind, job_kind, load_job, parse_override, read_yaml
 from .errors import ConfigError
+from .variant import Variant
 from .whatif.runner import run_study
-from .whatif.study import Study, StudySpec, Variant
+from .whatif.study import Study, StudySpec
 
 
 def sharding_candidates(workload: str, overrides: Sequence[str] = ()) -> list[Variant]:
@@ -205,16 +206,6 @@ def write_top_serving(serving: str, variants: list[Variant], table: pd.DataFrame
     return dirs
 
 
-def is_dlrm_file(path: str) -> bool:
-    """Whether ``path`` is a DLRM serving file (see :func:`simgpu.serve.dlrm.is_dlrm_serving`)."""
-    from .serve.dlrm import is_dlrm_serving
-
-    try:
-        return is_dlrm_serving(path)
-    except ConfigError:
-        return False
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     return run_command(lambda: _main(argv))
 
@@ -242,15 +233,16 @@ def _main(argv: Sequence[str] | None) -> int:
     ap.add_argument("--delay-us", type=int_list(0), help="DLRM serving: batcher.max_queue_delay_us values to try")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
-    from .whatif.__main__ import finish_table, ranking
-    from .whatif.runner import text_progress
+    from .whatif.runner import finish_table, text_progress
+    from .whatif.study import ranking
 
     if args.zero and any(z > 3 for z in args.zero):
         raise ConfigError(f"expected ZeRO stages among 0, 1, 2, 3, got {args.zero}", key="--zero")
     if args.out:
         check_out_dir(args.out)
     pruned: list[dict[str, Any]] = []
-    dlrm = args.space == "serving" and is_dlrm_file(args.workload)
+    kind: JobKind = job_kind(args.workload, what="serving") if args.space == "serving" else "workload"
+    dlrm = kind == "dlrm_serving"
     if dlrm:
         from .serve.dlrm_study import candidates as dlrm_candidates
 
@@ -276,7 +268,7 @@ def _main(argv: Sequence[str] | None) -> int:
     out = args.out or Path("out") / safe_name(name)
     check_out_dir(out)
     spec = StudySpec(name=name, base=str(args.workload))
-    study = Study(spec, str(args.workload), Path(args.workload), tuple(variants))
+    study = Study(spec, str(args.workload), Path(args.workload), tuple(variants), kind)
     stats: dict[str, int] = {}
     rows = run_study(study, out, workers=args.workers, scheduler=args.scheduler,
                      progress=None if args.quiet else text_progress, stats=stats)
@@ -293,7 +285,7 @@ def _main(argv: Sequence[str] | None) -> int:
         tops = write_top_serving(args.workload, variants, table, out, args.top)
     else:
         tops = write_top(args.workload, variants, table, out, args.top)
-    print(ranking(table))
+    print(ranking(table, kind=kind))
     if pruned:
         print(f"\n{len(pruned)} candidates pruned by the job's rules (listed in {out / 'pruned.csv'}):")
         for n, r in reasons(pruned):

@@ -1,6 +1,6 @@
 """The pipeline in one call: job -> op graph -> kernel times -> engine -> result.
 
-``simulate(job)`` returns a :class:`~simgpu.engine.SimResult` and writes nothing; writing files is
+``simulate(job)`` returns a :class:`~simgpu.result.SimResult` and writes nothing; writing files is
 :func:`simgpu.report.write_outputs`.
 """
 
@@ -20,14 +20,15 @@ from .config.checks import check_memory, gpus_per_node
 from .config.loader import Job, load_job
 from .config.platform import PlatformSpec
 from .config.workload import INFERENCE_KINDS, TransformerModel
-from .engine import EngineOptions, SimResult, shortcuts
+from .engine import EngineOptions, shortcuts
 from .engine.fold import local_shift_unit
 from .engine.shortcuts import Choose
 from .engine.steady import steady_window
 from .errors import ConfigError
 from .graph import KernelSpec, Workload
-from .kernels.base import make_predictor
+from .kernels.registry import make_predictor
 from .platform.topology import Topology
+from .result import SimResult
 from .workload import World, get_builder
 
 
@@ -286,7 +287,7 @@ def versions() -> dict[str, str]:
     import platform as python
     import sys
 
-    from . import __version__
+    from .version import __version__
 
     out = {"simgpu": __version__, "python": python.python_version()}
     for name in ("numpy", "pandas", "simpy", "torch", "lightgbm"):

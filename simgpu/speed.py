@@ -38,7 +38,7 @@ def _workload(path: str, *overrides: str, fold: bool = True, steady_cut: bool = 
 def _allreduce(platform: str, nodes: int, nbytes: int, *overrides: tuple[str, object]
                ) -> Callable[[], tuple[float, int]]:
     def run() -> tuple[float, int]:
-        from .comm.collective import collective_result
+        from .collective_run import collective_result
         from .config.loader import load_platform
 
         r = collective_result(load_platform(platform, overrides)[0], "all_reduce", nbytes, nodes=nodes)
@@ -50,7 +50,7 @@ def _alltoall(platform: str, nodes: int, sizes: Sequence[int]) -> Callable[[], t
     """An all-to-all of each size in ``sizes`` over ``nodes`` nodes, one simulation a size on one
     topology (as ``python -m simgpu.comm`` sweeps sizes); the simulated time is the sum over sizes."""
     def run() -> tuple[float, int]:
-        from .comm.collective import collective_result
+        from .collective_run import collective_result
         from .config.loader import load_platform
         from .platform.topology import Topology
 

@@ -11,9 +11,10 @@ import pytest
 from simgpu.comm.planner import Planner
 from simgpu.config.loader import load_platform
 from simgpu.config.platform import PlatformSpec
-from simgpu.engine import Engine, EngineOptions, SimResult
+from simgpu.engine import Engine, EngineOptions
 from simgpu.graph import KernelSpec, MemoryEstimate, Program, Workload
 from simgpu.platform.topology import Topology
+from simgpu.result import SimResult
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"

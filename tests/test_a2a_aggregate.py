@@ -13,8 +13,8 @@ from conftest import run_programs
 
 from simgpu.config.loader import load_platform
 from simgpu.config.platform import PlatformSpec
-from simgpu.engine import SimResult
 from simgpu.graph import CollectiveCall, Op, Program
+from simgpu.result import SimResult
 
 A100, _ = load_platform("dgx_a100")
 SIZES = (1 << 16, 1 << 22, 1 << 26, 1 << 30)

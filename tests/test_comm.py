@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from conftest import run_programs
 
+from simgpu.collective_run import simulate_collective
 from simgpu.comm.__main__ import main as comm_main
 from simgpu.comm.__main__ import parse_sizes
 from simgpu.comm.algorithms.rings import ring_orders
 from simgpu.comm.calibrate import main as calibrate_main
 from simgpu.comm.calibrate import parse_nccl_tests
-from simgpu.comm.collective import simulate_collective
 from simgpu.comm.plan import CollectiveRequest
 from simgpu.comm.planner import Planner
 from simgpu.config.loader import load_platform

@@ -8,8 +8,8 @@ from conftest import run_programs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from simgpu.collective_run import simulate_collective
 from simgpu.comm.algorithms.p2p import net_peer_channels
-from simgpu.comm.collective import simulate_collective
 from simgpu.config.loader import load_platform
 from simgpu.graph import CollectiveCall, Op, Program
 from simgpu.platform.topology import Topology

@@ -16,7 +16,7 @@ from simgpu.errors import ConfigError
 from simgpu.graph import KernelSpec
 from simgpu.kernels import embedding as lookup
 from simgpu.kernels.analytical import Analytical
-from simgpu.kernels.features import uniform_reuse
+from simgpu.kernels.lookups import uniform_reuse
 from simgpu.sim import simulate
 from simgpu.validate import dlrm as validate_dlrm
 from simgpu.workload.dlrm import nvidia

@@ -11,7 +11,7 @@ from conftest import ROOT
 
 from simgpu import load_job, simulate
 from simgpu.config.workload import DLRMModel, WorkloadSpec
-from simgpu.kernels.features import uniform_reuse
+from simgpu.kernels.lookups import uniform_reuse
 from simgpu.workload import World
 from simgpu.workload.dlrm import arch as dlrm_arch
 from simgpu.workload.dlrm import builder as dlrm

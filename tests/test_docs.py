@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from simgpu.config import reference
+from simgpu import reference
 from simgpu.config.platform import PlatformSpec
 from simgpu.config.workload import WorkloadSpec
 from simgpu.serve.dlrm import DlrmServingSpec
@@ -35,7 +35,7 @@ MODELS: dict[str, tuple[type[BaseModel], ...]] = {
 
 def test_reference_is_regenerated() -> None:
     """The committed pages are what the generator writes now: a key added, removed or redocumented
-    without ``python -m simgpu.config.reference docs/reference`` fails here."""
+    without ``python -m simgpu.reference docs/reference`` fails here."""
     written = reference.pages()
     assert sorted(written) == sorted(p.name for p in REFERENCE.glob("*.md"))
     for name, text in written.items():

@@ -16,10 +16,10 @@ from simgpu.config.checks import gpus_per_node
 from simgpu.config.loader import load_job
 from simgpu.engine import EngineOptions
 from simgpu.engine.core import Engine
-from simgpu.engine.result import RECORD_COLUMNS
 from simgpu.graph import CollectiveCall, Op, Program, Workload
-from simgpu.kernels.base import make_predictor
+from simgpu.kernels.registry import make_predictor
 from simgpu.platform.topology import Topology
+from simgpu.result import RECORD_COLUMNS
 from simgpu.sim import build
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -301,7 +301,7 @@ def test_the_engine_owns_the_fold_fallback(tp, calls_made, factor):
     nodes only where that may hold, else with every rank."""
     from simgpu.comm.planner import Planner
     from simgpu.engine import EngineOptions, shortcuts
-    from simgpu.kernels.base import make_predictor
+    from simgpu.kernels.registry import make_predictor
     from simgpu.sim import build
 
     job = load_job(GPT3, SMALL_GPT3 + ["parallelism.zero=0", "comm.algorithm=tree", f"parallelism.tp={tp}",

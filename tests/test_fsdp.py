@@ -11,7 +11,7 @@ from test_transformer_build import LAYERS, build, check_collectives, spec
 
 from simgpu import load_job, simulate
 from simgpu.config.workload import TransformerModel
-from simgpu.engine.result import SimResult
+from simgpu.result import SimResult
 from simgpu.sim import build as build_job
 from simgpu.workload import World
 from simgpu.workload.transformer.memory import weight_bytes

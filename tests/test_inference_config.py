@@ -12,7 +12,8 @@ from conftest import ROOT, edit_keys
 from simgpu import run
 from simgpu.config.loader import load_job
 from simgpu.errors import ConfigError
-from simgpu.workload.inference import Step, make_timer
+from simgpu.serve.timer import make_timer
+from simgpu.workload.inference import Step
 from simgpu.workload.inference.builder import check_fit
 
 LLAMA = ROOT / "workloads" / "inference" / "llama2_70b_dgx_h100_tp4.yaml"

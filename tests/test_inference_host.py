@@ -11,8 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from simgpu.graph import KernelTable
+from simgpu.serve.timer import EngineTimer
 from simgpu.validate import inference as v
-from simgpu.workload.inference import EngineTimer, Step
+from simgpu.workload.inference import Step
 from simgpu.workload.inference.builder import replica_programs
 from simgpu.workload.inference.shape import EXACT_BELOW, ROW_ALIGN, TILE_ROWS, pad, shape_of
 

@@ -11,9 +11,9 @@ from conftest import ROOT
 
 from simgpu import run
 from simgpu.config.loader import load_job
+from simgpu.serve.timer import EngineTimer
 from simgpu.sim import simulate
 from simgpu.workload.inference.memory import kv_bytes_per_token
-from simgpu.workload.inference.timer import EngineTimer
 
 INFERENCE = sorted((ROOT / "workloads" / "inference").glob("*.yaml"))
 

@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simgpu.config.loader import load_job
+from simgpu.serve.timer import EngineTimer, make_timer
 from simgpu.sim import simulate
-from simgpu.workload.inference import EngineTimer, IterationTimer, Step, make_timer
+from simgpu.workload.inference import IterationTimer, Step
 from simgpu.workload.inference.shape import EXACT_BELOW, GRID_PER_OCTAVE, bucket, canonical, shape_of
 
 LLAMA = ROOT / "workloads" / "inference" / "llama2_70b_dgx_h100_tp4.yaml"

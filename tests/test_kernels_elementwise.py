@@ -20,9 +20,9 @@ from simgpu.errors import ConfigError
 from simgpu.graph import KernelSpec, Workload
 from simgpu.kernels import store
 from simgpu.kernels.analytical import Analytical
-from simgpu.kernels.base import make_predictor
 from simgpu.kernels.features import FAMILY_PARAMS, feature_frame, kernel_params, kernels_from_table
 from simgpu.kernels.importers import read_neusight
+from simgpu.kernels.registry import make_predictor
 from simgpu.workload import World, get_builder
 
 CPU_HOST = ROOT / "platforms" / "cpu_host"

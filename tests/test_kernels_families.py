@@ -23,10 +23,10 @@ from simgpu.config.loader import load_platform
 from simgpu.graph import KernelSpec
 from simgpu.kernels import learned, rules, store
 from simgpu.kernels.analytical import Analytical, operand_bytes, peak_dtype
-from simgpu.kernels.base import make_predictor
 from simgpu.kernels.features import FAMILY_PARAMS, feature_frame, kernel_params
 from simgpu.kernels.importers.aiconfigurator import read_aiconfigurator
 from simgpu.kernels.learned import Sample, evaluate
+from simgpu.kernels.registry import make_predictor
 
 AIC = DATA / "kernels" / "aiconfigurator"
 #: AIConfigurator's GPU folders and the platforms fitted on them.

@@ -22,8 +22,8 @@ from simgpu import load_job
 from simgpu.fit import gpu_leave_out, gpu_samples
 from simgpu.graph import KernelSpec
 from simgpu.kernels import learned, rules, store
-from simgpu.kernels.base import make_predictor
 from simgpu.kernels.learned import Sample, evaluate
+from simgpu.kernels.registry import make_predictor
 
 AIC = DATA / "kernels" / "aiconfigurator"
 needs_data = pytest.mark.skipif(not (AIC / "h100_sxm" / "gemm" / "gemm_perf.parquet").is_file()

@@ -25,9 +25,10 @@ from simgpu.fit import fit_platform
 from simgpu.fit import main as fit_main
 from simgpu.graph import KernelSpec
 from simgpu.kernels import learned, store
-from simgpu.kernels.base import make_predictor
-from simgpu.kernels.features import FAMILY_PARAMS, feature_frame, kernel_params, reuse_stats, uniform_reuse
+from simgpu.kernels.features import FAMILY_PARAMS, feature_frame, kernel_params
 from simgpu.kernels.learned import Learned, errors, load_models
+from simgpu.kernels.lookups import reuse_stats, uniform_reuse
+from simgpu.kernels.registry import make_predictor
 
 #: A sweep small enough to measure in a second or two.
 TINY = Scale(max_flops=1e7, max_bytes=2e6, max_dim=256, shapes=8)

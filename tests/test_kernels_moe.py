@@ -25,11 +25,11 @@ from simgpu.errors import ConfigError
 from simgpu.graph import KernelSpec
 from simgpu.kernels import rules
 from simgpu.kernels.analytical import Analytical, moe_gemms
-from simgpu.kernels.base import make_predictor
 from simgpu.kernels.features import kernel_params, kernels_from_table
 from simgpu.kernels.importers import read_source
 from simgpu.kernels.importers.aiconfigurator import read_aiconfigurator, read_moe
 from simgpu.kernels.learned import Sample, errors, holdout_mask, predict_sample, train
+from simgpu.kernels.registry import make_predictor
 
 AIC = DATA / "kernels" / "aiconfigurator"
 #: The measured platforms whose GPU has bf16 / fp8 rows in AIConfigurator's top-level (TensorRT-LLM) MoE

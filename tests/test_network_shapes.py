@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simgpu.comm.collective import simulate_collective
+from simgpu.collective_run import simulate_collective
 from simgpu.config.loader import load_platform
 from simgpu.errors import ConfigError
 from simgpu.platform.topology import Topology

@@ -22,11 +22,11 @@ from simgpu import load_job, simulate
 from simgpu.comm.planner import Planner
 from simgpu.config.checks import gpus_per_node
 from simgpu.engine import EngineOptions, periodic, shortcuts
-from simgpu.engine.result import LINK_STAT_COLUMNS, RECORD_COLUMNS, SimResult
 from simgpu.graph import PipelineShape, Workload
-from simgpu.kernels.base import make_predictor
+from simgpu.kernels.registry import make_predictor
 from simgpu.platform.topology import Topology
 from simgpu.report.summary import rank_breakdown, summarize
+from simgpu.result import LINK_STAT_COLUMNS, RECORD_COLUMNS, SimResult
 from simgpu.sim import build
 
 GPT3 = ROOT / "workloads" / "gpt3_175b_1024x_a100.yaml"

@@ -13,7 +13,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simgpu.engine.result import LINK_RECORD_COLUMNS, LINK_STAT_COLUMNS, RECORD_COLUMNS, SimResult
 from simgpu.report.chrome_trace import chrome_trace
 from simgpu.report.gantt import category_color, merge_close_intervals
 from simgpu.report.outputs import records_table, summary_json, write_outputs
@@ -24,6 +23,7 @@ from simgpu.report.summary import (
     union_measure,
 )
 from simgpu.report.table import format_summary
+from simgpu.result import LINK_RECORD_COLUMNS, LINK_STAT_COLUMNS, RECORD_COLUMNS, SimResult
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

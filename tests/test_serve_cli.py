@@ -98,10 +98,11 @@ def test_serve_writes_its_files_and_a_sweep(tmp_path, capsys):
 
 @pytest.mark.parametrize("name", sorted(p.name for p in SERVING.glob("*.yaml")))
 def test_shipped_serving_files_load(name):
-    from simgpu.serve.dlrm import is_dlrm_serving, load_dlrm_serving
+    from simgpu.config.loader import job_kind
+    from simgpu.serve.dlrm import load_dlrm_serving
     from simgpu.serve.spec import load_serving
 
-    if is_dlrm_serving(SERVING / name):
+    if job_kind(SERVING / name) == "dlrm_serving":
         assert load_dlrm_serving(SERVING / name).workload_path().is_file()
         return
     serving = load_serving(SERVING / name)

@@ -14,12 +14,12 @@ from conftest import ROOT, edit_keys, refused_in_one_line
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from simgpu.config.loader import job_kind
 from simgpu.serve.__main__ import main
 from simgpu.serve.dlrm import (
     BatcherSpec,
     Queries,
     QueriesSpec,
-    is_dlrm_serving,
     load_dlrm_serving,
     make_queries,
     simulate_batching,
@@ -147,7 +147,7 @@ def test_deterministic_for_a_seed(tmp_path, capsys):
 
 def test_shipped_example_writes_its_files(tmp_path, capsys):
     out = tmp_path / "o"
-    assert is_dlrm_serving(SHIPPED)
+    assert job_kind(SHIPPED) == "dlrm_serving"
     assert main([str(SHIPPED), "--out", str(out), "--set", "queries.count=2000", "--sweep", "5000,60000"]) == 0
     s = json.loads((out / "summary.json").read_text())
     assert s["queries"] == 2000 and s["gpus"] == 8 and s["goodput"]["slo_latency_ms"] == 60

@@ -175,7 +175,7 @@ LLAMA = ROOT / "workloads" / "inference" / "llama2_70b_dgx_h100_tp4.yaml"
 @pytest.mark.skipif(not LLAMA.is_file(), reason="no inference workload of Llama-2-70B")
 def test_engine_stage_times_sum_to_the_step():
     from simgpu.config.loader import load_job
-    from simgpu.workload.inference import make_timer
+    from simgpu.serve.timer import make_timer
 
     timer = make_timer(load_job(LLAMA, ["parallelism.pp=2", "nodes=2", "gpus_per_node=4"]))
     steps = [Step(decode=(1000,) * 32, prefill=((512, 0),) * 2), Step(decode=(500,) * 8), Step(prefill=((2048, 0),))]
@@ -203,7 +203,7 @@ def test_llama2_70b_pp2_tp4_on_two_nodes_against_two_tp4_replicas():
     chunked prefill: PP2 x TP4 with a stage per DGX H100 (4 GPUs of each) gives 0.95x the tokens/s of
     two TP4 replicas on the same 8 GPUs (4,867 against 5,114); one batch at a time it gave 0.61x (3,117)."""
     from simgpu.config.loader import load_job
-    from simgpu.workload.inference import make_timer
+    from simgpu.serve.timer import make_timer
 
     reqs = poisson(600, 1000.0, seed=1, prompt={"mean": 400, "max": 2000}, output={"mean": 200, "max": 600})
     sched = SchedulerSpec(kind="chunked", max_batch=256, max_tokens=2048)

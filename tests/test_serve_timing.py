@@ -42,7 +42,7 @@ def test_additive_tables_against_the_engine_on_llama2_70b():
     """Mixed, decode-only and prefill-only steps of Llama-2-70B TP4 on a DGX H100: the additive
     tables within 3% of the engine's time of each step, 1.5% on average."""
     from simgpu.config.loader import load_job
-    from simgpu.workload.inference import make_timer
+    from simgpu.serve.timer import make_timer
 
     timer = make_timer(load_job(LLAMA))
     direct = Clock(Pool("d", timer), TimingSpec(mode="direct"))

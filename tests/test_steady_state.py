@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 from test_report import make_result, rec
 
 from simgpu import load_job, simulate
-from simgpu.engine.result import SimResult
 from simgpu.engine.steady import TAIL_FRACTION, steady_window
 from simgpu.errors import ConfigError
 from simgpu.report import summarize
 from simgpu.report.gantt import build_timeline_figure
 from simgpu.report.summary import exposed_by_kind
+from simgpu.result import SimResult
 from simgpu.sim import build
 
 GPT = "workloads/gpt_2x_dgx_h100.yaml"
@@ -243,8 +243,8 @@ def test_the_steady_window_does_not_depend_on_the_first_iterations_earlier_micro
     from simgpu.config.checks import gpus_per_node
     from simgpu.engine import Engine, EngineOptions
     from simgpu.graph import Program
-    from simgpu.kernels.base import make_predictor
     from simgpu.kernels.overlap import memory_bound
+    from simgpu.kernels.registry import make_predictor
     from simgpu.platform.topology import Topology
     from simgpu.report.summary import rank_breakdown
     from simgpu.sim import DEFAULT_KERNEL_MODEL
@@ -443,7 +443,7 @@ def test_shorten_and_check_read_once_per_template_as_rank_by_rank(over):
     from simgpu.comm.planner import Planner
     from simgpu.config.checks import gpus_per_node
     from simgpu.engine import Engine, EngineOptions, steady_check, steady_cut
-    from simgpu.kernels.base import make_predictor
+    from simgpu.kernels.registry import make_predictor
     from simgpu.platform.topology import Topology
     from simgpu.sim import DEFAULT_KERNEL_MODEL
 

@@ -8,8 +8,8 @@ from conftest import run_programs
 
 from simgpu.config.loader import load_platform
 from simgpu.graph import CollectiveCall, KernelSpec, Op, Program
-from simgpu.kernels.base import make_predictor
 from simgpu.kernels.measured import Measured
+from simgpu.kernels.registry import make_predictor
 
 
 def test_cpu_s_replaces_the_launch_overhead_for_that_op_only(dgx_a100) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels.features import REUSE, reuse_stats
+from ..kernels.lookups import REUSE, reuse_stats
 from .cases import Case
 from .indices import draw
 

@@ -90,9 +90,10 @@ def _main(argv: Sequence[str] | None) -> int:
                     help="per size, the algorithm, protocol and channels chosen and why (as NCCL_DEBUG_SUBSYS=TUNING)")
     args = ap.parse_args(argv)
     args.op = parse_op(args.op)
+    from ..collective_run import simulate_collective
     from ..config.checks import check_world
     from ..config.loader import load_platform, parse_override
-    from .collective import bus_bandwidth, caveats, layout, simulate_collective
+    from .collective import bus_bandwidth, caveats, layout
 
     if args.csv:
         check_out_file(args.csv, "--csv")

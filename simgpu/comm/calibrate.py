@@ -22,13 +22,14 @@ import numpy as np
 import yaml
 
 from ..cli import ArgParser, Progress, check_input_file, check_out_file, entry, int_at_least, run_command
+from ..collective_run import simulate_collective
 from ..config.loader import load_platform, parse_override, platform_path
 from ..config.platform import PlatformSpec
 from ..config.yamlio import read_text
 from ..errors import ConfigError
 from ..platform.topology import Topology
 from .__main__ import parse_op
-from .collective import layout, request, simulate_collective
+from .collective import layout, request
 from .planner import Planner
 
 SEARCH_SIZES = 32

@@ -1,21 +1,14 @@
-"""Simulating one collective on its own, as nccl-tests measures it.
-
-:func:`simulate_collective` runs a single collective over ``nodes`` x ``gpus_per_node`` GPUs of a
-platform through the engine (same plans, same link sharing as in a training iteration) and
-returns its time; :func:`bus_bandwidth` converts as nccl-tests does.
+"""One collective on its own, as nccl-tests measures it: the GPUs it runs on, the request it
+makes, the caveats of the prediction, and :func:`bus_bandwidth`, which converts a time as
+nccl-tests does. Running it through the engine is :mod:`simgpu.collective_run`'s.
 """
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..config.platform import PlatformSpec
-from ..engine import Engine, EngineOptions, SimResult
 from ..errors import ConfigError
-from ..graph import CollectiveCall, CollectiveOp, MemoryEstimate, Op, Program, Workload
 from ..platform.topology import Topology
 from .plan import CollectiveRequest
-from .planner import Planner
 
 
 def layout(platform: PlatformSpec, nodes: int, gpus_per_node: int | None) -> int:
@@ -72,39 +65,3 @@ def request(op: str, nbytes: int, topo: Topology) -> CollectiveRequest:
     if op == "send_recv":
         return CollectiveRequest(op, (0, 1 % topo.world), nbytes, comm_size=topo.world)
     return CollectiveRequest(op, tuple(range(topo.world)), nbytes)
-
-
-def simulate_collective(platform: PlatformSpec, op: CollectiveOp, nbytes: int, *, nodes: int = 1,
-                        gpus_per_node: int | None = None, algorithm: str = "auto",
-                        topology: Topology | None = None) -> float:
-    """Seconds one ``op`` of ``nbytes`` (nccl-tests' size convention) takes on the platform."""
-    return collective_result(platform, op, nbytes, nodes=nodes, gpus_per_node=gpus_per_node,
-                             algorithm=algorithm, topology=topology).iteration_time_s
-
-
-def collective_result(platform: PlatformSpec, op: CollectiveOp, nbytes: int, *, nodes: int = 1,
-                      gpus_per_node: int | None = None, algorithm: str = "auto",
-                      topology: Topology | None = None) -> SimResult:
-    """The whole simulation result of one collective (records, link statistics, events)."""
-    topo = topology or Topology(platform, nodes, gpus_per_node)
-    n = topo.world
-    programs = [Program(r) for r in range(n)]
-    if op == "send_recv":
-        # nccl-tests' sendrecv: every rank sends to the next and receives from the previous, at once
-        if n < 2:
-            raise ValueError("send_recv needs at least 2 GPUs")
-        for r in range(n):
-            nxt, prv = (r + 1) % n, (r - 1) % n
-            send = CollectiveCall(f"p2p{r}", "send_recv", (r, nxt), int(nbytes), comm_size=n)
-            recv = CollectiveCall(f"p2p{prv}", "send_recv", (prv, r), int(nbytes), comm_size=n)
-            programs[r].add(Op("send", "collective", op, stream="comm", coll=send, nbytes=int(nbytes)))
-            if recv.key != send.key:
-                programs[r].add(Op("recv", "collective", op, stream="comm_recv", coll=recv, nbytes=int(nbytes)))
-    else:
-        call = CollectiveCall("bench", op, tuple(range(n)), int(nbytes))
-        for r in range(n):
-            programs[r].add(Op("bench", "collective", op, stream="comm", coll=call, nbytes=int(nbytes)))
-    wl = Workload("collective", programs, [], [MemoryEstimate()] * n, samples=0)
-    planner = Planner(topo, platform.collectives, algorithm)
-    engine = Engine(topo, wl, np.zeros(0), [], planner, EngineOptions(launch_s=0.0))
-    return engine.run()

@@ -13,7 +13,7 @@ import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -29,6 +29,10 @@ M = TypeVar("M", bound=BaseModel)
 
 #: Where platform names are looked up: $SIMGPU_PLATFORMS, ./platforms, then the repository's.
 REPO_PLATFORMS = Path(__file__).resolve().parents[2] / "platforms"
+
+#: What a YAML file is: a workload (``simgpu run``: one iteration of training or inference), an LLM
+#: or DLRM serving file (``simgpu serve``), or a study of variants of one of those (``simgpu whatif``).
+JobKind = Literal["workload", "llm_serving", "dlrm_serving", "study"]
 
 
 @dataclass(frozen=True)
@@ -292,3 +296,51 @@ def load_job(workload: str | Path, overrides: Sequence[str] = ()) -> Job:
     job = Job(spec, platform, wfile, pfile, tuple(overrides))
     check_job(job)
     return job
+
+
+def data_root() -> Path:
+    """The shared measurement folder: ``$SIMGPU_DATA``, else ``../shared/data`` beside the checkout."""
+    import os
+
+    env = os.environ.get("SIMGPU_DATA")
+    return Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "data"
+
+
+def resolve_path(file: str, ref: str) -> Path:
+    """A path named in the YAML file ``file``: relative to the file's folder, absolute, or
+    ``data:<path>`` inside the shared measurement folder (:func:`data_root`)."""
+    if ref.startswith("data:"):
+        return data_root() / ref.removeprefix("data:")
+    p = Path(ref)
+    if p.is_absolute():
+        return p
+    rel = Path(file).parent / p
+    return rel if rel.exists() or not p.exists() else p
+
+
+def job_kind(path: str | Path, overrides: Sequence[str] = (), what: str = "YAML") -> JobKind:
+    """What the YAML file at ``path`` is (after ``--set`` overrides), read once from its keys: a
+    study names a ``base``; a serving file whose ``deployment.workload`` is a ``dlrm_inference``
+    workload is a DLRM one; one with ``requests`` and a ``deployment`` (or ``prefill`` and
+    ``decode`` pools) an LLM one; anything else a workload. A file that cannot be read raises
+    :class:`ConfigError` saying it is not the ``what`` file the command expected."""
+    file = str(path)
+    data, _ = read_yaml(path, what)
+    for item in overrides:
+        key, value = parse_override(item)
+        apply_override(data, key, value, file)
+    if "base" in data:
+        return "study"
+    dep = data.get("deployment")
+    if isinstance(dep, dict) and isinstance(dep.get("workload"), str):
+        wl = resolve_path(file, dep["workload"])
+        try:
+            wdata = read_yaml(wl, "workload")[0] if wl.is_file() else {}
+        except ConfigError:
+            wdata = {}
+        model = wdata.get("model")
+        if isinstance(model, dict) and model.get("kind") == "dlrm_inference":
+            return "dlrm_serving"
+    if "requests" in data and any(k in data for k in ("deployment", "prefill", "decode")):
+        return "llm_serving"
+    return "workload"

@@ -1,6 +1,5 @@
-"""The SimPy engine and what it returns."""
+"""The SimPy engine; what it returns is :class:`simgpu.result.SimResult`."""
 
 from .core import Engine, EngineOptions
-from .result import SimResult
 
-__all__ = ["Engine", "EngineOptions", "SimResult"]
+__all__ = ["Engine", "EngineOptions"]

@@ -50,10 +50,10 @@ from ..comm.planner import Planner
 from ..errors import SimulationError
 from ..graph import Op, Workload
 from ..platform.topology import Topology
+from ..result import LINK_RECORD_COLUMNS, LINK_STAT_COLUMNS, SimResult
 from .fold import SLACK_FRACTION, FoldBroken, FoldMap
 from .records import records_table, window_busy
 from .rendezvous import _Collectives
-from .result import LINK_RECORD_COLUMNS, LINK_STAT_COLUMNS, SimResult
 from .state import _EMPTY_COUNTS, _NO_COUNTS, _Call, _Ends, _Rank, _Rendezvous, _Shape, _Stream, _Wakes
 
 

@@ -43,7 +43,7 @@ import pandas as pd
 from pandas.api.types import union_categoricals
 
 from ..graph import PipelineShape
-from .result import RECORD_COLUMNS, SimResult
+from ..result import RECORD_COLUMNS, SimResult
 
 #: Times of the two runs must agree (shifted where they are) within this fraction of the iteration.
 TOLERANCE: Final = 1e-9

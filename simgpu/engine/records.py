@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ..graph import Op
-from .result import RECORD_COLUMNS
+from ..result import RECORD_COLUMNS
 from .state import _EMPTY_TIMES, _NO_TIMES, _Rank, _Shape
 
 #: the records' string columns, in the order of :attr:`_Columns.codes`

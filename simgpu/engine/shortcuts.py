@@ -31,10 +31,10 @@ import numpy as np
 from ..comm.planner import Planner
 from ..graph import PipelineShape, Workload
 from ..platform.topology import Topology
+from ..result import SimResult
 from . import periodic, steady, steady_check, steady_cut
 from .core import Engine, EngineOptions
 from .fold import FoldBroken, fold_blocker, inside_nodes_only
-from .result import SimResult
 
 #: how many micro-batches a pipeline's programs run, given the job's pipeline shape
 Choose = Callable[[PipelineShape], int]

@@ -26,7 +26,7 @@ from typing import Final
 import numpy as np
 
 from ..graph import Workload
-from .result import SimResult
+from ..result import SimResult
 from .steady_cut import _base
 
 #: How much of the iteration before the steady one the records keep, as a fraction of an iteration.

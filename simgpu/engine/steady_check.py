@@ -65,9 +65,9 @@ from ..comm.planner import Planner
 from ..comm.transfers import TransferTable
 from ..graph import Op, Workload
 from ..platform.topology import Topology
+from ..result import SimResult
 from .core import EngineOptions
 from .fold import FoldMap
-from .result import SimResult
 from .steady_cut import _GPU_KINDS, TOLERANCE, Cut, _base, _base_of, _micro_batches
 
 

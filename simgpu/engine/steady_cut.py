@@ -27,8 +27,8 @@ import numpy as np
 
 from ..graph import Op, Program, Workload
 from ..platform.topology import Topology
+from ..result import SimResult
 from .fold import FoldMap
-from .result import SimResult
 
 #: The shortened run's times must repeat within this fraction of the run (as the periodic shortcut's).
 TOLERANCE: Final = 1e-9

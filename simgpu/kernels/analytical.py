@@ -24,6 +24,7 @@ from ..config.platform import GPUSpec, PlatformSpec
 from ..graph import KernelSpec
 from .base import register
 from .embedding import lookup_seconds
+from .lookups import lookup_params as kernel_params  # the name the fitted models' baseline hash has
 
 #: Bytes per element of each dtype's values (scales not counted: :data:`SCALE_BYTES`). ``fp8_block``:
 #: DeepSeek's 128x128 block-scaled fp8; ``mxfp8`` / ``mxfp4``: OCP microscaling (an e8m0 scale per 32);
@@ -326,7 +327,6 @@ class Analytical:
         return compute, float(np.sum(work["bytes"])) / self.bw
 
     def _embedding(self, k: KernelSpec) -> tuple[float, float]:
-        from .features import kernel_params  # features imports this module
         return 0.0, lookup_seconds(self.gpu, k.family, float(DTYPE_BYTES[k.dtype]), kernel_params(k))
 
     def _elementwise(self, k: KernelSpec) -> tuple[float, float]:

@@ -1,10 +1,12 @@
-"""The kernel-time predictor interface, the registry of kernel models, and their chain.
+"""The kernel-time predictor interface, the table kernel models register in, and their chain.
 
 A predictor times a list of :class:`~simgpu.graph.KernelSpec` in one call, before the
 event loop; it returns seconds per kernel and the name of the model that timed each one, so that a
 report can say which model timed which share of the iteration. A :class:`Chain` asks its models in
 order and gives each kernel to the first that ``supports`` it (for example measured durations, then
-a learned model where the platform has data for the family, then the analytical model).
+a learned model where the platform has data for the family, then the analytical model). Each
+model registers itself here by name as its module is imported; :mod:`simgpu.kernels.registry`
+imports the models and makes chains of them.
 """
 
 from __future__ import annotations
@@ -59,27 +61,14 @@ class Chain:
 
 
 PredictorFactory = Callable[[PlatformSpec], Predictor]
-_MODELS: dict[str, PredictorFactory] = {}
+#: The kernel models by name (filled as their modules are imported).
+MODELS: dict[str, PredictorFactory] = {}
 
 
 def register(name: str) -> Callable[[PredictorFactory], PredictorFactory]:
     def deco(factory: PredictorFactory) -> PredictorFactory:
-        if name in _MODELS:
+        if name in MODELS:
             raise ValueError(f"kernel model {name!r} is registered twice")
-        _MODELS[name] = factory
+        MODELS[name] = factory
         return factory
     return deco
-
-
-def make_predictor(names: str | Sequence[str], platform: PlatformSpec) -> Predictor:
-    """A chain of the named models, in order (a single name gives that model alone)."""
-    from . import analytical, learned  # noqa: F401  (registration on import)
-
-    seq = [names] if isinstance(names, str) else list(names)
-    models = []
-    for name in seq:
-        try:
-            models.append(_MODELS[name](platform))
-        except KeyError:
-            raise KeyError(f"unknown kernel model {name!r}; known: {', '.join(sorted(_MODELS))}") from None
-    return models[0] if len(models) == 1 else Chain(models)

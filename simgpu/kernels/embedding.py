@@ -7,7 +7,7 @@ formula for the two families (:mod:`simgpu.kernels.analytical`); no GPU measurem
 given to this project, so every figure below is a hardware fact or a count, named where it is used.
 
 **Forward.** ``L = batch x tables x pooling`` ids select rows; ``D = L x reuse_unique`` of them
-are distinct (the reuse statistics of the ids' distribution: :func:`~simgpu.kernels.features.uniform_reuse`
+are distinct (the reuse statistics of the ids' distribution: :func:`~simgpu.kernels.lookups.uniform_reuse`
 for uniform ids, :func:`~simgpu.workload.dlrm.embedding.zipf_reuse` for a Zipf skew, or measured
 from a trace). Each row is read in whole 32-byte sectors. The first touch of every distinct row
 comes from HBM; a repeated id hits L2 when the distinct rows it is drawn from fit in the cache (the
@@ -93,7 +93,7 @@ def row_bytes(dim: float, elem: float) -> float:
 
 def lookup_seconds(gpu: GPUSpec, family: str, elem: float, p: dict[str, float]) -> float:
     """Seconds of one ``embedding_fwd`` / ``embedding_bwd`` kernel with parameters ``p`` (see
-    :data:`~simgpu.kernels.features.FAMILY_PARAMS`) on ``gpu``, tables of ``elem`` bytes per
+    :data:`~simgpu.kernels.lookups.LOOKUP_PARAMS`) on ``gpu``, tables of ``elem`` bytes per
     element, before the platform's shortest-kernel floor."""
     hbm = gpu.hbm_gbytes_per_s * 1e9 * gpu.memory_efficiency
     l2_bw = hbm * L2_OVER_HBM

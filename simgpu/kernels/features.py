@@ -2,7 +2,7 @@
 
 This module owns what a kernel family's shape parameters are (:data:`FAMILY_PARAMS`, the same names
 as :class:`~simgpu.graph.KernelSpec` carries), the index-reuse statistics of embedding
-lookups (:func:`reuse_stats`), and the feature table of a batch of kernels on one GPU
+lookups (:mod:`simgpu.kernels.lookups`), and the feature table of a batch of kernels on one GPU
 (:func:`feature_frame`): every parameter as ``log2(1 + x)``, FLOPs, bytes moved, arithmetic
 intensity, waves of 128x128 output tiles per SM for GEMMs, the dtype's width, the GPU's datasheet
 figures in dimensionless form (intensity relative to the ridge point, compute time over memory
@@ -32,15 +32,7 @@ from .analytical import (
     peak_dtype,
     serving_work,
 )
-
-#: Optional parameters of the embedding families: the pooled output's bytes per element (NaN: the
-#: table's), the optimizer state bytes per row, and whether the backward is fused with the optimizer
-#: (1, FBGEMM's table-batched kernels) or PyTorch's sparse gradients and a separate step (0); see
-#: :mod:`simgpu.kernels.embedding`.
-EMBEDDING_OPTIONAL: Final[Mapping[str, float]] = {"out_bytes": np.nan, "state_bytes": 0.0, "fused": 1.0}
-#: The names of the reuse statistics of embedding lookups (fractions in [0, 1]), see :func:`reuse_stats`.
-REUSE: Final = ("reuse_top0p1", "reuse_top1", "reuse_top10", "reuse_unique")
-_TOP_SHARES: Final = (0.001, 0.01, 0.1)
+from .lookups import LOOKUP_PARAMS, REUSE, lookup_params, with_defaults
 
 #: Attention's optional parameters: ``kv_heads`` (GQA; NaN: as many as ``heads``), ``window`` (a
 #: sliding window of keys, 0: the whole sequence) and ``kv_bytes`` (the K/V cache's element width;
@@ -68,10 +60,8 @@ FAMILY_PARAMS: Final[Mapping[str, Mapping[str, float | None]]] = {
                       "causal": 0.0, **ATTENTION_OPTIONAL},
     "attention_bwd": {"batch": None, "heads": None, "seq_q": None, "seq_kv": None, "head_dim": None,
                       "causal": 0.0, **ATTENTION_OPTIONAL},
-    "embedding_fwd": {"batch": None, "tables": None, "pooling": None, "dim": None, "rows": None,
-                      **{r: np.nan for r in REUSE}, **EMBEDDING_OPTIONAL},
-    "embedding_bwd": {"batch": None, "tables": None, "pooling": None, "dim": None, "rows": None,
-                      **{r: np.nan for r in REUSE}, **EMBEDDING_OPTIONAL},
+    "embedding_fwd": LOOKUP_PARAMS,
+    "embedding_bwd": LOOKUP_PARAMS,
     "elementwise": {"numel": None, "reads": 1.0, "writes": 1.0, "flops_per_element": DEFAULT_FLOPS_PER_ELEMENT},
     "norm": {"rows": None, "cols": None, "bwd": 0.0, "rms": 0.0},
     "softmax": {"rows": None, "cols": None, "bwd": 0.0},
@@ -92,80 +82,23 @@ FROM_OP: Final[Mapping[str, Mapping[str, Callable[[str], float]]]] = {
 _TILE = 128  # output tile edge used for the waves feature
 
 
-def reuse_stats(ids: np.ndarray, rows: int) -> dict[str, float]:
-    """Index-reuse statistics of one table's lookups ``ids`` (row numbers in ``[0, rows)``).
-
-    ``reuse_topX``: the fraction of lookups that hit the most-looked-up X% of the table's rows
-    (0.1%, 1%, 10%; at least one row each); ``reuse_unique``: distinct rows / lookups. Uniform
-    access over a large table gives small top shares and ``unique`` near 1; a skewed (Zipf or
-    hot-set) access gives large top shares and much reuse, which caches turn into speed.
-    """
-    ids = np.asarray(ids)
-    if ids.size == 0:
-        return {r: 0.0 for r in REUSE}
-    counts = np.bincount(ids, minlength=rows)
-    nz = np.sort(counts[counts > 0])[::-1]
-    cum = np.cumsum(nz)
-    out = {}
-    for name, share in zip(REUSE, _TOP_SHARES, strict=False):
-        top = max(1, int(share * rows))
-        out[name] = float(cum[min(top, nz.size) - 1] / ids.size)
-    out["reuse_unique"] = float(nz.size / ids.size)
-    return out
-
-
-def uniform_reuse(rows: float, lookups: float) -> dict[str, float]:
-    """The statistics of :func:`reuse_stats` expected for uniformly random ids (no skew).
-
-    ``unique`` is exact (``rows * (1 - (1 - 1/rows)^lookups) / lookups``). For the top shares, the
-    number of rows hit ``j`` times is Poisson: ``rows * P(X = j)`` with mean ``lookups / rows``; the
-    most-hit rows are filled from the highest ``j`` down until X% of the rows are taken.
-    """
-    rows, lookups = max(float(rows), 1.0), max(float(lookups), 1.0)
-    distinct = rows * -np.expm1(lookups * np.log1p(-1.0 / rows)) if rows > 1 else 1.0
-    out = {"reuse_unique": float(distinct / lookups)}
-    mean = lookups / rows
-    up = np.arange(1, int(mean + 12.0 * np.sqrt(mean) + 12.0) + 1, dtype=float)
-    j, log_fact = up[::-1], np.cumsum(np.log(up))[::-1]  # hits, most first, and log(j!)
-    log_pmf = -mean + j * np.log(mean) - log_fact
-    count = rows * np.exp(log_pmf)             # expected rows hit exactly j times
-    cum_rows, cum_hits = np.cumsum(count), np.cumsum(count * j)
-    for name, share in zip(REUSE, _TOP_SHARES, strict=False):
-        top = max(1.0, np.floor(share * rows))
-        i = int(np.searchsorted(cum_rows, top))
-        if i >= len(j):
-            hits = float(cum_hits[-1])
-        else:
-            prev_rows, prev_hits = (cum_rows[i - 1], cum_hits[i - 1]) if i else (0.0, 0.0)
-            hits = prev_hits + (top - prev_rows) * j[i]
-        out[name] = float(min(1.0, hits / lookups))
-    return out
-
-
 def kernel_params(kernel: KernelSpec) -> dict[str, float]:
     """The family's parameters of ``kernel`` with defaults filled in; unknown families raise."""
     spec = FAMILY_PARAMS.get(kernel.family)
     if spec is None:
         raise KeyError(f"no features for kernel family {kernel.family!r}; known: {', '.join(FAMILY_PARAMS)}")
-    given = dict(kernel.params)
-    out: dict[str, float] = {}
-    for name, default in spec.items():
-        if name in given:
-            out[name] = given[name]
-        elif default is None:
-            raise KeyError(f"{kernel.family} kernel has no parameter {name!r}")
-        else:
-            out[name] = default
+    if kernel.family.startswith("embedding"):
+        out = lookup_params(kernel)
+        if np.isnan(out["out_bytes"]):
+            out["out_bytes"] = float(DTYPE_BYTES[kernel.dtype])
+        return out
+    out = with_defaults(kernel.family, spec, dict(kernel.params))
     if kernel.family.startswith("attention") and np.isnan(out["kv_heads"]):
         out["kv_heads"] = out["heads"]
     if "kv_bytes" in out and np.isnan(out["kv_bytes"]):
         out["kv_bytes"] = float(DTYPE_BYTES[kernel.dtype])
     if kernel.family == "moe" and np.isnan(out["group_tokens"]):
         out["group_tokens"] = out["rows"] / max(out["topk"], 1.0)
-    if kernel.family.startswith("embedding") and np.isnan(out["out_bytes"]):
-        out["out_bytes"] = float(DTYPE_BYTES[kernel.dtype])
-    if kernel.family.startswith("embedding") and np.isnan(out["reuse_unique"]):
-        out.update(uniform_reuse(out["rows"], out["batch"] * out["pooling"]))
     return out
 
 

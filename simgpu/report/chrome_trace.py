@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from simgpu.engine.result import SimResult
+from ..result import SimResult
 
 #: Thread id of each known stream; other streams follow in name order.
 STREAM_TIDS: dict[str, int] = {"cpu": 0, "compute": 1, "comm": 2, "copy": 3}

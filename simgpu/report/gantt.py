@@ -22,8 +22,9 @@ from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from simgpu.engine.result import SimResult
 from simgpu.report.summary import link_utilisation, or_other
+
+from ..result import SimResult
 
 #: Fixed colours of known categories (stable across runs and workloads).
 CATEGORY_COLORS: dict[str, str] = {

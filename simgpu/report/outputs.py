@@ -21,10 +21,11 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from simgpu.engine.result import SimResult
 from simgpu.report.chrome_trace import US_DECIMALS, stream_tids, write_chrome_trace
 from simgpu.report.gantt import plot_timeline
 from simgpu.report.summary import summarize
+
+from ..result import SimResult
 
 RecordsFormat = Literal["csv", "parquet", "none"]
 RECORDS_FORMATS: tuple[str, ...] = ("csv", "parquet", "none")

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from simgpu.engine.result import SimResult
+from ..result import SimResult
 
 #: Significant digits kept for every float in the summary.
 SIGNIFICANT_DIGITS = 6

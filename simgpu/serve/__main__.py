@@ -71,9 +71,10 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.out:
         check_out_dir(args.out)
     overrides = list(args.overrides) + ([f"seed={args.seed}"] if args.seed is not None else [])
-    from .dlrm import is_dlrm_serving, run_dlrm
+    from ..config.loader import job_kind
+    from .dlrm import run_dlrm
 
-    if is_dlrm_serving(args.serving, overrides):
+    if job_kind(args.serving, overrides, "serving") == "dlrm_serving":
         return run_dlrm(args.serving, overrides, Path(args.out) if args.out else None, args.sweep,
                         not args.no_plots, args.quiet)
     serving = load_serving(args.serving, overrides)

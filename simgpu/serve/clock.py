@@ -14,7 +14,7 @@ shapes, not one per iteration; ``tests/test_serve_timing.py`` measures what it c
 ``direct``.
 
 Under pipeline parallelism a pool has one clock per stage (``stage``), each reading its own tables
-of that stage's share of a step (:meth:`~simgpu.workload.inference.timer.EngineTimer.stage_times`);
+of that stage's share of a step (:meth:`~simgpu.serve.timer.EngineTimer.stage_times`);
 a shape missing from one stage's table is timed once for all stages. The interpolation is linear,
 so the stages' clocks sum to what one clock of whole steps gives.
 """

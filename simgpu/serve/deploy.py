@@ -1,7 +1,7 @@
 """From a serving file to what the loop runs: the pools' timers, the request list, the network.
 
 Each pool's inference workload (with the serving file's overrides) is loaded as a job and given to
-:func:`simgpu.workload.inference.make_timer`. Disaggregated, the two pools must share a platform:
+:func:`simgpu.serve.timer.make_timer`. Disaggregated, the two pools must share a platform:
 the prefill pool takes the first nodes and the decode pool the nodes after it, and the KV transfers
 run over the :class:`~simgpu.platform.topology.Topology` of all of them.
 """
@@ -75,7 +75,7 @@ def pool_job(serving: Serving, key: str) -> Job:
 
 
 def _timer(job: Job) -> Any:
-    from ..workload.inference import make_timer
+    from .timer import make_timer
 
     return make_timer(job)
 

@@ -2,7 +2,7 @@
 batch runs the forward of the deployment's ``dlrm_inference`` workload on all of its GPUs at once.
 
 A serving file whose ``deployment.workload`` is a ``dlrm_inference`` workload is read here instead
-of by :mod:`simgpu.serve.spec` (:func:`is_dlrm_serving` tells them apart). The batcher is the
+of by :mod:`simgpu.serve.spec` (:func:`simgpu.config.loader.job_kind` tells them apart). The batcher is the
 dynamic batcher of TorchServe and Triton: queries wait in arrival order; when the deployment is
 free it sends a batch as soon as the waiting queries reach ``batcher.max_batch_samples`` samples or
 the oldest has waited ``batcher.max_queue_delay_us``, whichever comes first, taking the oldest
@@ -29,9 +29,9 @@ import pandas as pd
 from pydantic import Field, model_validator
 
 from ..config.base import Spec
-from ..config.loader import Job, apply_override, check_name, load_job, parse_override, read_yaml, validate
+from ..config.loader import Job, apply_override, check_name, load_job, parse_override, read_yaml, resolve_path, validate
 from ..errors import ConfigError
-from .spec import DeploymentSpec, LengthSpec, resolve_path
+from .spec import DeploymentSpec, LengthSpec
 
 PERCENTILES = (50, 90, 99)
 
@@ -110,23 +110,6 @@ def _read(path: str | Path, overrides: tuple[str, ...] | list[str]) -> tuple[dic
         key, value = parse_override(item)
         apply_override(data, key, value, str(path))
     return data, lines
-
-
-def is_dlrm_serving(path: str | Path, overrides: tuple[str, ...] | list[str] = ()) -> bool:
-    """Whether the serving file's ``deployment.workload`` is a ``dlrm_inference`` workload."""
-    data, _ = _read(path, overrides)
-    dep = data.get("deployment")
-    if not isinstance(dep, dict) or not isinstance(dep.get("workload"), str):
-        return False
-    wl = resolve_path(str(path), dep["workload"])
-    if not wl.is_file():
-        return False
-    try:
-        wdata, _ = read_yaml(wl, "workload")
-    except ConfigError:
-        return False
-    model = wdata.get("model")
-    return isinstance(model, dict) and model.get("kind") == "dlrm_inference"
 
 
 @dataclass(frozen=True)

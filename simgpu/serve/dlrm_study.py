@@ -22,17 +22,28 @@ from typing import Any
 import pandas as pd
 
 from ..errors import ConfigError, SimgpuError
-from ..whatif.study import Variant
+from ..variant import StudyKind, Variant
 
 #: Columns of a DLRM serving row, after the study's own (id, name, status, feasible, why).
 ROW_KEYS = ("latency_p50_ms", "latency_p99_ms", "queries_per_s", "samples_per_s", "samples_per_s_per_gpu",
             "goodput_queries_per_s", "busy_share", "gpus", "deployment", "wall_s")
 
 
+def check_overrides(base: Path, overrides: Sequence[tuple[str, Any]], file: str) -> None:
+    """Each override applied alone to the DLRM serving file must be a key of it with a value of its kind."""
+    from .dlrm import load_dlrm_serving
+
+    for key, value in overrides:
+        try:
+            load_dlrm_serving(base, Variant("one", ((key, value),)).as_args())
+        except ConfigError as e:
+            raise ConfigError(f"{json.dumps(value, default=str)}: {e.message}", file=file, key=key) from None
+
+
 def job_key(base: str | Path, variant: Variant) -> str:
     """A hash of what ``variant`` simulates: the serving file after overrides and its workload's job."""
-    from .. import __version__
     from ..config.loader import load_job
+    from ..version import __version__
     from .deploy import overrides_of
     from .dlrm import load_dlrm_serving
 
@@ -74,7 +85,9 @@ def run_variant(base: str, variant: Variant) -> dict[str, Any]:
 
 def ranking(table: pd.DataFrame, limit: int = 20) -> str:
     """Variants meeting the SLO ranked by samples/s per GPU, then those that do not."""
-    ok = table[table["feasible"]].sort_values("samples_per_s_per_gpu", ascending=False)
+    ok = table[table["feasible"]]
+    if len(ok):
+        ok = ok.sort_values("samples_per_s_per_gpu", ascending=False)
     lines = ["ranked by samples/s per GPU among the variants whose P99 latency meets the SLO",
              f"{'rank':>4}  {'variant':44} {'GPUs':>5} {'samples/s/GPU':>14} {'samples/s':>12} {'P50 ms':>8} "
              f"{'P99 ms':>8} {'busy':>6}"]
@@ -140,3 +153,7 @@ def write_top(serving: str, variants: list[Variant], table: pd.DataFrame, out: P
         write_dlrm_outputs(res, summary, d)
         dirs.append(d)
     return dirs
+
+
+#: DLRM serving files in studies.
+KIND = StudyKind(job_key, run_variant, ranking, check_overrides)

@@ -21,8 +21,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
-from ..engine.result import RECORD_COLUMNS, SimResult
 from ..report.gantt import plot_timeline
+from ..result import RECORD_COLUMNS, SimResult
 from .loop import ServeResult
 from .metrics import kv_occupancy, request_table
 

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from ..config.base import Spec
-from ..config.loader import apply_override, check_name, parse_override, read_yaml, validate
+from ..config.loader import apply_override, check_name, job_kind, parse_override, read_yaml, resolve_path, validate
 from ..errors import ConfigError
 
 SCHEDULERS = ("static", "continuous", "chunked")
@@ -180,31 +180,14 @@ class Serving:
     overrides: tuple[str, ...] = ()
 
     def resolve(self, ref: str) -> Path:
-        """A path from the file (see :func:`resolve_path`)."""
+        """A path from the file (see :func:`~simgpu.config.loader.resolve_path`)."""
         return resolve_path(self.file, ref)
-
-
-def resolve_path(file: str, ref: str) -> Path:
-    """A path named in the serving file ``file``: relative to the file's folder, absolute, or
-    ``data:<path>`` inside the shared measurement folder (``$SIMGPU_DATA``, else ``../shared/data``
-    beside the checkout)."""
-    if ref.startswith("data:"):
-        from ..kernels.importers import data_root
-
-        return data_root() / ref.removeprefix("data:")
-    p = Path(ref)
-    if p.is_absolute():
-        return p
-    rel = Path(file).parent / p
-    return rel if rel.exists() or not p.exists() else p
 
 
 def load_serving(path: str | Path, overrides: tuple[str, ...] | list[str] = ()) -> Serving:
     """Read a serving file with ``--set`` overrides (``scheduler.max_batch=64``) and validate it."""
-    from .dlrm import is_dlrm_serving
-
     file = str(path)
-    if is_dlrm_serving(path, overrides):
+    if job_kind(path, overrides, "serving") == "dlrm_serving":
         raise ConfigError("the deployment is a dlrm_inference workload, served by the dynamic batcher of "
                           "simgpu.serve.dlrm (python -m simgpu.serve); expected an LLM inference workload here",
                           file=file, key="deployment.workload")

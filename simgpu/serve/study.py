@@ -6,8 +6,9 @@ a pool's workload keys through ``deployment.set.parallelism.tp`` or a platform k
 output tokens/s (in all and per GPU), goodput, and whether P99 meets the SLOs (``feasible``).
 :func:`candidates` is the space ``simgpu search serving`` ranks: tensor / pipeline parallel degree,
 replicas, batch limits, chunk size and, disaggregated, how the nodes split between the pools.
-A DLRM serving file (its deployment a ``dlrm_inference`` workload) is handed to
-:mod:`simgpu.serve.dlrm_study`, whose rows rank by samples/s per GPU under a latency SLO.
+A DLRM serving file (its deployment a ``dlrm_inference`` workload) is a kind of its own
+(:mod:`simgpu.serve.dlrm_study`), whose rows rank by samples/s per GPU under a latency SLO; both
+kinds plug into the what-if studies through :data:`simgpu.serve.studies.KINDS`.
 """
 
 from __future__ import annotations
@@ -23,64 +24,30 @@ from typing import Any
 import pandas as pd
 
 from ..errors import ConfigError, SimgpuError
-from ..whatif.study import Variant
+from ..variant import StudyKind, Variant
 
 #: Columns of a serving row, after the study's own (id, name, status, feasible, why).
 ROW_KEYS = ("ttft_p99_ms", "tpot_p99_ms", "e2e_p99_ms", "output_tokens_per_s", "output_tokens_per_s_per_gpu",
             "goodput_requests_per_s", "slo_attained", "preemptions", "gpus", "deployment", "wall_s")
 
 
-def is_serving(path: str | Path) -> bool:
-    """Whether a YAML file is a serving file: it has ``requests`` and a deployment or pools (LLM), or
-    ``queries`` and a deployment whose workload is a ``dlrm_inference`` one (DLRM)."""
-    from ..config.yamlio import read_yaml
-
-    try:
-        data, _ = read_yaml(path, "serving")
-    except ConfigError:
-        return False
-    if "queries" in data and "deployment" in data:
-        return _is_dlrm(path)
-    return "requests" in data and any(k in data for k in ("deployment", "prefill", "decode"))
-
-
-def _is_dlrm(path: str | Path) -> bool:
-    from .dlrm import is_dlrm_serving
-
-    try:
-        return is_dlrm_serving(path)
-    except ConfigError:
-        return False
-
-
-def is_serving_table(table: pd.DataFrame) -> bool:
-    """Whether a study's table holds serving rows (LLM or DLRM) rather than iterations."""
-    return "output_tokens_per_s_per_gpu" in table or "samples_per_s_per_gpu" in table
-
-
 def check_overrides(base: Path, overrides: Sequence[tuple[str, Any]], file: str) -> None:
     """Each override applied alone to the serving file must be a key of it with a value of its kind."""
-    from .dlrm import load_dlrm_serving
     from .spec import load_serving
 
-    load = load_dlrm_serving if _is_dlrm(base) else load_serving
     for key, value in overrides:
         try:
-            load(base, Variant("one", ((key, value),)).as_args())
+            load_serving(base, Variant("one", ((key, value),)).as_args())
         except ConfigError as e:
             raise ConfigError(f"{json.dumps(value, default=str)}: {e.message}", file=file, key=key) from None
 
 
 def job_key(base: str | Path, variant: Variant) -> str:
     """A hash of what ``variant`` simulates: the serving file after overrides and its pools' jobs."""
-    from .. import __version__
+    from ..version import __version__
     from .deploy import pool_job
     from .spec import load_serving
 
-    if _is_dlrm(base):
-        from .dlrm_study import job_key as dlrm_key
-
-        return dlrm_key(base, variant)
     parts: dict[str, Any] = {"simgpu": __version__, "serve": True}
     try:
         serving = load_serving(base, variant.as_args())
@@ -113,10 +80,6 @@ def run_variant(base: str, variant: Variant) -> dict[str, Any]:
     from .deploy import build, serve
     from .spec import load_serving
 
-    if _is_dlrm(base):
-        from .dlrm_study import run_variant as dlrm_variant
-
-        return dlrm_variant(base, variant)
     t0 = time.perf_counter()
     row: dict[str, Any] = {"id": variant.id, "name": variant.name, **dict(variant.swept)}
     try:
@@ -141,13 +104,10 @@ def run_variant(base: str, variant: Variant) -> dict[str, Any]:
 
 
 def ranking(table: pd.DataFrame, limit: int = 20) -> str:
-    """Variants meeting the SLOs ranked by output tokens/s per GPU (DLRM: samples/s per GPU), then
-    those that do not."""
-    if "output_tokens_per_s_per_gpu" not in table:
-        from .dlrm_study import ranking as dlrm_ranking
-
-        return dlrm_ranking(table, limit)
-    ok = table[table["feasible"]].sort_values("output_tokens_per_s_per_gpu", ascending=False)
+    """Variants meeting the SLOs ranked by output tokens/s per GPU, then those that do not."""
+    ok = table[table["feasible"]]
+    if len(ok):
+        ok = ok.sort_values("output_tokens_per_s_per_gpu", ascending=False)
     lines = ["ranked by output tokens/s per GPU among the variants whose P99 TTFT and TPOT meet the SLOs",
              f"{'rank':>4}  {'variant':44} {'GPUs':>5} {'tok/s/GPU':>10} {'tok/s':>10} {'TTFT P99':>9} {'TPOT P99':>9}"]
     for i, r in enumerate(ok.head(limit).itertuples(), 1):
@@ -218,3 +178,7 @@ def candidates(base: str, overrides: Sequence[str] = (), *, tp: Sequence[int] | 
                     over.append((f"{pool}.set.nodes", split if pool == "prefill" else nodes - split))
             keep.append(Variant(name, common + tuple(over), swept))
     return keep, pruned
+
+
+#: LLM serving files in studies.
+KIND = StudyKind(job_key, run_variant, ranking, check_overrides)

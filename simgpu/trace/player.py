@@ -28,12 +28,12 @@ import pandas as pd
 
 from ..comm.planner import Planner
 from ..config.platform import PlatformSpec
-from ..engine import Engine, EngineOptions, SimResult
+from ..engine import Engine, EngineOptions
 from ..errors import ConfigError
 from ..graph import CollectiveCall, KernelTable, MemoryEstimate, Op, Program, Workload
-from ..kernels import measured  # noqa: F401  (registers the "measured" model)
-from ..kernels.base import make_predictor
+from ..kernels.registry import make_predictor
 from ..platform.topology import Topology
+from ..result import SimResult
 from ..sim import platform_figures, versions
 from .build import Item, RankProgram, build_program
 from .et import ExecutionTrace

@@ -24,7 +24,7 @@ from ..comm.plan import CollectiveRequest
 from ..comm.planner import Planner
 from ..config.platform import PlatformSpec
 from ..graph import KernelSpec
-from ..kernels.base import make_predictor
+from ..kernels.registry import make_predictor
 from ..platform.topology import Topology
 from .classify import KernelInfo
 

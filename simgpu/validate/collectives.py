@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..collective_run import simulate_collective
 from ..comm.calibrate import fit, parse_nccl_tests
-from ..comm.collective import simulate_collective
 from ..config.loader import load_platform
 from ..platform.topology import Topology
 

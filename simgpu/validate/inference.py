@@ -57,7 +57,8 @@ from ..config.checks import check_job
 from ..config.loader import Job, load_platform, validate
 from ..config.workload import WorkloadSpec
 from ..kernels.importers import data_root
-from ..workload.inference import EngineTimer, Step
+from ..serve.timer import EngineTimer
+from ..workload.inference import Step
 
 SPLITWISE = Path("inference") / "splitwise-perf-model" / "perf_model.csv"
 MLPERF = Path("inference") / "mlperf-llama2-70b" / "mlperf_llama2_70b.csv"

@@ -60,7 +60,8 @@ from ..config.loader import Job, load_platform, validate
 from ..config.platform import PlatformSpec
 from ..config.workload import DLRMModel, WorkloadSpec
 from ..graph import CollectiveCall
-from ..kernels.base import Predictor, make_predictor
+from ..kernels.base import Predictor
+from ..kernels.registry import make_predictor
 from ..platform.topology import Topology
 from ..sim import DEFAULT_KERNEL_MODEL, build, simulate
 from ..workload import World

@@ -12,20 +12,22 @@ row already written is whole.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
 import socket
 import sys
-import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from ..errors import ConfigError, Interrupted, SimgpuError
-from .study import Study, Variant
+import pandas as pd
+
+from ..config.loader import JobKind, job_kind
+from ..errors import ConfigError, Interrupted
+from ..variant import Variant
+from .study import Study, study_kind
 
 ROW_KEYS = ("id", "key", "name", "status", "feasible", "why", "iteration_time_ms", "samples_per_s", "tokens_per_s",
             "samples", "mfu", "compute_ms", "communication_ms", "exposed_communication_ms", "idle_ms", "memory_gib",
@@ -37,97 +39,30 @@ def interrupted(done: int, total: int, path: Path) -> Interrupted:
                        "again to resume")
 
 
-def job_key(base: str | Path, variant: Variant) -> str:
-    """A hash of the job ``variant`` simulates: the validated workload and platform after its overrides,
-    the platform's kernel-model manifest and the simulator's version; for a variant that does not
-    load, of the files' text, its overrides and the error."""
-    from .. import __version__
-    from ..config.loader import load_job
-    from ..serve.study import is_serving
-
-    if is_serving(base):
-        from ..serve.study import job_key as serving_key
-
-        return serving_key(base, variant)
-    parts: dict[str, Any] = {"simgpu": __version__}
-    try:
-        job = load_job(base, variant.as_args())
-    except ConfigError as e:
-        parts.update(base=Path(base).read_bytes().hex(), overrides=variant.as_args(), error=str(e))
-    else:
-        parts.update(workload=job.workload.model_dump(mode="json"), platform=job.platform.model_dump(mode="json"))
-        parts["models"] = [hashlib.sha256(m.read_bytes()).hexdigest() for m in _model_manifests(job)]
-    blob = json.dumps(parts, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def _model_manifests(job: Any) -> list[Path]:
-    """The manifests of the kernel models that time ``job``: its platform file's own, those its GPU's
-    ``kernel_models`` names, and the models fitted across GPUs."""
-    from ..kernels import store
-    from ..kernels.learned import TRANSFER
-
-    folders = [Path(job.platform_file).with_suffix("")]
-    if job.platform.gpu.kernel_models:
-        folders.append(store.platforms_root() / job.platform.gpu.kernel_models)
-    folders.append(store.platforms_root() / TRANSFER)
-    return [m for f in folders if (m := f / "models" / store.MANIFEST).is_file()]
-
-
-def run_variant(base: str, variant: Variant) -> dict[str, Any]:
-    """Simulate one variant; never raises: failures become rows with ``status`` and ``why``."""
-    from ..config.loader import load_job
-    from ..report import summarize
-    from ..serve.study import is_serving
-    from ..sim import simulate
-
-    if is_serving(base):
-        from ..serve.study import run_variant as serve_variant
-
-        return serve_variant(base, variant)
-    t0 = time.perf_counter()
-    row: dict[str, Any] = {"id": variant.id, "name": variant.name}
-    row.update({k: v for k, v in variant.swept})
-    try:
-        summary = summarize(simulate(load_job(base, variant.as_args())))
-    except ConfigError as e:
-        infeasible = "does not fit" in e.message
-        row.update(status="infeasible" if infeasible else "invalid", feasible=False, why=str(e))
-    except (SimgpuError, ValueError, KeyError) as e:
-        row.update(status="error", feasible=False, why=f"{type(e).__name__}: {e}")
-    else:
-        b = summary["breakdown_ms"]
-        mem = summary.get("memory_gib") or {}
-        sps = summary["throughput"].get("samples_per_s")
-        row.update(status="ok", feasible=True, why="", iteration_time_ms=summary["iteration_time_ms"],
-                   samples_per_s=sps, tokens_per_s=summary["throughput"].get("tokens_per_s"),
-                   samples=round(sps * summary["iteration_time_ms"] / 1e3) if sps else None, mfu=summary.get("mfu"),
-                   compute_ms=b["compute"], communication_ms=b["communication"],
-                   exposed_communication_ms=b["exposed_communication"], idle_ms=b["idle"],
-                   memory_gib=mem.get("total") if isinstance(mem, dict) else None,
-                   gpus=summary["gpus"])
-    row["wall_s"] = round(time.perf_counter() - t0, 3)
-    return row
+def run_variant(base: str, variant: Variant, kind: JobKind | None = None) -> dict[str, Any]:
+    """Simulate one variant of the base file (of ``kind``, else read from the file); never raises:
+    failures become rows with ``status`` and ``why``."""
+    return study_kind(kind or job_kind(base)).run_variant(base, variant)
 
 
 def _quiet_worker() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
 
 
-def _run_one(args: tuple[str, Variant]) -> dict[str, Any]:
+def _run_one(args: tuple[str, Variant, JobKind]) -> dict[str, Any]:
     return run_variant(*args)
 
 
-def _pool(base: str, todo: list[Variant], workers: int) -> Iterator[dict[str, Any]]:
+def _pool(base: str, kind: JobKind, todo: list[Variant], workers: int) -> Iterator[dict[str, Any]]:
     if workers <= 1 or len(todo) <= 1:
         for v in todo:
-            yield run_variant(base, v)
+            yield run_variant(base, v, kind)
         return
     import multiprocessing as mp
 
     pool = mp.get_context().Pool(min(workers, len(todo)), initializer=_quiet_worker)
     try:
-        yield from pool.imap_unordered(_run_one, [(base, v) for v in todo])
+        yield from pool.imap_unordered(_run_one, [(base, v, kind) for v in todo])
         pool.close()
     finally:
         pool.terminate()  # at once: on Ctrl-C no worker goes on computing
@@ -147,12 +82,12 @@ def check_scheduler(address: str, timeout_s: float = 3.0) -> None:
                           "scheduler (dask scheduler) or no --scheduler to run locally", key="--scheduler") from None
 
 
-def _dask(base: str, todo: list[Variant], address: str) -> Iterator[dict[str, Any]]:
+def _dask(base: str, kind: JobKind, todo: list[Variant], address: str) -> Iterator[dict[str, Any]]:
     from distributed import Client
     from distributed import as_completed as dask_completed
 
     with Client(address, timeout="10s") as client:
-        futures = client.map(run_variant, [base] * len(todo), todo, pure=False)
+        futures = client.map(run_variant, [base] * len(todo), todo, [kind] * len(todo), pure=False)
         try:
             for f in dask_completed(futures):
                 yield f.result()
@@ -186,7 +121,7 @@ def run_study(study: Study, out: Path, *, workers: int | None = None, scheduler:
     if scheduler:
         check_scheduler(scheduler)
     base = str(study.base)
-    keys = {v.id: job_key(base, v) for v in study.variants}
+    keys = {v.id: study_kind(study.kind).job_key(base, v) for v in study.variants}
     path = out / "results.jsonl"
     old = {r["key"]: r for r in load_rows(path) if "key" in r}
     done: dict[str, dict[str, Any]] = {}
@@ -197,7 +132,8 @@ def run_study(study: Study, out: Path, *, workers: int | None = None, scheduler:
     if stats is not None:
         stats.update(reused=len(done), computed=len(todo))
     workers = workers if workers is not None else max(1, min(len(todo), os.cpu_count() or 1))
-    rows: Iterable[dict[str, Any]] = (_dask(base, todo, scheduler) if scheduler else _pool(base, todo, workers))
+    rows: Iterable[dict[str, Any]] = (_dask(base, study.kind, todo, scheduler) if scheduler
+                                     else _pool(base, study.kind, todo, workers))
     out.mkdir(parents=True, exist_ok=True)
     try:
         with path.open("a", encoding="utf-8") as f:
@@ -225,3 +161,13 @@ def text_progress(i: int, n: int, row: dict[str, Any]) -> None:
     if i == n:
         sys.stderr.write("\n")
     sys.stderr.flush()
+
+
+def finish_table(rows: list[dict[str, Any]], swept: list[str]) -> pd.DataFrame:
+    table = pd.DataFrame(rows)
+    for col in ROW_KEYS:
+        if col not in table:
+            table[col] = None
+    table["feasible"] = table["feasible"].fillna(False).astype(bool)
+    known = ["name", *swept, *[c for c in ROW_KEYS if c != "name" and c not in swept]]
+    return table[known + [c for c in table.columns if c not in known]]  # serving rows' own columns last

@@ -10,19 +10,20 @@ that was interrupted resumes.
 from __future__ import annotations
 
 import copy
-import hashlib
 import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 from pydantic import Field
 
 from ..config.base import Spec
 from ..config.hf import expand as expand_config
-from ..config.loader import check_name, read_yaml, validate
+from ..config.loader import JobKind, check_name, job_kind, read_yaml, validate
 from ..errors import ConfigError
+from ..variant import StudyKind, Variant
 
 
 class VariantSpec(Spec):
@@ -45,28 +46,21 @@ class StudySpec(Spec):
 
 
 @dataclass(frozen=True)
-class Variant:
-    """A workload to simulate: the base file with ``overrides`` applied."""
-
-    name: str
-    overrides: tuple[tuple[str, Any], ...]
-    swept: tuple[tuple[str, Any], ...] = ()
-
-    @property
-    def id(self) -> str:
-        blob = json.dumps([list(kv) for kv in self.overrides], sort_keys=True, default=str)
-        return hashlib.sha1(blob.encode()).hexdigest()[:12]
-
-    def as_args(self) -> list[str]:
-        return [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in self.overrides]
-
-
-@dataclass(frozen=True)
 class Study:
     spec: StudySpec
     file: str
     base: Path
     variants: tuple[Variant, ...]
+    kind: JobKind = "workload"  # what the base file is
+
+
+def study_kind(kind: JobKind) -> StudyKind:
+    """How a study runs the variants of a base file of ``kind``: a workload's iterations here
+    (:mod:`.workload`), serving files by the serving stage's kinds (:data:`simgpu.serve.studies.KINDS`)."""
+    from ..serve.studies import KINDS
+    from .workload import KIND
+
+    return KINDS.get(kind, KIND)
 
 
 def expand(spec: StudySpec) -> list[Variant]:
@@ -113,21 +107,19 @@ def load_study(path: str | Path) -> Study:
         raise ConfigError(f"base workload {spec.base!r} not found; expected a workload YAML, relative to the study "
                           "file or absolute", file=str(path), key="base",
                           line=lines.get(("base",)))
-    from ..serve.study import is_serving
-
-    if is_serving(base):  # a serving study: its keys are the serving file's
-        from ..serve.study import check_overrides as check_serving
-
+    kind = job_kind(base, what="workload")
+    check = study_kind(kind).check_overrides
+    if check is not None:  # a serving study: its keys are the serving file's
         at = [*spec.set.items(), *((k, v) for k, vs in spec.grid.items() for v in vs),
               *((k, v) for var in spec.variants for k, v in var.set.items())]
-        check_serving(base, at, str(path))
+        check(base, at, str(path))
     else:
         check_overrides(spec, base, str(path), lines)
     try:
         variants = expand(spec)
     except ConfigError as e:
         raise ConfigError(e.message, file=str(path), key=e.key, line=lines.get(("variants",))) from None
-    return Study(spec, str(path), base, tuple(variants))
+    return Study(spec, str(path), base, tuple(variants), kind)
 
 
 def _related(error_key: str | None, key: str) -> bool:
@@ -181,3 +173,8 @@ def _validate_one(wdata: dict[str, Any], common: list[tuple[str, Any]], key: str
         ref = data.get("platform")
         if isinstance(ref, str):
             load_platform(ref, plat, relative_to=Path(wfile).parent)
+
+
+def ranking(table: pd.DataFrame, limit: int = 20, kind: JobKind = "workload") -> str:
+    """The feasible variants ranked, best first, then the others, as the study's kind ranks them."""
+    return study_kind(kind).ranking(table, limit)

@@ -17,7 +17,6 @@ manifest of the models fitted on it.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Final
 
 import pandas as pd
 
+from ...config.loader import data_root
 from ...errors import ConfigError
 from .aiconfigurator import read_aiconfigurator
 from .neusight import NEUSIGHT_FILES, SMS_CORRECTED, neusight_gpus, read_neusight
@@ -40,12 +40,6 @@ SOURCES: Final[dict[str, Reader]] = {
     "vidur": read_vidur,
     "neusight": read_neusight,
 }
-
-
-def data_root() -> Path:
-    """The shared measurement folder: ``$SIMGPU_DATA``, else ``../shared/data`` beside the checkout."""
-    env = os.environ.get("SIMGPU_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[4] / "shared" / "data"
 
 
 def read_source(source: str, path: Path, gpu: str | None = None,

@@ -24,7 +24,7 @@ import numpy as np
 
 from ...config.workload import DLRMModel, IndexDistribution, ShardingType
 from ...graph import MemoryEstimate
-from ...kernels.features import uniform_reuse
+from ...kernels.lookups import uniform_reuse
 
 EMB_BYTES: Final = 4     # fp32 table rows, pooled embeddings and their gradients
 ID_BYTES: Final = 8      # int64 sparse ids

@@ -1,11 +1,13 @@
 """LLM inference: the forward of a batch mixing prefill and decode tokens over a paged KV cache,
-and the iteration timer the serving stage asks.
+and the interface of the iteration timer the serving stage asks (:mod:`.api`).
 
-The timer of a deployment is built from its workload (a ``transformer_inference`` model with an
-``inference`` section, e.g. ``workloads/inference/llama2_70b_dgx_h100_tp4.yaml``)::
+The timer of a deployment runs the engine, so it belongs to the serving stage
+(:mod:`simgpu.serve.timer`); it is built from the deployment's workload (a ``transformer_inference``
+model with an ``inference`` section, e.g. ``workloads/inference/llama2_70b_dgx_h100_tp4.yaml``)::
 
     from simgpu.config.loader import load_job
-    from simgpu.workload.inference import Step, make_timer
+    from simgpu.serve.timer import make_timer
+    from simgpu.workload.inference import Step
 
     timer = make_timer(load_job("workloads/inference/llama2_70b_dgx_h100_tp4.yaml", ["inference.precision=fp8"]))
     timer.replica_gpus, timer.replicas, timer.memory.kv_blocks   # 4, 2, blocks per replica
@@ -15,10 +17,9 @@ The timer of a deployment is built from its workload (a ``transformer_inference`
 of unrounded steps (slower; for checks). Modules: :mod:`.api` (the interface), :mod:`.shape` (a
 step reduced to its kernels' sizes, on a geometric grid), :mod:`.forward` (one stage's program),
 :mod:`.memory` (weights, KV cache, activations, workspace), :mod:`.builder` (the
-``transformer_inference`` builder), :mod:`.timer`, :mod:`.dlrm` (the ``dlrm_inference`` builder).
+``transformer_inference`` builder), :mod:`.dlrm` (the ``dlrm_inference`` builder).
 """
 
 from .api import IterationTimer, ReplicaMemory, Step
-from .timer import EngineTimer, make_timer
 
-__all__ = ["EngineTimer", "IterationTimer", "ReplicaMemory", "Step", "make_timer"]
+__all__ = ["IterationTimer", "ReplicaMemory", "Step"]

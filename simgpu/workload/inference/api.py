@@ -68,5 +68,5 @@ class IterationTimer(Protocol):
 def stages_of(timer: object) -> int:
     """The pipeline stages of a timer's replica. A timer of ``pp > 1`` replicas has ``stages`` and
     ``stage_times(steps)`` (seconds per step and stage, each row summing to ``time``'s figure, as
-    :meth:`~simgpu.workload.inference.timer.EngineTimer.stage_times`); one without is one stage."""
+    :meth:`~simgpu.serve.timer.EngineTimer.stage_times`); one without is one stage."""
     return int(getattr(timer, "stages", 1))

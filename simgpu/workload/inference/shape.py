@@ -113,5 +113,5 @@ def shape_of(step: Step, *, exact: bool = False) -> Shape:
 
 
 def canonical(step: Step) -> Shape:
-    """The grid shape :class:`~simgpu.workload.inference.timer.EngineTimer` times ``step`` as."""
+    """The grid shape :class:`~simgpu.serve.timer.EngineTimer` times ``step`` as."""
     return shape_of(step)

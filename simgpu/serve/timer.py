@@ -26,19 +26,19 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ...comm.planner import Planner
-from ...config.checks import gpus_per_node
-from ...config.loader import Job
-from ...engine import Engine, EngineOptions
-from ...engine.fold import FoldBroken, fold_blocker, local_shift_unit
-from ...errors import ConfigError
-from ...graph import KernelSpec, KernelTable, MemoryEstimate, Program, Replicas, Workload
-from ...kernels.base import make_predictor
-from ...platform.topology import Topology
-from ..registry import World
-from .api import ReplicaMemory, Step
-from .builder import Deployment, deployment, replica_programs
-from .shape import Shape, canonical, shape_of
+from ..comm.planner import Planner
+from ..config.checks import gpus_per_node
+from ..config.loader import Job
+from ..engine import Engine, EngineOptions
+from ..engine.fold import FoldBroken, fold_blocker, local_shift_unit
+from ..errors import ConfigError
+from ..graph import KernelSpec, KernelTable, MemoryEstimate, Program, Replicas, Workload
+from ..kernels.registry import make_predictor
+from ..platform.topology import Topology
+from ..workload.inference.api import ReplicaMemory, Step
+from ..workload.inference.builder import Deployment, deployment, replica_programs
+from ..workload.inference.shape import Shape, canonical, shape_of
+from ..workload.registry import World
 
 #: Blocks per stage of the shorter of the two probes a shape is simulated with.
 PROBE_LAYERS = 2

@@ -1,4 +1,4 @@
-"""``python -m simgpu.config.reference docs/reference``: the reference of every input file's keys.
+"""``python -m simgpu.reference docs/reference``: the reference of every input file's keys.
 
 The pages are written from the pydantic models the loaders validate against, so they cannot drift
 from what the loaders accept: one page per kind of file (workload, platform, serving, study), one
@@ -25,10 +25,10 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from ..cli import ArgParser, check_out_dir, entry, run_command
+from .cli import ArgParser, check_out_dir, entry, run_command
 
 #: The command that writes the pages, named at the top of each.
-COMMAND = "python -m simgpu.config.reference docs/reference"
+COMMAND = "python -m simgpu.reference docs/reference"
 
 LIST_ITEM = "<i>"
 MAP_KEY = "<key>"
@@ -55,31 +55,31 @@ class Page:
 
 
 def _workload() -> type[BaseModel]:
-    from .workload import WorkloadSpec
+    from .config.workload import WorkloadSpec
 
     return WorkloadSpec
 
 
 def _platform() -> type[BaseModel]:
-    from .platform import PlatformSpec
+    from .config.platform import PlatformSpec
 
     return PlatformSpec
 
 
 def _serving() -> type[BaseModel]:
-    from ..serve.spec import ServingSpec
+    from .serve.spec import ServingSpec
 
     return ServingSpec
 
 
 def _dlrm_serving() -> type[BaseModel]:
-    from ..serve.dlrm import DlrmServingSpec
+    from .serve.dlrm import DlrmServingSpec
 
     return DlrmServingSpec
 
 
 def _study() -> type[BaseModel]:
-    from ..whatif.study import StudySpec
+    from .whatif.study import StudySpec
 
     return StudySpec
 
@@ -442,7 +442,7 @@ def write(out: str | Path) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = ArgParser(prog="python -m simgpu.config.reference",
+    parser = ArgParser(prog="python -m simgpu.reference",
                        description="Write the reference pages of the input files (workload, platform, serving, "
                                    "study) from the models the loaders validate against.")
     parser.add_argument("out", nargs="?", default="docs/reference", help="output folder (default docs/reference)")

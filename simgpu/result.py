@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..graph import Replicas
+from .graph import Replicas
 
 #: Columns of :attr:`SimResult.records`, one row per interval on a rank's CPU thread or stream.
 RECORD_COLUMNS = (
