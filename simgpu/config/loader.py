@@ -328,7 +328,9 @@ def job_kind(path: str | Path, overrides: Sequence[str] = (), what: str = "YAML"
     data, _ = read_yaml(path, what)
     for item in overrides:
         key, value = parse_override(item)
-        apply_override(data, key, value, file)
+        if key.startswith("platform."):  # a workload's platform, not the file's own keys
+            continue
+        apply_override(data, key.removeprefix("workload."), value, file)
     if "base" in data:
         return "study"
     dep = data.get("deployment")
