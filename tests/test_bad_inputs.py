@@ -564,7 +564,7 @@ CONSOLE = [
     case("verb-calibrate-bad", "simgpu", "calibrate {tmp}/none.log --platform dgx_h100", "none.log", "not found"),
     case("verb-whatif-bad", "simgpu", "whatif {tmp}/none.yaml", "none.yaml", "not found"),
     case("verb-replay-bad", "simgpu", "replay {tmp}/t.json --world 0", "--world", t__json=trace_json()),
-    case("validate-only-bogus", "simgpu", "validate --only nope", "--only", "invalid choice: 'nope'"),
+    case("validate-only-bogus", "simgpu", "validate --only nope", "--only", "unknown suite 'nope'"),
     case("validate-unknown-option", "simgpu", "validate --fast", "unrecognized arguments: --fast"),
     case("speed-no-case", "simgpu", "speed -k nonexistent --profile", "-k", "no case matches", "expected"),
     case("speed-unknown-option", "simgpu", "speed --fast", "unrecognized arguments: --fast"),
