@@ -19,7 +19,8 @@ from .comm.planner import Planner
 from .config.checks import check_memory, gpus_per_node
 from .config.loader import Job, load_job
 from .config.platform import PlatformSpec
-from .config.workload import INFERENCE_KINDS, TransformerModel
+from .config.transformer import TransformerModel
+from .config.workload import INFERENCE_KINDS
 from .engine import EngineOptions, shortcuts
 from .engine.fold import local_shift_unit
 from .engine.shortcuts import Choose

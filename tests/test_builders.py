@@ -9,7 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from simgpu.config.workload import DLRMModel, TransformerModel, WorkloadSpec
+from simgpu.config.dlrm import DLRMModel
+from simgpu.config.transformer import TransformerModel
+from simgpu.config.workload import WorkloadSpec
 from simgpu.graph import Workload
 from simgpu.workload import World, get_builder
 from simgpu.workload.common import (

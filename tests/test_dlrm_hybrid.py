@@ -10,7 +10,7 @@ import pytest
 from test_dlrm_sharding import B, calls, matrix, plan_of, spec
 
 from simgpu.config.checks import check_dlrm
-from simgpu.config.workload import HybridSettings
+from simgpu.config.sharding import HybridSettings
 from simgpu.errors import ConfigError
 from simgpu.workload import World
 from simgpu.workload.dlrm import builder as dlrm

@@ -10,7 +10,8 @@ import pytest
 from conftest import ROOT
 
 from simgpu import load_job, simulate
-from simgpu.config.workload import DLRMModel, WorkloadSpec
+from simgpu.config.dlrm import DLRMModel
+from simgpu.config.workload import WorkloadSpec
 from simgpu.kernels.lookups import uniform_reuse
 from simgpu.workload import World
 from simgpu.workload.dlrm import arch as dlrm_arch

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from simgpu.config.checks import check_dlrm
-from simgpu.config.workload import DLRMModel, WorkloadSpec
+from simgpu.config.dlrm import DLRMModel
+from simgpu.config.workload import WorkloadSpec
 from simgpu.errors import ConfigError
 from simgpu.graph import Workload
 from simgpu.workload import World

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from test_transformer_build import LAYERS, build, check_collectives, spec
 
 from simgpu import load_job, simulate
-from simgpu.config.workload import TransformerModel
+from simgpu.config.transformer import TransformerModel
 from simgpu.result import SimResult
 from simgpu.sim import build as build_job
 from simgpu.workload import World

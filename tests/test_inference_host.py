@@ -11,19 +11,21 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from simgpu.graph import KernelTable
+from simgpu.kernels.importers import data_root
 from simgpu.serve.timer import EngineTimer
-from simgpu.validate import inference as v
+from simgpu.validate import inference_jobs as jobs
+from simgpu.validate import splitwise as sw
 from simgpu.workload.inference import Step
 from simgpu.workload.inference.builder import replica_programs
 from simgpu.workload.inference.shape import EXACT_BELOW, ROW_ALIGN, TILE_ROWS, pad, shape_of
 
-SMALL_BLOOM: dict[str, Any] = {**v.BLOOM_176B, "layers": 4, "hidden": 2048, "heads": 16, "vocab": 32000}
-SMALL_LLAMA: dict[str, Any] = {**v.LLAMA2_70B, "layers": 4, "hidden": 2048, "heads": 16, "kv_heads": 4,
+SMALL_BLOOM: dict[str, Any] = {**jobs.BLOOM_176B, "layers": 4, "hidden": 2048, "heads": 16, "vocab": 32000}
+SMALL_LLAMA: dict[str, Any] = {**jobs.LLAMA2_70B, "layers": 4, "hidden": 2048, "heads": 16, "kv_heads": 4,
                                "ffn_hidden": 5632}
 
 
 def _names(model: dict[str, Any], framework: str = "vllm", tp: int = 2) -> list[str]:
-    timer = EngineTimer(v.make_job(model, "dgx_h100", tp, "fp16", inference={"framework": framework}))
+    timer = EngineTimer(jobs.make_job(model, "dgx_h100", tp, "fp16", inference={"framework": framework}))
     progs = replica_programs(timer.deployment, shape_of(Step(decode=(100,) * 4)), KernelTable())
     return [op.name for op in progs[0].ops]
 
@@ -46,8 +48,8 @@ def test_rmsnorm_models_and_tensorrt_llm_fuse_them() -> None:
 
 
 def _timer(**inference: float) -> EngineTimer:
-    return EngineTimer(v.make_job(v.LLAMA2_70B, "dgx_h100", 8, "fp16",
-                                  inference={"host_overhead_us": 30.0, **inference}))
+    return EngineTimer(jobs.make_job(jobs.LLAMA2_70B, "dgx_h100", 8, "fp16",
+                                     inference={"host_overhead_us": 30.0, **inference}))
 
 
 @pytest.mark.parametrize("batch", [1, 8, 40])
@@ -59,14 +61,14 @@ def test_the_host_time_per_request_adds_to_the_iteration(batch: int) -> None:
 
 
 def test_the_cached_fit_path_adds_the_serial_figures_exactly() -> None:
-    data = v.data_root()
-    if not (data / v.SPLITWISE).is_file():
-        pytest.skip(f"no Splitwise measurements at {data / v.SPLITWISE}")
-    fig = {**v.SPLITWISE_STACK["h100-80gb"], "iteration_overhead_us": 700.0}
+    data = data_root()
+    if not (data / sw.SPLITWISE).is_file():
+        pytest.skip(f"no Splitwise measurements at {data / sw.SPLITWISE}")
+    fig = {**sw.SPLITWISE_STACK["h100-80gb"], "iteration_overhead_us": 700.0}
     kw: dict[str, Any] = {"stack": {"h100-80gb": fig}, "hardware": ["h100-80gb"],
                           "exclude": [("bloom-176b", 8), ("llama2-70b", 2), ("llama2-70b", 4)]}
-    a = v.validate_splitwise(data, cached=True, **kw)
-    b = v.validate_splitwise(data, **kw)
+    a = sw.validate_splitwise(data, cached=True, **kw)
+    b = sw.validate_splitwise(data, **kw)
     assert a["predicted_ms"].to_numpy() == pytest.approx(b["predicted_ms"].to_numpy(), rel=1e-9)
 
 

@@ -18,8 +18,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "simgpu"
 #: module or a package (every module inside it); the longest name that matches a module places it,
 #: and every ``__main__`` module (a ``python -m`` command) is an entry point.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("entry points", ("simgpu", "simgpu.api", "simgpu.run", "simgpu.replay", "simgpu.speed", "simgpu.fit",
-                      "simgpu.bench", "simgpu.validate", "simgpu.comm.calibrate", "simgpu.reference")),
+    ("entry points", ("simgpu", "simgpu.api", "simgpu.run", "simgpu.replay", "simgpu.speed", "simgpu.speed_cases",
+                      "simgpu.fit", "simgpu.bench", "simgpu.validate", "simgpu.comm.calibrate", "simgpu.reference")),
     ("studies", ("simgpu.whatif", "simgpu.search")),
     ("serving", ("simgpu.serve",)),
     ("pipeline", ("simgpu.sim", "simgpu.trace", "simgpu.collective_run")),

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from simgpu import run
 from simgpu.config.hf import ADAPTERS, adapt, checkpoint_precision, read_config
 from simgpu.config.loader import load_job
-from simgpu.config.workload import TransformerInferenceModel
+from simgpu.config.transformer import TransformerInferenceModel
 from simgpu.precision import gemm_path
 from simgpu.workload.inference.builder import deployment
 from simgpu.workload.inference.memory import kv_bytes_per_token, request_state_bytes
@@ -137,7 +137,7 @@ def test_moe_split_covers_the_stage(adp: int, tp: int, moe_tp: int) -> None:
     """Whatever split is written, the experts' ranks are attention's: moe_tp x moe_ep = tp x attention_dp."""
     from pydantic import ValidationError
 
-    from simgpu.config.workload import Parallelism
+    from simgpu.config.parallelism import Parallelism
 
     if tp * adp % moe_tp:
         with pytest.raises(ValidationError):

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from simgpu.config.workload import TransformerModel, WorkloadSpec
+from simgpu.config.transformer import TransformerModel
+from simgpu.config.workload import WorkloadSpec
 from simgpu.workload import World
 from simgpu.workload.transformer.memory import block_activation_bytes, stage_memory
 from simgpu.workload.transformer.shapes import block, make_setup, parameter_count

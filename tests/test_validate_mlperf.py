@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from conftest import DATA
 
-from simgpu.config.workload import DLRMModel
+from simgpu.config.dlrm import DLRMModel
 from simgpu.validate import mlperf
 
 ROOT = DATA / "iterations" / "mlperf-training-v2.0"

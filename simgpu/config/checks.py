@@ -10,7 +10,10 @@ from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ..precision import gemm_path, why_no_path
-from .workload import DLRMModel, EmbeddingSharding, TransformerModel, WorkloadSpec
+from .dlrm import DLRMModel
+from .sharding import EmbeddingSharding
+from .transformer import TransformerModel
+from .workload import WorkloadSpec
 
 if TYPE_CHECKING:
     from ..graph import Workload

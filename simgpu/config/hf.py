@@ -2,7 +2,7 @@
 
 ``model: {config: path/to/config.json}`` in a workload reads the file (a path relative to the
 workload file) through the adapter of its ``architectures[0]`` into the fields a
-:class:`~simgpu.config.workload.TransformerModel` has; fields written beside ``config`` override the
+:class:`~simgpu.config.transformer.TransformerModel` has; fields written beside ``config`` override the
 file's. ``kind`` defaults to ``transformer_inference`` where the workload has an ``inference``
 section, else ``transformer``; a served model's ``seq_len`` defaults to the config's
 ``max_position_embeddings``, while a trained one needs its training sequence written.

@@ -120,24 +120,26 @@ def _traces(quick: bool) -> pd.DataFrame:
 
 
 def _serving_steps(quick: bool) -> pd.DataFrame:
-    from . import inference as inf
+    from ..kernels.importers import data_root
+    from . import splitwise as sw
 
-    data = inf.data_root()
-    if not (data / inf.SPLITWISE).is_file():
-        raise FileNotFoundError(f"no Splitwise measurements at {data / inf.SPLITWISE}")
-    df = inf.validate_splitwise(data)
+    data = data_root()
+    if not (data / sw.SPLITWISE).is_file():
+        raise FileNotFoundError(f"no Splitwise measurements at {data / sw.SPLITWISE}")
+    df = sw.validate_splitwise(data)
     df = df[df["scored"]]
     case = [f"{r.model} {r.hardware} tp{r.tp} prompt {r.prompt} batch {r.batch} {r.what}" for r in df.itertuples()]
     return _frame(case, [f"{r.hardware} {r.what}" for r in df.itertuples()], df["measured_ms"], df["predicted_ms"])
 
 
 def _mlperf_inference(quick: bool) -> pd.DataFrame:
-    from . import inference as inf
+    from ..kernels.importers import data_root
+    from . import mlperf_inference as mi
 
-    data = inf.data_root()
-    if not (data / inf.MLPERF).is_file():
-        raise FileNotFoundError(f"no MLPerf Inference results at {data / inf.MLPERF}")
-    df, _ = inf.validate_mlperf(data)
+    data = data_root()
+    if not (data / mi.MLPERF).is_file():
+        raise FileNotFoundError(f"no MLPerf Inference results at {data / mi.MLPERF}")
+    df, _ = mi.validate_mlperf(data)
     case = [f"{r.round} {r.submitter} {r.system}" for r in df.itertuples()]
     return _frame(case, df["accelerator"].astype(str), df["measured"], df["predicted"])
 

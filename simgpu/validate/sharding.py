@@ -56,9 +56,10 @@ import pandas as pd
 from ..comm.plan import CollectiveRequest
 from ..comm.planner import Planner
 from ..config.checks import check_job
+from ..config.dlrm import DLRMModel
 from ..config.loader import Job, load_platform, validate
 from ..config.platform import PlatformSpec
-from ..config.workload import DLRMModel, WorkloadSpec
+from ..config.workload import WorkloadSpec
 from ..graph import CollectiveCall
 from ..kernels.base import Predictor
 from ..kernels.registry import make_predictor

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ...config.workload import DLRMModel
+from ...config.dlrm import DLRMModel
 from ..common import Emitter, GradBuckets, Linear, Param, aux_dtype, dtype_bytes, linear_bwd, linear_fwd
 from .embedding import Table
 

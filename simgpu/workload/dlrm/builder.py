@@ -28,7 +28,9 @@ from functools import cached_property
 import numpy as np
 
 from ...config.checks import check_dlrm
-from ...config.workload import DLRMModel, ShardingType, WorkloadSpec
+from ...config.dlrm import DLRMModel
+from ...config.sharding import ShardingType
+from ...config.workload import WorkloadSpec
 from ...graph import CollectiveCall, KernelTable, Program, Workload
 from ..common import (
     MIB,

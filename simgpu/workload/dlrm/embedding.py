@@ -22,7 +22,8 @@ from typing import Final
 
 import numpy as np
 
-from ...config.workload import DLRMModel, IndexDistribution, ShardingType
+from ...config.dlrm import DLRMModel, IndexDistribution
+from ...config.sharding import ShardingType
 from ...graph import MemoryEstimate
 from ...kernels.lookups import uniform_reuse
 

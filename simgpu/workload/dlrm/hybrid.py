@@ -16,7 +16,7 @@ whose bag has an id among its rows (one-hot tables: a vector per infrequent id).
 **The split rule** (HugeCTR's ``ModelInitializationFunctors::calculate_threshold`` and
 ``calculate_num_frequent_categories``, ``HugeCTR/src/embeddings/hybrid_embedding/calibration_data.cu``,
 with its parameters as ``HybridEmbeddingParam`` names them, see
-:class:`~simgpu.config.workload.HybridSettings`). A row is frequent when its expected hits per
+:class:`~simgpu.config.sharding.HybridSettings`). A row is frequent when its expected hits per
 iteration, ``h_k = G * pooling * p_k`` (global batch ``G``, ``p_k`` the row's probability under the
 table's distribution), reach a threshold ``h*``:
 
@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from ...config.workload import HybridSettings
+from ...config.sharding import HybridSettings
 from ...graph import CollectiveCall
 from ..common import Emitter
 from .embedding import Shard, Table, batched_lookup, zipf_harmonic

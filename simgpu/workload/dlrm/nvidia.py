@@ -35,7 +35,8 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from ...config.workload import DLRMModel, WorkloadSpec
+from ...config.dlrm import DLRMModel
+from ...config.workload import WorkloadSpec
 from ...graph import CollectiveCall, KernelTable, Op, Program, Workload
 from ..common import (
     MIB,

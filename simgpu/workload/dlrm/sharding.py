@@ -24,7 +24,9 @@ from typing import Any, get_args
 
 import numpy as np
 
-from ...config.workload import DLRMModel, PlannerName, ShardingType, WorkloadSpec
+from ...config.dlrm import DLRMModel
+from ...config.sharding import PlannerName, ShardingType
+from ...config.workload import WorkloadSpec
 from ...errors import ConfigError
 from ..registry import World
 from .arch import Arch, make_arch

@@ -6,7 +6,7 @@ pipeline stages outermost, as :class:`~simgpu.workload.parallel.Layout` orders t
 global ranks, replica ``r`` on ranks ``r * g .. (r + 1) * g - 1``. Under expert parallelism the
 replica's requests are split evenly over its ``ep`` ranks (each runs attention for its share, the
 experts exchange tokens by all-to-all). Every replica runs the same batch: the workload's
-``inference`` section (:class:`~simgpu.config.workload.Inference`), or a
+``inference`` section (:class:`~simgpu.config.inference.Inference`), or a
 :class:`~simgpu.workload.inference.api.Step` given to :func:`build_replica`.
 
 This module owns resolving a workload into a :class:`Deployment`, one stage's program per shape
@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...config.workload import Inference, TransformerInferenceModel, WorkloadSpec
+from ...config.inference import Inference
+from ...config.transformer import TransformerInferenceModel
+from ...config.workload import WorkloadSpec
 from ...errors import ConfigError
 from ...graph import CollectiveCall, KernelTable, MemoryEstimate, Op, Program, Replicas, Workload
 from ...precision import PEAK_OF, gemm_path

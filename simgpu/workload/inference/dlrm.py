@@ -16,7 +16,9 @@ from __future__ import annotations
 import numpy as np
 
 from ...config.checks import check_dlrm
-from ...config.workload import DLRMInferenceModel, DLRMModel, Training, WorkloadSpec
+from ...config.dlrm import DLRMInferenceModel, DLRMModel
+from ...config.training import Training
+from ...config.workload import WorkloadSpec
 from ...errors import ConfigError
 from ...graph import KernelTable, MemoryEstimate, Op, Program, Workload
 from ..common import Emitter, aux_dtype

@@ -17,6 +17,10 @@ quantised by the kernel producing them (norm, activation) except the attention o
 gradients cast and transposed before each linear's backward; attention and the output layer in bf16.
 Recomputation: ``full`` re-runs each block's forward (with its collectives) before its backward;
 ``selective`` re-runs the unfused attention core (flash attention recomputes internally anyway).
+
+This file stays above 500 lines: it is one class, :class:`Blocks`, whose methods call one another
+(a block's passes through its linears, collectives and norms); the attention core, the token mixers
+and MoE are functions of it in their own modules.
 """
 
 from __future__ import annotations

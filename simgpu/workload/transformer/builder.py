@@ -12,8 +12,9 @@ all-reduce over tp under sequence parallelism, the optimizer step and, under ZeR
 parameter all-gather per bucket after the step (under ``overlap_param_gather`` the next
 iteration's forward waits for each bucket's all-gather before the layers that use it; the
 programs then run two iterations back to back, see :func:`simgpu.sim.simulate`). One program is
-built per stage and retargeted to its ranks (:mod:`~simgpu.workload.stage`); it also gives the
-job's useful FLOPs and memory per GPU.
+built per stage and retargeted to its ranks (:mod:`~simgpu.workload.stage`; the ranks that fold and how
+the pipeline repeats, :mod:`~simgpu.workload.transformer.folding`); it also gives the job's useful FLOPs
+and memory per GPU.
 
 With no model parallelism, ``framework: pytorch`` and no recomputation the program is nanoGPT's
 under DDP: one micro-batch forward, backward with bucketed all-reduces, a fused optimizer step.
@@ -23,16 +24,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from ...config.workload import WorkloadSpec
-from ...graph import CollectiveCall, CollectiveOp, KernelTable, Op, PipelineShape, Program, Replicas, Workload
-from ..common import GRAD_BYTES, Param, assign_buckets, is_mixed, optimizer_step
-from ..dataparallel import GradSink, NoSync, Reducer
-from ..parallel import Coord, Layout
+from ...graph import CollectiveCall, CollectiveOp, KernelTable, Op, Program, Workload
+from ..common import Param, assign_buckets, is_mixed, optimizer_step
+from ..dataparallel import BucketCopies, GradSink, NoSync, Reducer
+from ..parallel import Coord
 from ..registry import World, register
 from ..stage import Pair, StageEmitter, retarget
 from .blocks import Blocks
+from .folding import pipeline_shape, replicas, simulated_setup
 from .fsdp import Gatherer, Pass, UnitReducer
 from .memory import stage_memory, weight_bytes
 from .pipeline import Batch, Step, plan
@@ -135,7 +137,7 @@ class _Stage:
         s = self.s
         if s.zero < 3:
             op: CollectiveOp = "all_reduce" if s.zero == 0 else "reduce_scatter"
-            kind = _BucketCopies if s.bucket_copies else Reducer
+            kind = BucketCopies if s.bucket_copies else Reducer
             self.dense = kind(self.em, self.buckets["dp_cp"], "dp_cp", op=op)
             if self.expert_order:
                 self.expert = kind(self.em, self.buckets["edp_cp"], "edp_cp", op=op, key="expert_grads")
@@ -402,7 +404,7 @@ class _Stage:
                 self.reductions += r.done()
         deps = list(self.reductions) or [last]
         for r in (self.dense, self.expert):
-            if isinstance(r, _BucketCopies):
+            if isinstance(r, BucketCopies):
                 deps += r.copy_back()
         if s.layout.pp > 1 and s.model.tied and (0 in self.chunks or self.last_g in self.chunks):
             nbytes = s.vocab // s.tp * s.model.hidden * 4
@@ -443,34 +445,6 @@ class _Stage:
             self._every_gather = tuple(gathers)
 
 
-class _BucketCopies(Reducer):
-    """PyTorch DDP without ``gradient_as_bucket_view``: a bucket's gradients are copied into it on
-    the compute stream once its last gradient is ready, before its all-reduce, and copied back into
-    the gradients after it (:meth:`copy_back`, DDP's ``finalize_backward``). DDP copies each gradient
-    as it becomes ready; one copy per bucket moves the same bytes."""
-
-    def __init__(self, em: StageEmitter, buckets: list[tuple[Param, ...]], kind: str, *, op: CollectiveOp,
-                 key: str = "grads") -> None:
-        super().__init__(em, buckets, kind, op=op, key=key)
-        self._reduced: list[tuple[int, int, int]] = []   # bucket, elements, its all-reduce
-
-    def _issue(self, i: int, nbytes: int, producer: int) -> int | None:
-        if len(self._em.group(self._kind)) < 2:
-            return None
-        numel = nbytes // GRAD_BYTES
-        copy = self._em.elementwise(f"{self._key}.bucket{i}.copy_in", numel, 1, 1, "fp32", op="copy", phase="bwd",
-                                     deps=(producer,))
-        idx = super()._issue(i, nbytes, copy)
-        if idx is not None:
-            self._reduced.append((i, numel, idx))
-        return idx
-
-    def copy_back(self) -> list[int]:
-        """The copies of the reduced buckets into the gradients, each after its all-reduce."""
-        return [self._em.elementwise(f"{self._key}.bucket{i}.copy_back", numel, 1, 1, "fp32", op="copy",
-                                      phase="bwd", deps=(idx,)) for i, numel, idx in self._reduced]
-
-
 def _module(param: str) -> str:
     """The module a parameter belongs to: ``h0.attn.qkv`` for ``h0.attn.qkv.weight``."""
     head, _, tail = param.rpartition(".")
@@ -481,64 +455,6 @@ def _unit_name(u: Unit) -> str:
     return u.name if isinstance(u, Block) else str(u)
 
 
-def replicas(lay: Layout, world: World, tp_ring: bool = False) -> Replicas | None:
-    """The identical ranks of ``lay`` as levels of :class:`Replicas`, or None.
-
-    Every rank of a stage runs the same program, so shifting the data-parallel coordinate by a
-    multiple of ``ep`` (expert groups stay whole) maps the job onto itself; where one expert group
-    holds every data-parallel rank of a stage (``ep == dp``), any shift maps it onto itself (its
-    members move round it, and its even all-to-all with them). The data-parallel level's unit is the
-    smallest such shift whose ranks fill whole nodes and that divides ``dp`` (none where
-    ``world.whole_nodes`` is off). Shifting
-    the tensor-parallel coordinate does too; where a tensor-parallel group lies inside a node, its
-    level's unit is the smallest shift of GPUs that the node's topology allows
-    (``world.local_unit``), unless ``tp_ring`` (tp_comm_overlap's ring exchange, whose pairs wrap
-    around the group and map onto no representative pair). Levels that leave one copy are dropped.
-    """
-    gpn = world.gpus_per_node
-    per_dp = lay.tp * lay.cp
-    levels: list[tuple[int, int]] = []
-    step = lay.ep if lay.ep < lay.dp else 1
-    for u in range(step, lay.dp // 2 + 1 if world.whole_nodes else 0, step):
-        if lay.dp % u == 0 and (u * per_dp) % gpn == 0:
-            levels.append((per_dp * lay.dp, per_dp * u))
-            break
-    if world.local_unit is not None and not tp_ring and 1 < lay.tp <= gpn and gpn % lay.tp == 0:
-        unit = world.local_unit(lay.tp)
-        if unit < lay.tp:
-            levels.append((lay.tp, unit))
-    return Replicas(world=lay.world, levels=tuple(levels)) if levels else None
-
-
-def pipeline_shape(s: Setup) -> PipelineShape | None:
-    """How the schedule of ``s`` repeats (see :class:`~simgpu.graph.PipelineShape`), or None where
-    there is no pipeline or its schedule does not repeat one period at a time (GPipe runs every
-    forward before any backward). Under 1F1B every stage has a steady state once there are ``pp``
-    micro-batches and one more adds one forward and one backward; the interleaved schedule needs
-    ``2 pp`` (its warm-up is ``2 (pp - stage - 1) + (v - 1) pp`` chunk steps, and ``pp``
-    micro-batches run every forward first) and takes micro-batches ``pp`` at a time."""
-    pp = s.layout.pp
-    if pp < 2 or s.schedule == "gpipe":
-        return None
-    if s.schedule == "interleaved":
-        return PipelineShape(micro_batches=s.m, period=pp, least=2 * pp, simulated=s.m)
-    return PipelineShape(micro_batches=s.m, period=1, least=pp, simulated=s.m)
-
-
-def _simulated(s: Setup, shape: PipelineShape | None, world: World) -> tuple[Setup, PipelineShape | None]:
-    """The setup the programs are built from: ``s`` with the micro-batch count ``world.micro_batches``
-    chooses (the job's where it chooses none)."""
-    if shape is None or world.micro_batches is None:
-        return s, shape
-    m = world.micro_batches(shape)
-    if m == s.m:
-        return s, shape
-    if m < shape.least or (m - shape.least) % shape.period:
-        raise ValueError(f"cannot run {m} micro-batches of a pipeline that takes {shape.least} plus a multiple "
-                         f"of {shape.period}")
-    return replace(s, m=m), replace(shape, simulated=m)
-
-
 @register("transformer")
 def build(spec: WorkloadSpec, world: World) -> Workload:
     """One program per pipeline stage, retargeted to each of its ranks (to each representative
@@ -546,7 +462,7 @@ def build(spec: WorkloadSpec, world: World) -> Workload:
     fewer micro-batches than the job's, the programs run that many; samples, FLOPs and memory stay
     the job's."""
     job = make_setup(spec, world)
-    s, shape = _simulated(job, pipeline_shape(job), world)
+    s, shape = simulated_setup(job, pipeline_shape(job), world)
     lay = s.layout
     fold = replicas(lay, world, s.tp_overlap) if world.fold else None
     kernels = KernelTable()

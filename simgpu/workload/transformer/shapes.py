@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from ...config.workload import TransformerModel, WorkloadSpec
+from ...config.transformer import TransformerModel
+from ...config.workload import WorkloadSpec
 from ..common import DDP_FIRST_BUCKET_BYTES, GRAD_BYTES, Linear, Param, aux_dtype, dtype_bytes, is_mixed
 from ..parallel import Layout
 from ..registry import World
