@@ -133,7 +133,7 @@ def table(summary: dict[str, Any]) -> str:
     lines.append(f"  {'Monte Carlo best':<22}{mcb['interval_s']:>12.5g}{mcb['iterations']:>12}{'':>11}"
                  f"{_pct(mcb['goodput']):>14}")
     d = summary["difference"]
-    lines += ["", f"  Monte Carlo - Daly: interval {d['interval_s']:+.4g} s ({100 * d['interval_share']:+.1f} %), "
+    lines += ["", f"  Monte Carlo - Daly: interval {d['interval_s']:+.3g} s ({100 * d['interval_share']:+.1f} %), "
                   f"best goodput {100 * d['goodput']:+.3f} points (+/- {100 * mcb['stderr']:.3f}); "
                   f"{summary['monte_carlo']['failures']} simulated failures"]
     lines += ["", f"  {'GPUs':>8}{'MTBF':>12}{'best interval':>16}{'goodput':>11}{'Monte Carlo':>14}"]
