@@ -27,7 +27,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import lambertw
 
 
 def analytic(tau: np.ndarray | float, c: float, r: float, m: float) -> np.ndarray:
@@ -50,8 +49,19 @@ def daly(c: float, m: float) -> float:
 
 
 def exact(c: float, m: float) -> float:
-    """The interval that maximises :func:`analytic` (it does not depend on ``R``)."""
-    return float(m * (1 + lambertw(-math.exp(-1 - c / m), 0).real))
+    """The interval that maximises :func:`analytic` (it does not depend on ``R``): ``t = tau / M``
+    solves ``1 - exp(-(t + C/M)) = t`` (``t = 1 + W0(-exp(-1 - C/M))``), found by bisection on (0, 1),
+    where the left side minus ``t`` falls from positive to negative."""
+    k, lo, hi = c / m, 0.0, 1.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if -math.expm1(-(mid + k)) - mid > 0:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-15 * hi:
+            break
+    return m * (lo + hi) / 2
 
 
 @dataclass(frozen=True)
