@@ -79,3 +79,12 @@ def test_every_set_has_a_distinct_name_and_a_command() -> None:
     names = report.set_names()
     assert len(names) == len(set(names))
     assert all(s.command.startswith("python -m simgpu.validate") for s in report.SETS)
+
+
+def test_every_set_is_in_the_documentation_site() -> None:
+    root = Path(__file__).resolve().parents[1]
+    nav = (root / "mkdocs.yml").read_text()
+    for s in report.SETS:
+        assert f"accuracy/{s.name}.md" in nav, f"mkdocs.yml's nav lacks accuracy/{s.name}.md"
+        assert (root / "docs" / "accuracy" / f"{s.name}.md").is_file(), \
+            f"docs/accuracy/{s.name}.md is missing: python -m simgpu.validate --report docs/accuracy --only {s.name}"

@@ -153,7 +153,7 @@ def _silicon_serving(quick: bool) -> pd.DataFrame:
         raise FileNotFoundError("no measured serving sample (inference/aiconfigurator-silicon)")
     rows = pd.read_csv(folder / "silicon_sample.csv")
     models = sorted(rows.loc[rows["mode"] == "agg", "model_path"].astype(str).unique())
-    per_model = 3 if quick else 8
+    per_model = 3 if quick else 20
     parts = [ss.score(folder, model=m, limit=per_model) for m in models]
     df = pd.concat(parts, ignore_index=True)
     df = df[np.isfinite(df["pred_ttft_ms"])]
@@ -258,11 +258,11 @@ def plot(s: Set, points: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
-def page(s: Set, points: pd.DataFrame, seconds: float) -> str:
+def page(s: Set, points: pd.DataFrame) -> str:
     """The markdown page of one set."""
     head = summary(points)
     lines = [f"# {s.title}", "", s.what, "", f"Regenerate: `{s.command}` prints the suite's own table; "
-             f"`python -m simgpu.validate --report docs/accuracy` rewrites this page ({seconds:.0f} s here).", "",
+             "`python -m simgpu.validate --report docs/accuracy` rewrites this page.", "",
              f"![predicted against measured]({s.name}.png)", "",
              "| points | geomean abs. error | median error | median abs. | p90 abs. | largest | within "
              f"{BAND:.0%} |", "|---|---|---|---|---|---|---|",
@@ -308,7 +308,7 @@ def write_report(out: Path, only: Sequence[str] = (), quick: bool = False,
         seconds = time.perf_counter() - t0
         points.to_csv(out / f"{s.name}.csv", index=False)
         plot(s, points, out / f"{s.name}.png")
-        (out / f"{s.name}.md").write_text(page(s, points, seconds))
+        (out / f"{s.name}.md").write_text(page(s, points))
         f = summary(points)
         log(f"{s.name}: {f['n']:.0f} points, geomean |error| {_pct(f['geomean'])} ({seconds:.0f} s)")
     (out / "index.md").write_text(index(out, skipped))
