@@ -78,6 +78,12 @@ def _dlrm_serving() -> type[BaseModel]:
     return DlrmServingSpec
 
 
+def _goodput() -> type[BaseModel]:
+    from .goodput.spec import GoodputSpec
+
+    return GoodputSpec
+
+
 def _study() -> type[BaseModel]:
     from .whatif.study import StudySpec
 
@@ -111,6 +117,11 @@ PAGES: tuple[Page, ...] = (
          "override is written as `--set` writes it (`platform.network.nic_gbps`, `nodes`, ...) and "
          "checked against the base before anything runs.",
          (Part("Study file", _study, "simgpu/whatif/study.py"),)),
+    Page("goodput", "Goodput file",
+         "A goodput file (`workloads/goodput/*.yaml`) is what `simgpu goodput` reads: the job (a workload "
+         "file simulated once, or its iteration time, GPUs and checkpoint state given), its failures, the "
+         "cost of a checkpoint and of a restart, and the checkpoint interval. See [Goodput](../goodput.md).",
+         (Part("Goodput file", _goodput, "simgpu/goodput/spec.py"),)),
 )
 
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from simgpu import reference
 from simgpu.config.platform import PlatformSpec
 from simgpu.config.workload import WorkloadSpec
+from simgpu.goodput.spec import GoodputSpec
 from simgpu.serve.dlrm import DlrmServingSpec
 from simgpu.serve.spec import ServingSpec
 from simgpu.whatif.study import StudySpec
@@ -30,6 +31,7 @@ MODELS: dict[str, tuple[type[BaseModel], ...]] = {
     "platform.md": (PlatformSpec,),
     "serving.md": (ServingSpec, DlrmServingSpec),
     "study.md": (StudySpec,),
+    "goodput.md": (GoodputSpec,),
 }
 
 
