@@ -146,8 +146,10 @@ def resolve(v: Variability, world: int, gpus_per_node: int, seed: int, speeds: d
     per_kernel = v.jitter is not None and v.jitter.per == "kernel"
     if cv > 0 and not per_kernel:
         factors["compute"] *= lognormal(np.random.default_rng([seed, 3]), cv, world)
-    return Speeds(*(tuple(float(x) for x in factors[w]) for w in ("compute", "memory", "host")),
-                  cv=cv, per_kernel=per_kernel, seed=seed)
+    def each(w: str) -> tuple[float, ...]:
+        return tuple(float(x) for x in factors[w])
+
+    return Speeds(each("compute"), each("memory"), each("host"), cv=cv, per_kernel=per_kernel, seed=seed)
 
 
 def describe(v: Variability, world: int, gpus_per_node: int, seed: int) -> list[str]:
