@@ -107,6 +107,8 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
         csv = read_speeds(speeds_path(job.workload_file, vary.speeds_csv)) if vary.speeds_csv else None
         speeds = resolve(vary, topo.world, topo.gpus_per_node, job.workload.seed, csv)
         options = replace(options, variability=speeds, periodic=False)
+        if job.workload.model.kind in INFERENCE_KINDS:  # the memory-bound flags below are for a slow memory only
+            options = replace(options, overlap_slowdown_memory=())  # (the op's figure for every kernel, as before)
         fold, steady_cut = False, False
     from .kernels.overlap import memory_bound  # here: `python -m simgpu.kernels.overlap` imports simgpu first
 

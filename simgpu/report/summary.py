@@ -380,7 +380,7 @@ def variability_summary(v: Mapping[str, Any], t: float) -> dict[str, Any]:
         waits = sorted(((int(r), float(w)) for r, w in rv["wait_s"].items()), key=lambda x: (-x[1], x[0]))
         least = min(waits, key=lambda x: (x[1], x[0])) if waits else None
         out["rendezvous_wait_ms"] = {
-            "longest": [{"rank": r, "wait_ms": _ms(w)} for r, w in waits[:TOP_WAITS]],
+            "longest": [{"rank": r, "wait_ms": _ms(w)} for r, w in waits[:TOP_WAITS] if w > 0],
             "shortest": None if least is None else {"rank": least[0], "wait_ms": _ms(least[1])},
             "mean": _ms(sum(w for _, w in waits) / len(waits)) if waits else None,
             "collectives": int(rv["collectives"]),
