@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import cache, partial
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from .config.checks import check_memory, gpus_per_node
 from .config.loader import Job, load_job
 from .config.platform import PlatformSpec
 from .config.transformer import TransformerModel
+from .config.variability import Speeds, read_speeds, resolve, speeds_path
 from .config.workload import INFERENCE_KINDS
 from .engine import EngineOptions, shortcuts
 from .engine.fold import local_shift_unit
@@ -88,6 +90,7 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
     what is being done (for a progress line).
     """
     say = on_stage or (lambda _: None)
+    fold_asked, steady_asked = fold, steady_cut
     say("building the topology")
     p = job.platform
     topo = Topology(p, job.workload.nodes, gpus_per_node(job))
@@ -98,6 +101,15 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
                             sms=p.gpu.sms, overlap_slowdown_by_op=tuple(sorted(p.gpu.overlap_slowdown_by_op.items())),
                             overlap_slowdown_memory=tuple(sorted(p.gpu.overlap_slowdown_memory.items())),
                             periodic=periodic)
+    vary = job.workload.variability
+    speeds: Speeds | None = None
+    if vary is not None:  # ranks differ: none stands for another, no micro-batch or iteration for another
+        csv = read_speeds(speeds_path(job.workload_file, vary.speeds_csv)) if vary.speeds_csv else None
+        speeds = resolve(vary, topo.world, topo.gpus_per_node, job.workload.seed, csv)
+        options = replace(options, variability=speeds, periodic=False)
+        if job.workload.model.kind in INFERENCE_KINDS:  # the memory-bound flags below are for a slow memory only
+            options = replace(options, overlap_slowdown_memory=())  # (the op's figure for every kernel, as before)
+        fold, steady_cut = False, False
     from .kernels.overlap import memory_bound  # here: `python -m simgpu.kernels.overlap` imports simgpu first
 
     bound: dict[KernelSpec, bool] = {}  # each kernel shape's bound on this GPU, across the builds below
@@ -113,7 +125,8 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
         # where memory-bound kernels have their own figures; an inference iteration keeps the op's
         # figure for every kernel, as the serving stage's timer times it (docs/steady-state.md, "Steady state and the
         # overlaps the frameworks turn on"), so a simulated iteration and a served one agree
-        if p.gpu.overlap_slowdown_memory and job.workload.model.kind not in INFERENCE_KINDS:
+        if (p.gpu.overlap_slowdown_memory and job.workload.model.kind not in INFERENCE_KINDS) or (
+                speeds is not None and any(f != 1.0 for f in speeds.memory)):
             w.memory_bound = memory_bound(w.kernels, p.gpu, bound)
         if freeze:
             gc.freeze()
@@ -141,6 +154,13 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
         fold=1 if reps is None else reps.factor, fold_note=note, run=run_info(job, topo),
         steady_state=steady_note(job, workload.iterations, result), periodic=outcome.periodic,
     )
+    if vary is not None:
+        result.meta["fold_note"] = VARIABILITY_NOTE
+        result.meta["periodic"] = f"not used: {VARIABILITY_NOTE}"
+        say("simulating the same job without variability")
+        plain = replace(job, workload=job.workload.model_copy(update={"variability": None}))
+        base = simulate(plain, kernel_model=kernel_model, fold=fold_asked, periodic=periodic, steady_cut=steady_asked)
+        result.meta["variability"] = variability_meta(job, topo, result, base)
     notes = model_notes(job)
     if notes:
         result.meta["model_notes"] = notes
@@ -150,6 +170,27 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
             f"one batch passes the {pp} stages one after another, so each stage is idle about {pp - 1}/{pp} of "
             f"the iteration; `simgpu serve` keeps {pp} batches in flight per replica (vLLM's virtual engines)")
     return result
+
+
+#: why a job with variability is simulated rank by rank, micro-batch by micro-batch
+VARIABILITY_NOTE = ("variability: ranks run at different speeds, so every rank, micro-batch and iteration is "
+                    "simulated (no folding, no periodic or shortened-iteration shortcut)")
+
+
+def variability_meta(job: Job, topo: Topology, result: SimResult, base: SimResult) -> dict[str, Any]:
+    """How much the variability section stretched the iteration and why: the iteration of a second
+    simulation of the job without the section, the stretch, the section in words, and what the
+    collectives waited for (:func:`simgpu.engine.rendezvous.rendezvous_waits`)."""
+    from .config.variability import describe
+
+    v = job.workload.variability
+    assert v is not None
+    return {
+        "baseline_iteration_s": base.iteration_time_s,
+        "baseline_note": "a second simulation of the same job with the variability section removed",
+        "entries": describe(v, topo.world, topo.gpus_per_node, job.workload.seed),
+        "rendezvous": result.meta.pop("rendezvous", None),
+    }
 
 
 def model_notes(job: Job) -> list[str]:

@@ -48,7 +48,42 @@ def check_job(job: Job) -> None:
     if isinstance(w.model, DLRMModel):
         check_dlrm(w, w.nodes, gpus_per_node(job), file=f)
     check_transformer(w, world_size(job), file=f)
+    check_variability(job)
     check_size(job)
+
+
+def check_variability(job: Job) -> None:
+    """The ``variability`` section against the job: the slow ranks and nodes exist, the speeds CSV
+    reads and names ranks that exist."""
+    from .variability import read_speeds, speeds_path
+
+    v, f = job.workload.variability, job.workload_file
+    if v is None:
+        return
+    nodes, gpn = job.workload.nodes, gpus_per_node(job)
+    world = nodes * gpn
+    for i, s in enumerate(v.slow):
+        bad = [r for r in s.ranks or () if r >= world]
+        if bad:
+            raise ConfigError(f"ranks {bad} do not exist; expected ranks below {world} ({nodes} node(s) x {gpn} GPUs)",
+                              file=f, key=f"variability.slow.{i}.ranks")
+        bad = [n for n in s.nodes or () if n >= nodes]
+        if bad:
+            raise ConfigError(f"nodes {bad} do not exist; expected nodes below {nodes}", file=f,
+                              key=f"variability.slow.{i}.nodes")
+    if v.speeds_csv is not None:
+        path = speeds_path(f, v.speeds_csv)
+        try:
+            speeds = read_speeds(path)
+        except OSError as e:
+            raise ConfigError(f"cannot read {path}: {e.strerror or e}; expected a CSV with columns rank and factor",
+                              file=f, key="variability.speeds_csv") from None
+        except ValueError as e:
+            raise ConfigError(str(e), file=f, key="variability.speeds_csv") from None
+        bad = sorted(r for r in speeds if r >= world)
+        if bad:
+            raise ConfigError(f"{path.name}: ranks {bad[:8]} do not exist; expected ranks below {world}", file=f,
+                              key="variability.speeds_csv")
 
 
 def check_dlrm(spec: WorkloadSpec, nodes: int, gpus_per_node: int, file: str | None = None) -> None:

@@ -4,7 +4,8 @@ Each field is documented; units are in the key names. Its sections are defined b
 models in :mod:`~simgpu.config.transformer` and :mod:`~simgpu.config.dlrm` (the embedding sharding
 plan in :mod:`~simgpu.config.sharding`), ``training`` in :mod:`~simgpu.config.training`,
 ``inference`` in :mod:`~simgpu.config.inference`, ``parallelism`` and ``comm`` in
-:mod:`~simgpu.config.parallelism`; the rules across sections are here. Cross-field rules that
+:mod:`~simgpu.config.parallelism`, ``variability`` in :mod:`~simgpu.config.variability`; the rules
+across sections are here. Cross-field rules that
 involve the platform (world size, memory fit) are checked in :mod:`simgpu.config.checks`, the one
 place for them.
 """
@@ -21,6 +22,7 @@ from .inference import Inference
 from .parallelism import Comm, Parallelism
 from .training import Training
 from .transformer import TransformerInferenceModel, TransformerModel
+from .variability import Variability
 
 #: Model kinds that are served: their workload has an ``inference`` section instead of ``training``.
 INFERENCE_KINDS = ("transformer_inference", "dlrm_inference")
@@ -44,6 +46,9 @@ class WorkloadSpec(Spec):
         None, description="how one inference iteration runs (transformer_inference, dlrm_inference)")
     parallelism: Parallelism = Field(default_factory=lambda: Parallelism())
     comm: Comm = Field(default_factory=lambda: Comm())
+    variability: Variability | None = Field(
+        None, description="GPUs that are not alike: slow GPUs, noise on kernel times, measured speeds (see "
+                          "docs/variability.md); None: every GPU runs at its kernel models' times")
 
     @model_validator(mode="after")
     def _one_mode(self) -> WorkloadSpec:

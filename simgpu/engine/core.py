@@ -47,13 +47,14 @@ from simpy.events import NORMAL
 from ..comm.flows import AGGREGATE_FROM, _Soon, soon
 from ..comm.network import FlowNetwork
 from ..comm.planner import Planner
+from ..config.variability import Speeds
 from ..errors import SimulationError
 from ..graph import Op, Workload
 from ..platform.topology import Topology
 from ..result import LINK_RECORD_COLUMNS, LINK_STAT_COLUMNS, SimResult
 from .fold import SLACK_FRACTION, FoldBroken, FoldMap
 from .records import records_table, window_busy
-from .rendezvous import _Collectives
+from .rendezvous import _Collectives, rendezvous_waits
 from .state import _EMPTY_COUNTS, _NO_COUNTS, _Call, _Ends, _Rank, _Rendezvous, _Shape, _Stream, _Wakes
 
 
@@ -83,6 +84,9 @@ class EngineOptions:
     #: keep every op's issue, start and end times (``meta["op_times"]``: rank -> three arrays in program
     #: order), for the check of the shortened first iteration (simgpu.engine.steady_check)
     op_times: bool = False
+    #: per rank, factors on kernel times and on the CPU thread's work (the workload's ``variability``);
+    #: with it, every collective's gathering is logged (``meta["rendezvous"]``); None: every GPU alike
+    variability: Speeds | None = None
 
 
 class Engine(_Collectives):
@@ -151,6 +155,10 @@ class Engine(_Collectives):
         self.fold_slack_s = 0.0
         #: per training iteration of the programs, when its last kernel ended (over every rank)
         self.iteration_ends = [0.0] * iterations
+        #: with variability: per collective gathered, (its iteration, op, name, when the last member
+        #: arrived, [(member, arrival)]) (see :mod:`simgpu.engine.rendezvous`)
+        self.gathered: list[tuple[int, str, str, float, list[tuple[int, float]]]] | None = (
+            [] if options.variability is not None else None)
 
     def run(self) -> SimResult:
         """Simulate the programs and return their records and link statistics."""
@@ -199,6 +207,8 @@ class Engine(_Collectives):
             r = self._ranks[p.rank] = _Rank(p.rank, p.ops, shape, len(shape.ranks), share)
             self._shape_of[p.rank] = shape
             shape.ranks.append(r)
+            if self.opt.variability is not None:
+                self._vary(r)
         self._shapes = list(shapes.values())
         # The loop makes no reference cycles (the collector finds none after it), so the cyclic
         # collector is off while it runs: it would walk the programs and every rank's state again
@@ -223,6 +233,27 @@ class Engine(_Collectives):
                              f"{self.fold_slack_s * 1e6:.1f} us in all, more than {SLACK_FRACTION:.2%} of the "
                              "iteration")
         self.net.finish()
+
+    def _vary(self, r: _Rank) -> None:
+        """Rank ``r``'s factors from ``variability``: on its CPU thread's work, and per op on its kernels."""
+        v = self.opt.variability
+        assert v is not None
+        if self.fold is not None:
+            raise ValueError("variability needs every rank simulated: a folded workload was given")
+        r.launch_scale *= v.host[r.rank]
+        compute, memory = v.compute[r.rank], v.memory[r.rank]
+        jitter = v.jitter(r.rank, len(r.ops))
+        if compute == 1.0 and memory == 1.0 and jitter is None:
+            return
+        f = np.full(len(r.ops), compute)
+        if memory != 1.0:
+            bound = self.workload.memory_bound
+            if bound is None:
+                raise ValueError("a slow memory needs the workload's memory_bound flags")
+            f[[i for i, op in enumerate(r.ops) if op.kind == "kernel" and bound[op.kernel]]] *= memory
+        if jitter is not None:
+            f *= jitter
+        r.factor = f.tolist()
 
     def _run_queue(self) -> None:
         """SimPy's ``env.run()`` until no event is left, each event processed as ``env.step()`` does
@@ -342,6 +373,8 @@ class Engine(_Collectives):
         elif op.kind == "kernel":  # _start's kernel case, inlined: the most frequent path of all
             r.start[i] = now
             dur = self._durations[op.kernel]
+            if r.factor is not None:
+                dur = dur * r.factor[i]
             if op.sm_taken or self._comm_active[r.rank]:
                 flat = self._flat
                 if flat is not None and not op.sm_taken:  # _beside's answer where one figure holds for all
@@ -366,6 +399,8 @@ class Engine(_Collectives):
         r.start[i] = self.env.now
         if op.kind == "kernel":
             dur = self._durations[op.kernel]
+            if r.factor is not None:
+                dur = dur * r.factor[i]
             if op.sm_taken or self._comm_active[r.rank]:
                 dur = self._beside(r, i, op, dur)
                 if dur < 0:
@@ -490,6 +525,8 @@ class Engine(_Collectives):
                     stream.busy = True
                     r.start[j] = now
                     dur = self._durations[op.kernel]
+                    if r.factor is not None:
+                        dur = dur * r.factor[j]
                     if flat:
                         dur = dur * (1.0 + flat)
                     wait = now + dur - now  # as _finish_at(now + dur) computes it
@@ -560,4 +597,6 @@ class Engine(_Collectives):
                                                         len(self.topo.capacity)).tolist()
         if self.opt.op_times:
             meta["op_times"] = self.op_times
+        if self.gathered is not None:
+            meta["rendezvous"] = rendezvous_waits(self.gathered, len(self.iteration_ends) - 1)
         return SimResult(records, stats, iteration, events, meta, link_records)

@@ -46,6 +46,7 @@ class _Collectives:
     _live: dict[tuple[int, int], int]
     _token: int
     _ranks: dict[int, _Rank]
+    gathered: list[tuple[int, str, str, float, list[tuple[int, float]]]] | None
     _slowdown: Callable[[int, int], float]
     _end_at: Callable[[float, _Rank, int, int], None]
     _soon: Callable[[float, Any, Any], None]
@@ -111,6 +112,9 @@ class _Collectives:
             active[call.op] = active.get(call.op, 0) + 1
         if len(rv.arrived) < rv.needed:
             return
+        if self.gathered is not None:  # who arrived when (each member's stream reached the collective)
+            self.gathered.append((op.iteration, call.op, op.name, self.env.now,
+                                  [(m, self._ranks[m].start[j]) for m, (_, j) in rv.arrived.items()]))
         if self._mem_bound is not None:
             self._moves(rv, 1)
             self._recheck(rv)
@@ -191,3 +195,30 @@ class _Collectives:
                             else tuple([a.nbytes // len(c.group)] * len(c.group)))
             matrix = tuple(rows)
         return CollectiveRequest(c.op, c.group, c.nbytes if matrix is None else 0, matrix, c.root, c.comm_size)
+
+
+#: how many collectives and ranks :func:`rendezvous_waits` keeps
+TOP = 5
+
+
+def rendezvous_waits(gathered: list[tuple[int, str, str, float, list[tuple[int, float]]]], iteration: int
+                     ) -> dict[str, Any]:
+    """What the collectives of ``iteration`` (the last of the programs) waited for: per rank, the time
+    its stream spent at rendezvous (from its arrival at a collective to the arrival of the collective's
+    last member, when the collective starts), summed; and the :data:`TOP` collectives slowest to gather
+    (from their first member's arrival to their last's), each with the rank that arrived last."""
+    wait: dict[int, float] = {}
+    rows = []
+    for it, op, name, at, members in gathered:
+        if it != iteration:
+            continue
+        for m, t in members:
+            wait[m] = wait.get(m, 0.0) + (at - t)
+        first = min(t for _, t in members)
+        last = max(members, key=lambda x: (x[1], -x[0]))[0]
+        rows.append((at - first, name, op, last, len(members)))
+    rows.sort(key=lambda x: -x[0])
+    return {"wait_s": {int(m): float(w) for m, w in sorted(wait.items())},
+            "collectives": len(rows),
+            "slowest": [{"name": n, "op": o, "gather_s": float(g), "last_rank": int(r), "members": k}
+                        for g, n, o, r, k in rows[:TOP]]}

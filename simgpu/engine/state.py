@@ -82,6 +82,7 @@ class _Rank:
         "done",
         "end",
         "ends_on",
+        "factor",
         "issue",
         "launch",
         "launch_scale",
@@ -109,6 +110,8 @@ class _Rank:
         self.cpu_time = 0.0
         self.waiting = -1  # index of the host_wait the CPU thread is blocked on
         self.wait_since = 0.0
+        #: per op, the factor on its kernel's time (``variability``: a slow GPU, jitter), else None
+        self.factor: list[float] | None = None
 
 
 def _view(a: np.ndarray) -> Any:

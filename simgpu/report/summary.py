@@ -358,6 +358,40 @@ def _kernel_model_shares(meta: Mapping[str, Any]) -> dict[str, float]:
     return {name: v / total for name, v in ordered}
 
 
+#: how many ranks and collectives the variability summary lists
+TOP_WAITS = 5
+
+
+def variability_summary(v: Mapping[str, Any], t: float) -> dict[str, Any]:
+    """The ``variability`` block of the summary: the iteration without the section (a second
+    simulation of the same job with it removed), the stretch, the section in words, and at the
+    collectives the :data:`TOP_WAITS` ranks that waited longest at rendezvous (from their arrival to
+    the last member's) and the collectives slowest to gather, each with the rank that arrived last."""
+    base = float(v["baseline_iteration_s"])
+    out: dict[str, Any] = {
+        "without_variability_ms": _ms(base),
+        "without_variability": str(v.get("baseline_note", "")),
+        "stretch": round_sig(t / base) if base > 0 else None,
+        "stretch_ms": _ms(t - base),
+        "entries": [str(e) for e in v.get("entries", ())],
+    }
+    rv = v.get("rendezvous")
+    if rv:
+        waits = sorted(((int(r), float(w)) for r, w in rv["wait_s"].items()), key=lambda x: (-x[1], x[0]))
+        least = min(waits, key=lambda x: (x[1], x[0])) if waits else None
+        out["rendezvous_wait_ms"] = {
+            "longest": [{"rank": r, "wait_ms": _ms(w)} for r, w in waits[:TOP_WAITS] if w > 0],
+            "shortest": None if least is None else {"rank": least[0], "wait_ms": _ms(least[1])},
+            "mean": _ms(sum(w for _, w in waits) / len(waits)) if waits else None,
+            "collectives": int(rv["collectives"]),
+        }
+        out["slowest_to_gather"] = [
+            {"name": str(c["name"]), "op": str(c["op"]), "gather_ms": _ms(float(c["gather_s"])),
+             "last_rank": int(c["last_rank"]), "members": int(c["members"])}
+            for c in rv["slowest"][:TOP_WAITS]]
+    return out
+
+
 def summarize(result: SimResult) -> dict[str, Any]:
     """The summary of ``result`` as a JSON-ready dict (see the module docstring for definitions).
 
@@ -450,6 +484,8 @@ def summarize(result: SimResult) -> dict[str, Any]:
         out["model_notes"] = [str(n) for n in meta["model_notes"]]
     if meta.get("pipeline_note"):  # an inference iteration's one batch through its pipeline stages
         out["pipeline"] = str(meta["pipeline_note"])
+    if meta.get("variability"):  # slow GPUs, jitter: how much the iteration stretched and why
+        out["variability"] = variability_summary(meta["variability"], t)
     if "fold" in meta:  # how many identical ranks each simulated rank stood for
         out["fold"] = {"replicas": int(meta["fold"]), "note": str(meta.get("fold_note", ""))}
     if meta.get("run"):  # overrides, seed, platform figures, versions

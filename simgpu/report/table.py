@@ -18,6 +18,27 @@ def _pct(part: Any, whole: Any) -> str:
     return f"{100.0 * float(part) / float(whole):5.1f}%"
 
 
+def variability_lines(var: Mapping[str, Any], t: Any) -> list[str]:
+    """The summary's ``variability`` block as lines: the stretch, what caused it, the waits."""
+    stretch = var.get("stretch")
+    lines = [f"variability  {'; '.join(var.get('entries') or [])}",
+             f"  without it  {_f(var.get('without_variability_ms'))} ms (a second simulation of the same job with "
+             f"the variability section removed); stretched {_f(var.get('stretch_ms'))} ms"
+             + ("" if stretch is None else f", x {float(stretch):.3f}")]
+    waits = var.get("rendezvous_wait_ms") or {}
+    if waits.get("longest"):
+        least = waits.get("shortest") or {}
+        lines.append(f"  waited at rendezvous (ms, arrival to the last member's, over {waits.get('collectives')} "
+                     "collectives)  " + ", ".join(f"rank {w['rank']} {_f(w['wait_ms'])}" for w in waits["longest"])
+                     + f"; mean {_f(waits.get('mean'))}"
+                     + (f"; least rank {least['rank']} {_f(least.get('wait_ms'))}" if least else ""))
+    slow = var.get("slowest_to_gather") or []
+    if slow:
+        lines.append("  slowest to gather (ms from first to last arrival, the last rank)  "
+                     + ", ".join(f"{c['name']} {_f(c['gather_ms'])} rank {c['last_rank']}" for c in slow))
+    return lines
+
+
 def format_summary(summary: Mapping[str, Any]) -> str:
     """A compact plain-text table of a summary made by :func:`summarize` (or read back from JSON)."""
     t = summary.get("iteration_time_ms")
@@ -46,6 +67,10 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     if fold.get("replicas", 1) > 1:
         lines.append(f"folded  each simulated rank stands for {fold['replicas']} identical ranks; the timeline "
                      f"shows the representatives" + (f" ({fold['note']})" if fold.get("note") else ""))
+
+    var = summary.get("variability")
+    if var:
+        lines += variability_lines(var, t)
 
     run = summary.get("run") or {}
     if run.get("overrides"):
