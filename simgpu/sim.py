@@ -93,7 +93,10 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
     fold_asked, steady_asked = fold, steady_cut
     say("building the topology")
     p = job.platform
-    topo = Topology(p, job.workload.nodes, gpus_per_node(job))
+    try:
+        topo = Topology(p, job.workload.nodes, gpus_per_node(job))
+    except ConfigError as e:  # a fault the job's nodes do not have, or one that cuts a group off
+        raise ConfigError(e.message, file=e.file or job.platform_file, key=e.key, line=e.line) from None
     predictor = cache(lambda: make_predictor(kernel_model, p))  # made once the programs are built and checked
     planner = Planner(topo, p.collectives, job.workload.comm.algorithm, job.workload.comm.protocol)
     options = EngineOptions(launch_s=p.host.launch_us * 1e-6, cpu_threads_per_node=p.host.cpu_threads,
@@ -200,6 +203,9 @@ def model_notes(job: Job) -> list[str]:
     from .precision import gemm_path
 
     md, out = job.workload.model, []
+    if job.platform.faults:
+        out.append("faults: " + "; ".join(f"{f.part()} {f.effect()}" for f in job.platform.faults)
+                   + " (docs/faults.md)")
     if isinstance(md, TransformerModel) and md.config is not None:
         out += [f"{Path(md.config).name}: {n}" for n in notes(md.config)]
     if isinstance(md, TransformerModel) and job.workload.training is not None:

@@ -118,8 +118,8 @@ class Hardware:
     nic_bw: float        # one NIC
 
 
-def hardware(platform: PlatformSpec, gpus: int) -> Hardware:
-    """NCCL's view of ``gpus`` GPUs of one node of ``platform``."""
+def hardware(platform: PlatformSpec, gpus: int, nics_down: int = 0) -> Hardware:
+    """NCCL's view of ``gpus`` GPUs of one node of ``platform`` (``nics_down`` of their NICs gone)."""
     cc = compute_capability(platform)
     nv, node, net = platform.node.nvlink, platform.node, platform.network
     per_link = NVLINK_BW.get(cc, 20.0)
@@ -136,7 +136,7 @@ def hardware(platform: PlatformSpec, gpus: int) -> Hardware:
         total = max(counts.values()) * max(1, round(nv.gbytes_per_s / datasheet)) * per_link if counts else 0.0
     # a PCIe link as NCCL reads it: lanes x rate / 80, i.e. 0.75 of the per-direction line rate
     pcie = node.pcie.gbytes_per_s * 0.75
-    nics = max(1, min(net.nics_per_node, math.ceil(gpus * net.nics_per_node / node.gpus)))
+    nics = max(1, min(net.nics_per_node, math.ceil(gpus * net.nics_per_node / node.gpus)) - nics_down)
     return Hardware(cc, gpus, total, pair, pcie, nics, net.nic_gbps / 8)
 
 
@@ -230,11 +230,12 @@ def _pow2_up(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def communicator(platform: PlatformSpec, ranks: int, nodes: int) -> Channels:
-    """The channels NCCL sets up for a communicator of ``ranks`` GPUs spread evenly over ``nodes``."""
+def communicator(platform: PlatformSpec, ranks: int, nodes: int, nics_down: int = 0) -> Channels:
+    """The channels NCCL sets up for a communicator of ``ranks`` GPUs spread evenly over ``nodes``
+    (``nics_down``: the NICs a node has lost, of those near its GPUs; the fewest channels hold)."""
     spec = platform.collectives
     ppn = max(1, ranks // max(1, nodes))
-    hw = hardware(platform, ppn)
+    hw = hardware(platform, ppn, nics_down)
     ring, tree = search(hw, nodes, "ring"), search(hw, nodes, "tree")
     rings = search(hw, nodes, "ring", duplicate=False).channels
     n = min(ring.channels, tree.channels)

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from .base import Spec
+from .faults import FaultSpec
 
 Fraction = Annotated[float, Field(gt=0, le=1)]
 NonNegFloat = Annotated[float, Field(ge=0)]
@@ -378,6 +379,10 @@ class PlatformSpec(Spec):
     node: NodeSpec
     network: NetworkSpec
     collectives: CollectiveSpec = Field(default_factory=lambda: CollectiveSpec())
+    faults: list[FaultSpec] = Field(
+        default_factory=list,
+        description="degraded or failed parts for the iteration (docs/faults.md): each a nic, nvlink, switch or link "
+                    "with a factor on its bandwidth or down: true; empty: every part as specified")
 
     @model_validator(mode="after")
     def _switches_fit(self) -> PlatformSpec:

@@ -201,6 +201,8 @@ def _level_kind(topo: Topology, block: int, unit: int) -> str | None:
 
 def fold_blocker(topo: Topology, replicas: Replicas) -> str | None:
     """Why ``replicas`` cannot be folded on ``topo`` (None: they can)."""
+    if topo.faults:
+        return "faults make nodes differ (platform faults)"
     if replicas.world != topo.world:
         return f"the replicas span {replicas.world} ranks, the topology {topo.world} GPUs"
     for block, unit in replicas.levels:

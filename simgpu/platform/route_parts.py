@@ -4,6 +4,8 @@ destination node part per pair), and the numbering of integer keys they are foun
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 #: the widest range of keys :func:`key_members` numbers by lookup (beyond: by sorting)
@@ -142,3 +144,103 @@ class RouteParts:
         a, b = int(self.na[p]) * self.lpn, int(self.nb[p]) * self.lpn
         pre, fab, post = self.pre[t], self.fab[f], self.post[t]
         return tuple((pre[pre >= 0] + a).tolist() + fab[fab >= 0].tolist() + (post[post >= 0] + b).tolist())
+
+
+def _pad(parts: list[np.ndarray]) -> np.ndarray:
+    out = np.full((len(parts), max(1, max(map(len, parts), default=0))), -1, dtype=np.int64)
+    for i, part in enumerate(parts):
+        out[i, :len(part)] = part
+    return out
+
+
+def _faulted_parts(topo: Any, src: np.ndarray, dst: np.ndarray, na: np.ndarray, nb: np.ndarray) -> RouteParts:
+    """Every distinct pair's route whole, as its fabric part (no node parts): with faults a node's
+    links need not sit alike, nor its routes be another node's shifted."""
+    key = src.astype(np.int64) * topo.world + dst
+    keys, first, fpart = key_members(key)
+    fabs = [np.array(topo.route(int(src[p]), int(dst[p])), dtype=np.int64) for p in first.tolist()]
+    empty = np.full((1, 1), -1, dtype=np.int64)
+    small = np.int32 if max(topo.nodes, len(keys)) < 2**31 else np.int64
+    return RouteParts(empty, _pad(fabs), empty, np.zeros(len(src), dtype=small), fpart.astype(small, copy=False),
+                      na.astype(small, copy=False), nb.astype(small, copy=False), topo.links_per_node, topo.nodes)
+
+
+def route_parts_of(topo: Any, src: np.ndarray, dst: np.ndarray) -> RouteParts:
+    """:meth:`Topology.route_parts <simgpu.platform.topology.Topology.route_parts>` (``topo`` the
+    topology): the node parts from one representative pair each, the fabric once per pair of
+    switches; on a topology with faults every distinct pair's own route as its fabric part."""
+    idx = np.int32 if topo.world < 2**31 else np.int64
+    src, dst = np.asarray(src).astype(idx, copy=False), np.asarray(dst).astype(idx, copy=False)
+    w, gpn, lpn = topo.world, topo.gpus_per_node, topo.links_per_node
+    if len(src) and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= w or np.any(src == dst)):
+        raise ValueError(f"route_table needs distinct GPUs of this {w}-GPU topology")
+    # per pair: its nodes and local indices, computed in the pairs' own width (a shift and a mask
+    # where the GPUs a node are a power of two), and its NICs read through a table per local GPU
+    na, ga = _divmod(src, gpn)
+    nb, gb = _divmod(dst, gpn)
+    if topo.faults:
+        return _faulted_parts(topo, src, dst, na, nb)
+    inter = na != nb
+    # the node parts, by (local GPUs, whether the pair leaves the node): the key says both
+    tkey: np.ndarray = ga * gpn
+    tkey += gb
+    np.add(tkey, gpn * gpn, out=tkey, where=inter)  # in place: big temporaries cost their pages
+    tkeys, _, tpair = key_members(tkey, members=False)
+    del tkey
+    pres, posts = [], []
+    for k in tkeys.tolist():
+        leaves, g_a, g_b = k >= gpn * gpn, k % (gpn * gpn) // gpn, k % gpn
+        r = np.array(topo._route(g_a, (gpn if leaves else 0) + g_b), dtype=np.int64)
+        pres.append(r[r < lpn])
+        posts.append(r[(r >= lpn) & (r < 2 * lpn)] - lpn)
+    # the fabric, by what it depends on: the two switches (and on a dragonfly the end nodes)
+    nv = topo.platform.node.nvlink
+    nic_of = np.array(topo._nic_of[:gpn], dtype=idx)
+    own = bool(np.array_equal(nic_of, np.arange(gpn)))  # GPU g on NIC g: no table to read
+    kb = gb if own else nic_of[gb.astype(np.intp)]
+    # PXN (NVSwitch nodes): a pair leaves through the destination rail's NIC
+    ka = kb if nv is not None and nv.kind == "nvswitch" else ga if own else nic_of[ga.astype(np.intp)]
+    del ga, gb
+    net = topo.platform.network
+    fkey: np.ndarray
+    if net.topology == "dragonfly":
+        assert net.dragonfly is not None
+        d = net.dragonfly
+        ports = topo.nodes // d.nodes_per_switch + 1
+        na64, nb64 = na.astype(np.int64), nb.astype(np.int64)
+        fkey = ((na64 // d.nodes_per_switch) * ports + nb64 // d.nodes_per_switch) \
+            * d.global_links_per_group_pair + (na64 + nb64) % d.global_links_per_group_pair
+        del na64, nb64
+    else:
+        rail = net.topology == "rail_optimized"
+        pods = topo.nodes // net.nodes_per_leaf + 1
+        span = pods * topo.ports
+        wide = np.int64 if span * span + 1 >= 2**31 else idx
+        la: np.ndarray = (na // net.nodes_per_leaf).astype(wide, copy=False)
+        la *= topo.ports
+        if rail:
+            la += ka
+        la *= span
+        lb: np.ndarray = (nb // net.nodes_per_leaf).astype(wide, copy=False)
+        lb *= topo.ports
+        if rail:
+            lb += kb
+        la += lb
+        fkey = la
+        del la, lb
+    fkey += 1
+    fkey *= inter
+    del inter
+    fkeys, ffirst, fpair = key_members(fkey)
+    fabs = []
+    for k, p in zip(fkeys.tolist(), ffirst.tolist(), strict=True):
+        if k == 0:
+            fabs.append(np.zeros(0, dtype=np.int64))
+            continue
+        a, b, x, y = int(na[p]), int(nb[p]), int(ka[p]), int(kb[p])
+        fabs.append(np.array([topo._ids[h] for h in topo._fabric(a, topo.leaf_of(a, x), b, topo.leaf_of(b, y))],
+                             dtype=np.int64))
+
+    small = np.int32 if max(topo.nodes, len(tkeys), len(fkeys)) < 2**31 else np.int64  # per pair
+    tpart, fpart, na, nb = (x.astype(small, copy=False) for x in (tpair, fpair, na, nb))
+    return RouteParts(_pad(pres), _pad(fabs), _pad(posts), tpart, fpart, na, nb, lpn, topo.nodes)

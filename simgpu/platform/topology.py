@@ -12,13 +12,15 @@ global ranks: rank r is local GPU ``r % gpus_per_node`` of node ``r // gpus_per_
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import lru_cache
 
 import numpy as np
 
 from ..config.platform import PlatformSpec
+from .faults import NoPath, check_paths, resolve
 from .links import NET_KINDS, EdgeInfo, Link
-from .route_parts import RouteParts, _divmod, key_members
+from .route_parts import RouteParts, route_parts_of
 
 
 class Topology:
@@ -90,12 +92,20 @@ class Topology:
                 up = ports * self.port_bw / net.oversubscription
                 self._add(f"{leaf}->spine", "spine", up, net.spine_latency_us * 0.5e-6)
                 self._add(f"spine->{leaf}", "spine", up, net.spine_latency_us * 0.5e-6)
+        #: the platform's faults on these links (falsy: none); a factor scales a link's capacity
+        self.faults = resolve(p, nodes, self.gpus_per_node, self.links, self._ids, self.leaf_of, self._nic_of,
+                              self._gpu_switch, self._nic_switch)
+        for lid, f in self.faults.scale.items():
+            lk = self.links[lid]
+            self.links[lid] = Link(lid, lk.name, lk.kind, lk.capacity * f, lk.latency)
         self.capacity = np.array([lk.capacity for lk in self.links])
         self.latency = np.array([lk.latency for lk in self.links])
         self.route = lru_cache(maxsize=None)(self._route)
         self.edge = lru_cache(maxsize=None)(self._edge)
         #: derived facts that other stages cache per topology (for example ring orders)
         self.memo: dict[object, object] = {}
+        if self.faults.dead:
+            check_paths(self)
 
     # -- construction ---------------------------------------------------------------------------
 
@@ -235,8 +245,9 @@ class Topology:
         for n in range(self.nodes):
             for k in range(self.ports):
                 leaf = self.leaf_of(n, k)
-                up[leaf].append(self._ids[f"n{n}.nic{k}->{leaf}"])
-                down[leaf].append(self._ids[f"{leaf}->n{n}.nic{k}"])
+                if k not in self.faults.ports_down.get(n, ()):  # a port down carries nothing
+                    up[leaf].append(self._ids[f"n{n}.nic{k}->{leaf}"])
+                    down[leaf].append(self._ids[f"{leaf}->n{n}.nic{k}"])
         out: dict[int, frozenset[int]] = {}
         for leaf in self._leaves:
             for name, cover in ((f"{leaf}->spine", up[leaf]), (f"spine->{leaf}", down[leaf])):
@@ -266,6 +277,10 @@ class Topology:
 
     def nic_of(self, gpu: int) -> int:
         """Index within its node of the NIC that ``gpu`` sends and receives through."""
+        return self.faults.nic_of.get(self.node_of(gpu), self._nic_of)[self.local_of(gpu)]
+
+    def home_nic(self, gpu: int) -> int:
+        """The NIC ``gpu`` has to itself or shares, as built: :meth:`nic_of` before faults."""
         return self._nic_of[self.local_of(gpu)]
 
     def leaf_of(self, node: int, nic: int) -> str:
@@ -281,7 +296,20 @@ class Topology:
         return self._ids[name]
 
     def _route(self, src: int, dst: int) -> tuple[int, ...]:
-        """Link ids from GPU ``src`` to GPU ``dst`` (empty when they are the same GPU)."""
+        """Link ids from GPU ``src`` to GPU ``dst`` (empty when they are the same GPU); where a link
+        of it is down, the first of the other paths the platform offers that avoids every link down."""
+        route = self._plain_route(src, dst)
+        dead = self.faults.dead
+        if not dead or not dead.intersection(route):
+            return route
+        for hops in self._detours(src, dst):
+            ids = tuple(self._ids[h] for h in hops)
+            if not dead.intersection(ids):
+                return ids
+        raise NoPath(f"GPU {src} (node {self.node_of(src)}) is cut off from GPU {dst} (node {self.node_of(dst)}): no "
+                     "path is left; expected a path between every two GPUs", key=f"faults.{self.faults.culprit(route)}")
+
+    def _plain_route(self, src: int, dst: int) -> tuple[int, ...]:
         if src == dst:
             return ()
         for g in (src, dst):
@@ -289,7 +317,6 @@ class Topology:
                 raise ValueError(f"GPU {g} is not in this {self.world}-GPU topology")
         na, nb = self.node_of(src), self.node_of(dst)
         ga, gb = self.local_of(src), self.local_of(dst)
-        sa, sb = self._gpu_switch[ga], self._gpu_switch[gb]
         i = self._ids
         nv = self.platform.node.nvlink
         if na == nb:
@@ -306,20 +333,71 @@ class Topology:
                                                     self.nvlink_count(na * self.gpus_per_node + k, dst)), -k))
                     return (i[f"n{na}.gpu{ga}->n{na}.gpu{k}"], i[f"n{na}.gpu{k}->n{na}.gpu{gb}"])
             # no NVLink between the two: PCIe, through host memory when peer-to-peer is off
-            hops = [f"n{na}.gpu{ga}->n{na}.pcisw{sa}"]
-            if not self.platform.node.pcie.p2p:  # staged through a buffer in host memory
-                hops += [f"n{na}.pcisw{sa}->n{na}.cpu", f"n{na}.hostmem", f"n{na}.cpu->n{na}.pcisw{sb}"]
-            elif sa != sb:
-                hops += [f"n{na}.pcisw{sa}->n{na}.cpu", f"n{na}.cpu->n{na}.pcisw{sb}"]
-            hops.append(f"n{na}.pcisw{sb}->n{na}.gpu{gb}")
-            return tuple(i[h] for h in hops)
-        ka, kb = self._nic_of[ga], self._nic_of[gb]
-        hops = []
+            return tuple(i[h] for h in self._pcie_hops(na, ga, gb))
+        ka, kb = self.nic_of(src), self.nic_of(dst)
+        relay = ga
         if ka != kb and nv is not None and nv.kind == "nvswitch":
             # PXN: hop over NVLink to the local GPU on the destination's rail, then leave through
             # its NIC, so rail-optimised fabrics carry the traffic without crossing the spine.
-            hops += [f"n{na}.gpu{ga}->n{na}.nvsw", f"n{na}.nvsw->n{na}.gpu{gb}"]
-            ga, ka, sa = gb, kb, sb
+            relay, ka = self._relay(na, gb, kb), kb
+        return tuple(i[h] for h in self._inter_hops(na, ga, relay, ka, nb, gb, kb))
+
+    def _pcie_hops(self, n: int, ga: int, gb: int) -> list[str]:
+        """Link names from local GPU ``ga`` to ``gb`` of node ``n`` over PCIe (through host memory
+        where peer-to-peer is off)."""
+        sa, sb = self._gpu_switch[ga], self._gpu_switch[gb]
+        hops = [f"n{n}.gpu{ga}->n{n}.pcisw{sa}"]
+        if not self.platform.node.pcie.p2p:  # staged through a buffer in host memory
+            hops += [f"n{n}.pcisw{sa}->n{n}.cpu", f"n{n}.hostmem", f"n{n}.cpu->n{n}.pcisw{sb}"]
+        elif sa != sb:
+            hops += [f"n{n}.pcisw{sa}->n{n}.cpu", f"n{n}.cpu->n{n}.pcisw{sb}"]
+        hops.append(f"n{n}.pcisw{sb}->n{n}.gpu{gb}")
+        return hops
+
+    def _detours(self, src: int, dst: int) -> Iterator[list[str]]:
+        """The paths from GPU ``src`` to ``dst`` that a link down leaves to try, best first: inside a
+        node NVLink (direct, then through a GPU wired to both), then PCIe; across nodes every pair
+        of NICs, the destination's own and the rail's first, leaving through the NIC directly or
+        from the GPU on its rail over NVLink (PXN)."""
+        na, nb, ga, gb = self.node_of(src), self.node_of(dst), self.local_of(src), self.local_of(dst)
+        nv, ids = self.platform.node.nvlink, self._ids
+        if na == nb:
+            if nv is not None and nv.kind == "nvswitch":
+                yield [f"n{na}.gpu{ga}->n{na}.nvsw", f"n{na}.nvsw->n{na}.gpu{gb}"]
+            elif nv is not None:
+                if f"n{na}.gpu{ga}->n{na}.gpu{gb}" in ids:
+                    yield [f"n{na}.gpu{ga}->n{na}.gpu{gb}"]
+                for k in range(self.gpus_per_node):
+                    via = [f"n{na}.gpu{ga}->n{na}.gpu{k}", f"n{na}.gpu{k}->n{na}.gpu{gb}"]
+                    if all(h in ids for h in via):
+                        yield via
+            yield self._pcie_hops(na, ga, gb)
+            return
+        ka0, kb0 = self.nic_of(src), self.nic_of(dst)
+        rest = list(range(self.ports))
+        for kb in [kb0, *(k for k in rest if k != kb0)]:
+            for ka in dict.fromkeys([kb, ka0, *rest]):
+                relays = [ga]
+                if nv is not None and nv.kind == "nvswitch":
+                    relays = list(dict.fromkeys([*(h for h in range(self.gpus_per_node) if self._nic_of[h] == ka), ga]))
+                for relay in relays:
+                    yield self._inter_hops(na, ga, relay, ka, nb, gb, kb)
+
+    def _relay(self, node: int, g: int, nic: int) -> int:
+        """The GPU of ``node`` that PXN hops to for leaving through NIC ``nic`` (``g`` without faults)."""
+        if not self.faults or self.faults.nic_of.get(node, self._nic_of)[g] == nic:
+            return g
+        own = [h for h in range(self.gpus_per_node) if self._nic_of[h] == nic]
+        return own[0] if own else g
+
+    def _inter_hops(self, na: int, ga: int, relay: int, ka: int, nb: int, gb: int, kb: int) -> list[str]:
+        """Link names from local GPU ``ga`` of node ``na`` (through ``relay`` over NVLink, where it is
+        another GPU) out of NIC ``ka``, to local GPU ``gb`` of node ``nb`` in through NIC ``kb``."""
+        hops = []
+        if relay != ga:
+            hops += [f"n{na}.gpu{ga}->n{na}.nvsw", f"n{na}.nvsw->n{na}.gpu{relay}"]
+            ga = relay
+        sa, sb = self._gpu_switch[ga], self._gpu_switch[gb]
         xa, xb = self._nic_switch[ka], self._nic_switch[kb]
         la, lb = self.leaf_of(na, ka), self.leaf_of(nb, kb)
         hops.append(f"n{na}.gpu{ga}->n{na}.pcisw{sa}")
@@ -331,13 +409,13 @@ class Topology:
         if xb != sb:
             hops += [f"n{nb}.pcisw{xb}->n{nb}.cpu", f"n{nb}.cpu->n{nb}.pcisw{sb}"]
         hops.append(f"n{nb}.pcisw{sb}->n{nb}.gpu{gb}")
-        return tuple(i[h] for h in hops)
+        return hops
 
     def switch_route(self, gpu: int, up: bool = True) -> tuple[int, ...]:
         """Links between ``gpu`` and the switch its NIC attaches to (up: towards the switch), as
         in-network reduction uses them."""
         n, g = self.node_of(gpu), self.local_of(gpu)
-        k = self._nic_of[g]
+        k = self.nic_of(gpu)
         s, x = self._gpu_switch[g], self._nic_switch[k]
         leaf = self.leaf_of(n, k)
         hops = [f"n{n}.gpu{g}->n{n}.pcisw{s}"]
@@ -423,82 +501,4 @@ class Topology:
         node's links; every node's links sit at the same offsets of its block of ids, so the node
         parts are the route of one representative pair of the same local GPUs shifted to the pair's
         nodes, and the fabric is computed once per pair of switches it depends on."""
-        idx = np.int32 if self.world < 2**31 else np.int64
-        src, dst = np.asarray(src).astype(idx, copy=False), np.asarray(dst).astype(idx, copy=False)
-        w, gpn, lpn = self.world, self.gpus_per_node, self.links_per_node
-        if len(src) and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= w or np.any(src == dst)):
-            raise ValueError(f"route_table needs distinct GPUs of this {w}-GPU topology")
-        # per pair: its nodes and local indices, computed in the pairs' own width (a shift and a mask
-        # where the GPUs a node are a power of two), and its NICs read through a table per local GPU
-        na, ga = _divmod(src, gpn)
-        nb, gb = _divmod(dst, gpn)
-        inter = na != nb
-        # the node parts, by (local GPUs, whether the pair leaves the node): the key says both
-        tkey: np.ndarray = ga * gpn
-        tkey += gb
-        np.add(tkey, gpn * gpn, out=tkey, where=inter)  # in place: big temporaries cost their pages
-        tkeys, _, tpair = key_members(tkey, members=False)
-        del tkey
-        pres, posts = [], []
-        for k in tkeys.tolist():
-            leaves, g_a, g_b = k >= gpn * gpn, k % (gpn * gpn) // gpn, k % gpn
-            r = np.array(self._route(g_a, (gpn if leaves else 0) + g_b), dtype=np.int64)
-            pres.append(r[r < lpn])
-            posts.append(r[(r >= lpn) & (r < 2 * lpn)] - lpn)
-        # the fabric, by what it depends on: the two switches (and on a dragonfly the end nodes)
-        nv = self.platform.node.nvlink
-        nic_of = np.array(self._nic_of[:gpn], dtype=idx)
-        own = bool(np.array_equal(nic_of, np.arange(gpn)))  # GPU g on NIC g: no table to read
-        kb = gb if own else nic_of[gb.astype(np.intp)]
-        # PXN (NVSwitch nodes): a pair leaves through the destination rail's NIC
-        ka = kb if nv is not None and nv.kind == "nvswitch" else ga if own else nic_of[ga.astype(np.intp)]
-        del ga, gb
-        net = self.platform.network
-        fkey: np.ndarray
-        if net.topology == "dragonfly":
-            assert net.dragonfly is not None
-            d = net.dragonfly
-            ports = self.nodes // d.nodes_per_switch + 1
-            na64, nb64 = na.astype(np.int64), nb.astype(np.int64)
-            fkey = ((na64 // d.nodes_per_switch) * ports + nb64 // d.nodes_per_switch) \
-                * d.global_links_per_group_pair + (na64 + nb64) % d.global_links_per_group_pair
-            del na64, nb64
-        else:
-            rail = net.topology == "rail_optimized"
-            pods = self.nodes // net.nodes_per_leaf + 1
-            span = pods * self.ports
-            wide = np.int64 if span * span + 1 >= 2**31 else idx
-            la: np.ndarray = (na // net.nodes_per_leaf).astype(wide, copy=False)
-            la *= self.ports
-            if rail:
-                la += ka
-            la *= span
-            lb: np.ndarray = (nb // net.nodes_per_leaf).astype(wide, copy=False)
-            lb *= self.ports
-            if rail:
-                lb += kb
-            la += lb
-            fkey = la
-            del la, lb
-        fkey += 1
-        fkey *= inter
-        del inter
-        fkeys, ffirst, fpair = key_members(fkey)
-        fabs = []
-        for k, p in zip(fkeys.tolist(), ffirst.tolist(), strict=True):
-            if k == 0:
-                fabs.append(np.zeros(0, dtype=np.int64))
-                continue
-            a, b, x, y = int(na[p]), int(nb[p]), int(ka[p]), int(kb[p])
-            fabs.append(np.array([self._ids[h] for h in self._fabric(a, self.leaf_of(a, x), b, self.leaf_of(b, y))],
-                                 dtype=np.int64))
-
-        def pad(parts: list[np.ndarray]) -> np.ndarray:
-            out = np.full((len(parts), max(1, max(map(len, parts), default=0))), -1, dtype=np.int64)
-            for i, part in enumerate(parts):
-                out[i, :len(part)] = part
-            return out
-
-        small = np.int32 if max(self.nodes, len(tkeys), len(fkeys)) < 2**31 else np.int64  # per pair
-        tpart, fpart, na, nb = (x.astype(small, copy=False) for x in (tpair, fpair, na, nb))
-        return RouteParts(pad(pres), pad(fabs), pad(posts), tpart, fpart, na, nb, lpn, self.nodes)
+        return route_parts_of(self, src, dst)

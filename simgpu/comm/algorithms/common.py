@@ -35,11 +35,29 @@ def _by_node(group: tuple[int, ...], topo: Topology) -> list[list[int]]:
 def nccl_channels(group: tuple[int, ...], topo: Topology) -> Channels:
     """The channels NCCL sets up for ``group`` (:mod:`simgpu.comm.channels`), once per group shape."""
     per_node = _by_node(group, topo)
-    key = ("nccl_channels", len(group), len(per_node))
+    lost = _nics_lost(per_node, topo)
+    key = ("nccl_channels", len(group), len(per_node)) + ((lost,) if lost else ())
     cached = topo.memo.get(key)
     if cached is None:
-        cached = topo.memo[key] = communicator(topo.platform, len(group), len(per_node))
+        cached = topo.memo[key] = communicator(topo.platform, len(group), len(per_node), nics_down=lost)
     return cached  # type: ignore[return-value]
+
+
+def rails_down(per_node: list[list[int]], topo: Topology) -> frozenset[int]:
+    """The NICs (by index within a node) down on any node of a group spanning nodes: NCCL's
+    channels of the group keep off them on every node, so that each channel stays on one rail."""
+    if not topo.faults.ports_down or len(per_node) < 2:
+        return frozenset()
+    return frozenset(k for members in per_node for k in topo.faults.ports_down.get(topo.node_of(members[0]), ()))
+
+
+def _nics_lost(per_node: list[list[int]], topo: Topology) -> int:
+    """The NICs near the group's members that :func:`rails_down` takes: NCCL's search on the nodes
+    that lost them finds as many fewer channels, and the communicator keeps the fewest."""
+    down = rails_down(per_node, topo)
+    if not down:
+        return 0
+    return max(len(down & {topo.home_nic(g) for g in members}) for members in per_node)
 
 
 def channels(group: tuple[int, ...], topo: Topology, spec: CollectiveSpec) -> int:
@@ -52,14 +70,15 @@ def channels(group: tuple[int, ...], topo: Topology, spec: CollectiveSpec) -> in
     return max(1, min(want, min(len(m) for m in per_node)))
 
 
-def _channel_start(members: list[int], c: int, topo: Topology) -> int:
+def _channel_start(members: list[int], c: int, topo: Topology, skip: frozenset[int] = frozenset()) -> int:
     """Where channel ``c`` enters a node: the channels take the NICs of the node's members in turn
     (in NIC order), so that they spread over all of them; a NIC shared by several members gives the
-    next of them each time round. On a full node of one NIC per GPU, channel c enters at GPU c."""
+    next of them each time round. On a full node of one NIC per GPU, channel c enters at GPU c.
+    The NICs in ``skip`` (:func:`rails_down`) are passed over while others remain."""
     by_nic: dict[int, list[int]] = {}
     for k, g in enumerate(members):
         by_nic.setdefault(topo.nic_of(g), []).append(k)
-    nics = sorted(by_nic)
+    nics = sorted(by_nic.keys() - skip) or sorted(by_nic)
     turn, i = divmod(c, len(nics))
     ks = by_nic[nics[i]]
     return ks[turn % len(ks)]

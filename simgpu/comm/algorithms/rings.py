@@ -11,7 +11,7 @@ from ...config.platform import CollectiveSpec, ProtocolSpec
 from ...platform.topology import Topology
 from ..plan import CollectivePlan, CollectiveRequest, register
 from ..transfers import Transfer
-from .common import RING_SEARCH_TRIES, _base, _by_node, _channel_start, _fill, _step_cost, _window, channels
+from .common import RING_SEARCH_TRIES, _base, _by_node, _channel_start, _fill, _step_cost, _window, channels, rails_down
 
 
 def _mesh_rings(members: list[int], topo: Topology) -> list[list[int]]:
@@ -90,10 +90,11 @@ def _ring_orders(group: tuple[int, ...], topo: Topology, spec: CollectiveSpec) -
         if rings:
             return rings
     out = []
+    skip = rails_down(per_node, topo)
     for c in range(channels(group, topo, spec)):
         order: list[int] = []
         for members in per_node:
-            k = _channel_start(members, c, topo)
+            k = _channel_start(members, c, topo, skip)
             order.extend(members[k:] + members[:k])
         out.append(order)
     return out

@@ -19,6 +19,7 @@ from .common import (
     _step_cost,
     _window,
     channels,
+    rails_down,
 )
 
 
@@ -93,11 +94,12 @@ def tree(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto: Pr
     wire = req.nbytes / C / proto.bandwidth / _tree_efficiency(proto, req.nbytes, spec.tree_efficiency_power)
     chunk = _tree_chunk(req.nbytes / C, max(len(m) for m in per_node) - 1 + depth, proto)
     intra = inter = 0.0  # one step on the slowest edge inside the nodes, between them
+    skip = rails_down(per_node, topo)
     for c in range(C):
         heads = []
         chain_edges: list[tuple[int, int]] = []
         for members in per_node:
-            k = _channel_start(members, c, topo)
+            k = _channel_start(members, c, topo, skip)
             chain = members[k:] + members[:k]
             heads.append(chain[0])
             chain_edges += [(chain[i + 1], chain[i]) for i in range(len(chain) - 1)]
@@ -149,10 +151,11 @@ def collnet(req: CollectiveRequest, topo: Topology, spec: CollectiveSpec, proto:
     chunk = min(proto.chunk_kib * 1024, req.nbytes / C)
     heads_of: list[list[int]] = []
     chains: list[list[tuple[int, int]]] = []
+    skip = rails_down(per_node, topo)
     for c in range(C):
         heads, chain_edges = [], []
         for members in per_node:
-            k = _channel_start(members, c, topo)
+            k = _channel_start(members, c, topo, skip)
             chain = members[k:] + members[:k]
             heads.append(chain[0])
             chain_edges += [(chain[i + 1], chain[i]) for i in range(len(chain) - 1)]
