@@ -23,7 +23,7 @@ PLATFORM_FILE = ROOT / "platforms" / "dgx_h100.yaml"
 
 COMMANDS = {"run": "simgpu.run", "whatif": "simgpu.whatif.__main__", "comm": "simgpu.comm.__main__",
             "replay": "simgpu.replay", "search": "simgpu.search", "calibrate": "simgpu.comm.calibrate",
-            "fit": "simgpu.fit", "simgpu": "simgpu.__main__"}
+            "fit": "simgpu.fit", "simgpu": "simgpu.__main__", "serve": "simgpu.serve.__main__"}
 
 
 def _edit(path: Path, changes: dict[str, Any]) -> str:
@@ -56,6 +56,19 @@ def platform(**changes: Any) -> str:
 
 
 GPT_TEXT = GPT_FILE.read_text()
+
+
+def laughs(levels: int = 8, width: int = 9) -> str:
+    """A "billion laughs" document: each anchor a list of ``width`` aliases of the one before."""
+    rows = [f"l0: &l0 [{', '.join(['lol'] * width)}]"]
+    rows += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]" for i in range(1, levels + 1)]
+    return "\n".join(rows) + "\n"
+
+
+LAUGHS = laughs()
+#: The same as one flow value for --set: [&l0 [lol, ...], &l1 [*l0, ...], ...]
+FLOW_LAUGHS = "[" + ",".join([f"&l0 [{','.join(['lol'] * 9)}]"]
+                             + [f"&l{i} [{','.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)]) + "]"
 ON_PLATFORM = gpt(platform="p.yaml")  # a workload on the platform file p.yaml beside it
 
 
@@ -119,6 +132,14 @@ RUN = [
          w__yaml=GPT_TEXT.replace("nodes: 2", "nodes: 2\nnodes: 4")),
     case("duplicate-nested", "run", W, "w.yaml", "layers: given twice",
          w__yaml=GPT_TEXT.replace("  layers: 24", "  layers: 24\n  layers: 12")),
+    # hostile YAML: aliases that expand past any real input
+    case("alias-bomb", "run", W, "w.yaml", "aliases expand", "expected at most 1,000,000 values", w__yaml=LAUGHS),
+    case("alias-bomb-in-workload", "run", W, "w.yaml", "expected at most 1,000,000 values",
+         w__yaml=GPT_TEXT + "x-" + LAUGHS.replace("\nl", "\nx-l")),
+    case("alias-bomb-platform", "run", W, "p.yaml", "aliases expand", "expected at most", w__yaml=ON_PLATFORM,
+         p__yaml=LAUGHS),
+    Case("alias-bomb-set", "run", (str(GPT_FILE), "--set", f"model.x={FLOW_LAUGHS}"),
+         ("--set", "model.x", "aliases expand", "expected at most")),
     # booleans, strings and other wrong kinds of numbers
     case("nodes-true", "run", W, "w.yaml:3", "nodes: expected a number, got a boolean", w__yaml=gpt(nodes=True)),
     case("nodes-false", "run", W, "nodes: expected a number", w__yaml=gpt(nodes=False)),
@@ -354,6 +375,7 @@ COMM = [
          p__yaml=PLATFORM_FILE.read_text().encode("utf-16")),
     case("platform-duplicate", "comm", "--platform {tmp}/p.yaml", "p.yaml", "given twice",
          p__yaml=PLATFORM_FILE.read_text().replace("name: dgx_h100", "name: dgx_h100\nname: again", 1)),
+    case("alias-bomb-platform", "comm", "--platform {tmp}/p.yaml", "p.yaml", "aliases expand", p__yaml=LAUGHS),
     case("set-nic-inf", "comm", "--platform dgx_h100 --set network.nic_gbps=.inf", "network.nic_gbps", "finite"),
     case("set-nic-true", "comm", "--platform dgx_h100 --set network.nic_gbps=true", "network.nic_gbps", "boolean"),
     case("set-nic-string", "comm", "--platform dgx_h100 --set network.nic_gbps='400'", "network.nic_gbps",
@@ -431,6 +453,9 @@ WHATIF = [
          s__yaml=study(gird={"nodes": [1]})),
     case("base-missing-key", "whatif", "{tmp}/s.yaml", "s.yaml", "base: missing required key",
          s__yaml=study(base=None)),
+    case("alias-bomb", "whatif", "{tmp}/s.yaml", "s.yaml", "aliases expand", "expected at most", s__yaml=LAUGHS),
+    case("alias-bomb-base", "whatif", "{tmp}/s.yaml", "b.yaml", "aliases expand", s__yaml=study(base="b.yaml"),
+         b__yaml=LAUGHS),
     case("base-not-found", "whatif", "{tmp}/s.yaml", "s.yaml", "base", "not found", s__yaml=study(base="nope.yaml")),
     case("base-folder", "whatif", "{tmp}/s.yaml", "s.yaml", "base", "is a folder", s__yaml=study(base="bdir"),
          bdir=None),
@@ -541,6 +566,8 @@ CALIBRATE = [
     case("gpn-nine", "calibrate", f"{LOG} --gpus-per-node 9", "--gpus-per-node", "1..8", ar__log=nccl_log()),
     case("platform-unknown", "calibrate", "{tmp}/ar.log --platform dgx_z100", "dgx_z100", "not found",
          ar__log=nccl_log()),
+    case("alias-bomb-platform", "calibrate", "{tmp}/ar.log --platform {tmp}/p.yaml", "p.yaml", "aliases expand",
+         ar__log=nccl_log(), p__yaml=LAUGHS),
     case("set-unknown", "calibrate", f"{LOG} --set network.nics=2", "network.nics: unknown key", ar__log=nccl_log()),
     case("set-inf", "calibrate", f"{LOG} --set network.latency_us=.inf", "network.latency_us", "finite",
          ar__log=nccl_log()),
@@ -576,8 +603,35 @@ CONSOLE = [
     case("bench-device", "simgpu", "bench --device gpu --out {tmp}/b", "--device", "invalid choice: 'gpu'"),
 ]
 
+LLAMA_FILE = ROOT / "workloads" / "inference" / "llama2_70b_dgx_h100_tp4.yaml"
+
+
+def serving(**changes: Any) -> str:
+    """A serving file of 20 fixed requests on the shipped Llama-2-70B deployment, with dotted changes."""
+    data: dict[str, Any] = {"name": "t", "deployment": {"workload": str(LLAMA_FILE)},
+                            "requests": {"kind": "fixed", "count": 20, "prompt_tokens": 200, "output_tokens": 20}}
+    for dotted, value in changes.items():
+        cur = data
+        *head, last = dotted.split("__")
+        for h in head:
+            cur = cur.setdefault(h, {})
+        if value is None:
+            cur.pop(last, None)
+        else:
+            cur[last] = value
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+S = "{tmp}/s.yaml"
+SERVE = [
+    case("alias-bomb", "serve", S, "s.yaml", "aliases expand", "expected at most", s__yaml=LAUGHS),
+    case("alias-bomb-deployment", "serve", S, "w.yaml", "aliases expand", s__yaml=serving(deployment__workload="w.yaml"),
+         w__yaml=LAUGHS),
+]
+
 CASES = [c for group, prefix in ((RUN, "run"), (COMM, "comm"), (REPLAY, "replay"), (WHATIF, "whatif"),
-                                  (SEARCH, "search"), (CALIBRATE, "calibrate"), (FIT, "fit"), (CONSOLE, "simgpu"))
+                                  (SEARCH, "search"), (CALIBRATE, "calibrate"), (FIT, "fit"), (CONSOLE, "simgpu"),
+                                  (SERVE, "serve"))
          for c in [Case(f"{prefix}-{x.id}", x.command, x.argv, x.expect, x.files) for x in group]]
 
 

@@ -25,7 +25,7 @@ from ..cli import ArgParser, Progress, check_input_file, check_out_file, entry, 
 from ..collective_run import simulate_collective
 from ..config.loader import load_platform, parse_override, platform_path
 from ..config.platform import PlatformSpec
-from ..config.yamlio import read_text
+from ..config.yamlio import read_text, read_yaml
 from ..errors import ConfigError
 from ..platform.topology import Topology
 from .__main__ import parse_op
@@ -213,7 +213,7 @@ def _get(spec: PlatformSpec, dotted: str) -> float:
 
 def write_platform(platform_ref: str, params: dict[str, Any], out: Path) -> None:
     """The platform's YAML with ``params`` set, written to ``out``."""
-    data = yaml.safe_load(platform_path(platform_ref).read_text())
+    data, _ = read_yaml(platform_path(platform_ref), "platform")
     for dotted, value in params.items():
         cur = data
         *head, last = dotted.split(".")

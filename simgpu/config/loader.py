@@ -23,7 +23,7 @@ from .base import kind_error, unwrap_models
 from .hf import expand as expand_config
 from .platform import PlatformSpec
 from .workload import WorkloadSpec
-from .yamlio import DuplicateKey, load_yaml_value, read_yaml
+from .yamlio import DuplicateKey, TooManyNodes, load_yaml_value, read_yaml
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -84,6 +84,8 @@ def parse_override(item: str) -> tuple[str, Any]:
         raise ConfigError(f"--set: expected key.path=value, got {item!r}")
     try:
         return key, load_yaml_value(raw)
+    except TooManyNodes as e:
+        raise ConfigError(f"--set: {e.message()}", key=key) from None
     except (yaml.YAMLError, DuplicateKey):
         return key, raw
 
