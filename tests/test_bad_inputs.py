@@ -625,7 +625,8 @@ def serving(**changes: Any) -> str:
 S = "{tmp}/s.yaml"
 SERVE = [
     case("alias-bomb", "serve", S, "s.yaml", "aliases expand", "expected at most", s__yaml=LAUGHS),
-    case("alias-bomb-deployment", "serve", S, "w.yaml", "aliases expand", s__yaml=serving(deployment__workload="w.yaml"),
+    case("alias-bomb-deployment", "serve", S, "w.yaml", "aliases expand",
+         s__yaml=serving(deployment__workload="w.yaml"),
          w__yaml=LAUGHS),
 ]
 
