@@ -155,6 +155,24 @@ def _nearest_existing(path: Path) -> Path:
     return cur
 
 
+def _probe(folder: Path, make_folder: bool) -> str | None:
+    """Why nothing can be written into ``folder`` (None when it can): a file or folder is made there and
+    removed at once, so permissions, read-only file systems and pseudo file systems (/proc) all tell."""
+    import shutil
+    import tempfile
+
+    try:
+        if make_folder:
+            shutil.rmtree(tempfile.mkdtemp(prefix=".simgpu-probe-", dir=folder))
+        else:
+            fd, name = tempfile.mkstemp(prefix=".simgpu-probe-", dir=folder)
+            os.close(fd)
+            os.unlink(name)
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
 def check_out_dir(path: str | Path, option: str = "--out") -> Path:
     """``path`` as an output folder that can be created or written; raises before anything is written."""
     p = Path(path)
@@ -163,8 +181,10 @@ def check_out_dir(path: str | Path, option: str = "--out") -> Path:
     base = _nearest_existing(p)
     if not base.is_dir():
         raise UsageError(f"{p}: {base} is a file; expected a folder to write the outputs into", key=option)
-    if not os.access(base, os.W_OK | os.X_OK):
-        raise UsageError(f"{p}: cannot write into {base}; expected a writable folder", key=option)
+    why = None if os.access(base, os.W_OK | os.X_OK) else "permission denied"
+    why = why or _probe(base, make_folder=base != p.absolute())
+    if why:
+        raise UsageError(f"{p}: cannot write into {base} ({why}); expected a writable folder", key=option)
     return p
 
 
@@ -176,8 +196,12 @@ def check_out_file(path: str | Path, option: str) -> Path:
     parent = p.absolute().parent
     if not parent.is_dir():
         raise UsageError(f"{p}: folder {parent} does not exist; expected a file in an existing folder", key=option)
-    if (p.exists() and not os.access(p, os.W_OK)) or not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"{p}: not writable; expected a file that can be written", key=option)
+    why = None if os.access(parent, os.W_OK | os.X_OK) else "permission denied"
+    if p.exists() and not os.access(p, os.W_OK):
+        why = "permission denied"
+    why = why or _probe(parent, make_folder=False)
+    if why:
+        raise UsageError(f"{p}: not writable ({why}); expected a file that can be written", key=option)
     return p
 
 

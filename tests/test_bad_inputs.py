@@ -679,18 +679,57 @@ def test_bad_input_is_refused_in_one_line(c: Case, tmp_path: Path, monkeypatch: 
     assert _listing(tmp_path) == before, "something was written"
 
 
-@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root may write anywhere")
-@pytest.mark.parametrize("command, argv", [("run", [str(GPT_FILE), "--out", "{ro}/out"]),
-                                           ("comm", ["--platform", "dgx_h100", "--csv", "{ro}/x.csv"])])
-def test_an_unwritable_output_is_refused_before_any_work(command: str, argv: list[str], tmp_path: Path,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+SERVING_LLM = ROOT / "workloads" / "serving" / "llama2_70b_dgx_h100_azure_conv.yaml"
+SERVING_DLRM = ROOT / "workloads" / "serving" / "dlrm_dcnv2_dgx_a100.yaml"
+STUDY_FILE = ROOT / "workloads" / "studies" / "faster_nic.yaml"
+
+#: Every command's every output option, the path to refuse written {bad}.
+OUTPUTS = [
+    ("run", [str(GPT_FILE), "--out", "{bad}/out"]),
+    ("run", [str(GPT_FILE), "--out", "{bad}"]),
+    ("comm", ["--platform", "dgx_h100", "--csv", "{bad}/x.csv"]),
+    ("calibrate", ["{tmp}/ar.log", "--platform", "dgx_h100", "--out", "{bad}/p.yaml"]),
+    ("serve", [str(SERVING_LLM), "--out", "{bad}/out"]),
+    ("serve", [str(SERVING_DLRM), "--out", "{bad}/out"]),
+    ("whatif", [str(STUDY_FILE), "--out", "{bad}/out"]),
+    ("search", ["parallelism", str(GPT_FILE), "--out", "{bad}/out"]),
+    ("replay", ["{tmp}/t.json", "--out", "{bad}/out"]),
+    ("fit", ["--platform", "cpu_host", "--csv", "{bad}/rows.csv"]),
+    ("simgpu", ["bench", "--device", "cpu", "--out", "{bad}/out"]),
+]
+
+
+@pytest.fixture(params=["read-only", "proc"])
+def unwritable(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    """A folder nothing can be written into: a read-only one (not for root, who may write anywhere) or
+    /proc (for everyone)."""
+    if request.param == "proc":
+        if not Path("/proc/self").is_dir():
+            pytest.skip("no /proc")
+        yield Path("/proc")
+        return
+    if not hasattr(os, "geteuid") or os.geteuid() == 0:
+        pytest.skip("root may write anywhere")
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o500)
-    try:
-        code = importlib.import_module(COMMANDS[command]).main([a.replace("{ro}", str(ro)) for a in argv])
-        err = capsys.readouterr().err
-        assert code == 2 and err.count("\n") == 1 and ("not writable" in err or "cannot write" in err)
-        assert list(ro.iterdir()) == []
-    finally:
-        ro.chmod(0o700)
+    yield ro
+    ro.chmod(0o700)
+
+
+@pytest.mark.parametrize("command, argv", OUTPUTS, ids=[f"{c}{a[-2]}-{i}" for i, (c, a) in enumerate(OUTPUTS)])
+def test_an_unwritable_output_is_refused_before_any_work(command: str, argv: list[str], tmp_path: Path,
+                                                         unwritable: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ar.log").write_text(nccl_log())
+    (tmp_path / "t.json").write_text(trace_json())
+    before = set(unwritable.iterdir()) if unwritable != Path("/proc") else set()
+    code = importlib.import_module(COMMANDS[command]).main(
+        [a.replace("{bad}", str(unwritable)).replace("{tmp}", str(tmp_path)) for a in argv])
+    out, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: "), err
+    assert "not writable" in err or "cannot write" in err, err
+    assert "expected" in err and out == ""
+    if unwritable != Path("/proc"):
+        assert set(unwritable.iterdir()) == before
