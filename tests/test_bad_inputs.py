@@ -324,6 +324,11 @@ RUN = [
     case("set-gpus-huge", "run", f"{GPT_FILE} --set platform.node.gpus=100000 --set parallelism.dp=200000",
          "200,000 GPUs", "expected at most"),
     case("set-nodes-huge", "run", f"{GPT_FILE} --set nodes=100000", "nodes", "800,000 GPUs", "GiB"),
+    Case("dragonfly-links", "run", (str(GPT_FILE), "--set", "nodes=2000", "--set", "parallelism.dp=null", "--set",
+                                    "platform.network.topology=dragonfly", "--set", "platform.network.dragonfly="
+                                    "{nodes_per_switch: 1, switches_per_group: 1000, local_link_gbps: 100, "
+                                    "global_link_gbps: 100, global_links_per_group_pair: 8}"),
+         ("dgx_h100.yaml", "network.dragonfly.switches_per_group", "1,998,016 links", "expected at most 1,000,000")),
     case("set-inside-scalar", "run", f"{GPT_FILE} --set nodes.x=1", "nodes", "cannot set a key inside"),
     case("set-bad-index", "run", f"{DLRM_FILE} --set model.tables.99.rows=5", "model.tables.99", "not an item"),
     case("set-layers-1e20", "run", f"{GPT_FILE} --set model.layers=1e20", "model.layers", "GiB of memory"),
@@ -392,6 +397,17 @@ COMM = [
          "expected node.gpus x nics_per_gpu = 16"),
     case("set-sharp-number", "comm", "--platform dgx_h100 --set network.in_network_reduction=3",
          "network.in_network_reduction", "expected true or false"),
+    case("dragonfly-nodes-per-switch-huge", "comm", "--platform perlmutter_gpu --set "
+         "network.dragonfly.nodes_per_switch=1000000000000", "perlmutter_gpu.yaml",
+         "network.dragonfly.nodes_per_switch", "less than or equal to 1024"),
+    case("dragonfly-global-links-huge", "comm", "--platform perlmutter_gpu --set "
+         "network.dragonfly.global_links_per_group_pair=100000", "network.dragonfly.global_links_per_group_pair",
+         "less than or equal to 1024"),
+    case("dragonfly-links", "comm", "--platform perlmutter_gpu --nodes 4000 --set network.dragonfly.routing=minimal "
+         "--set network.dragonfly.nodes_per_switch=1 --set network.dragonfly.switches_per_group=1000",
+         "perlmutter_gpu.yaml", "links", "expected at most 1,000,000 links"),
+    case("set-platform-prefix", "comm", "--platform dgx_h100 --set platform.network.nic_gbps=100",
+         "platform.network.nic_gbps", "expected network.nic_gbps=...", "prefix"),
     case("set-dragonfly-typo", "comm", "--platform perlmutter_gpu --set network.dragonfly.groups=3",
          "network.dragonfly.groups: unknown key", "expected one of"),
     case("csv-folder", "comm", "--platform dgx_h100 --csv {tmp}/cdir", "--csv", "is a folder", "expected a file",
@@ -568,6 +584,8 @@ CALIBRATE = [
          ar__log=nccl_log()),
     case("alias-bomb-platform", "calibrate", "{tmp}/ar.log --platform {tmp}/p.yaml", "p.yaml", "aliases expand",
          ar__log=nccl_log(), p__yaml=LAUGHS),
+    case("set-platform-prefix", "calibrate", f"{LOG} --set platform.network.latency_us=5",
+         "platform.network.latency_us", "expected network.latency_us=...", ar__log=nccl_log()),
     case("set-unknown", "calibrate", f"{LOG} --set network.nics=2", "network.nics: unknown key", ar__log=nccl_log()),
     case("set-inf", "calibrate", f"{LOG} --set network.latency_us=.inf", "network.latency_us", "finite",
          ar__log=nccl_log()),
@@ -604,6 +622,9 @@ CONSOLE = [
 ]
 
 LLAMA_FILE = ROOT / "workloads" / "inference" / "llama2_70b_dgx_h100_tp4.yaml"
+SERVING_LLM = ROOT / "workloads" / "serving" / "llama2_70b_dgx_h100_azure_conv.yaml"
+SERVING_DLRM = ROOT / "workloads" / "serving" / "dlrm_dcnv2_dgx_a100.yaml"
+STUDY_FILE = ROOT / "workloads" / "studies" / "faster_nic.yaml"
 
 
 def serving(**changes: Any) -> str:
@@ -624,6 +645,12 @@ def serving(**changes: Any) -> str:
 
 S = "{tmp}/s.yaml"
 SERVE = [
+    case("count-huge", "serve", S, "s.yaml", "requests.count", "100,000,000 requests", "expected at most",
+         s__yaml=serving(requests__count=100_000_000)),
+    case("count-huge-set", "serve", f"{S} --set requests.count=1e9", "s.yaml", "requests.count",
+         "expected at most", s__yaml=serving()),
+    case("dlrm-queries-huge", "serve", f"{SERVING_DLRM} --set queries.count=100000000", "queries.count",
+         "100,000,000 requests", "expected at most"),
     case("alias-bomb", "serve", S, "s.yaml", "aliases expand", "expected at most", s__yaml=LAUGHS),
     case("alias-bomb-deployment", "serve", S, "w.yaml", "aliases expand",
          s__yaml=serving(deployment__workload="w.yaml"),
@@ -679,9 +706,6 @@ def test_bad_input_is_refused_in_one_line(c: Case, tmp_path: Path, monkeypatch: 
     assert _listing(tmp_path) == before, "something was written"
 
 
-SERVING_LLM = ROOT / "workloads" / "serving" / "llama2_70b_dgx_h100_azure_conv.yaml"
-SERVING_DLRM = ROOT / "workloads" / "serving" / "dlrm_dcnv2_dgx_a100.yaml"
-STUDY_FILE = ROOT / "workloads" / "studies" / "faster_nic.yaml"
 
 #: Every command's every output option, the path to refuse written {bad}.
 OUTPUTS = [

@@ -91,18 +91,18 @@ def _main(argv: Sequence[str] | None) -> int:
     args = ap.parse_args(argv)
     args.op = parse_op(args.op)
     from ..collective_run import simulate_collective
-    from ..config.checks import check_world
-    from ..config.loader import load_platform, parse_override
+    from ..config.checks import check_network, check_world
+    from ..config.loader import load_platform, platform_overrides
     from .collective import bus_bandwidth, caveats, layout
 
     if args.csv:
         check_out_file(args.csv, "--csv")
     sizes = parse_sizes(args.sizes)
-    over = [parse_override(o) for o in args.overrides]
-    over = [(k.removeprefix("platform."), v) for k, v in over]
-    platform, _ = load_platform(args.platform, over)
+    over = platform_overrides(args.overrides)
+    platform, platform_file = load_platform(args.platform, over)
     gpn = layout(platform, args.nodes, args.gpus_per_node)
     check_world(args.nodes, gpn, key="--nodes")
+    check_network(platform, args.nodes, file=platform_file)
     topo = Topology(platform, args.nodes, gpn)
     n = 2 if args.op == "send_recv" else topo.world
     rows = []

@@ -23,7 +23,7 @@ import yaml
 
 from ..cli import ArgParser, Progress, check_input_file, check_out_file, entry, int_at_least, run_command
 from ..collective_run import simulate_collective
-from ..config.loader import load_platform, parse_override, platform_path
+from ..config.loader import load_platform, platform_overrides, platform_path
 from ..config.platform import PlatformSpec
 from ..config.yamlio import read_text, read_yaml
 from ..errors import ConfigError
@@ -245,7 +245,7 @@ def _main(argv: Sequence[str] | None) -> int:
         check_out_file(args.out, "--out")
     path = check_input_file(args.measurements, "measurements")
     text = read_text(path, "measurements")
-    over = [(k.removeprefix("platform."), v) for k, v in map(parse_override, args.overrides)]
+    over = platform_overrides(args.overrides)
     layout(load_platform(args.platform, over)[0], args.nodes, args.gpus_per_node)
     sizes, times = parse_nccl_tests(text)
     if len(sizes) < 3:

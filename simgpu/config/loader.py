@@ -90,6 +90,20 @@ def parse_override(item: str) -> tuple[str, Any]:
         return key, raw
 
 
+def platform_overrides(items: Sequence[str]) -> list[tuple[str, Any]]:
+    """``--set`` items of a command whose keys are a platform's (comm, calibrate): ``network.nic_gbps=200``.
+    Run's ``platform.`` prefix is refused rather than quietly dropped: here every key is a platform key."""
+    out = []
+    for item in items:
+        key, value = parse_override(item)
+        if key == "platform" or key.startswith("platform."):
+            bare = key.removeprefix("platform").removeprefix(".") or "network.nic_gbps"
+            raise ConfigError(f"--set: this command's keys are the platform's own; expected {bare}=..., "
+                              f"without run's 'platform.' prefix", key=key)
+        out.append((key, value))
+    return out
+
+
 def validate(model: type[M], data: dict[str, Any], file: str,
              lines: dict[tuple[str, ...], int] | None = None) -> M:
     """Validate ``data`` against ``model``, turning the first problem into one ConfigError.

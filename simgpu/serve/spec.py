@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from ..config.base import Spec
+from ..config.checks import check_requests
 from ..config.loader import apply_override, check_name, job_kind, parse_override, read_yaml, resolve_path, validate
 from ..errors import ConfigError
 
@@ -202,6 +203,8 @@ def load_serving(path: str | Path, overrides: tuple[str, ...] | list[str] = ()) 
     check_name(spec.name, file, lines.get(("name",)))
     serving = Serving(spec, file, tuple(overrides))
     r = spec.requests
+    if r.kind != "trace" and r.count is not None:  # a trace's count is a cap on rows already read
+        check_requests(r.count, file=file, line=lines.get(("requests", "count")))
     if r.kind == "trace" and r.file:
         trace = serving.resolve(r.file)
         if not trace.is_file():
