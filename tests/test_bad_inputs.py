@@ -1,6 +1,7 @@
 """A corpus of bad inputs to every command: each is refused with exit status 2 and one line on stderr
 naming the file, the key (or the argument) and what was expected, with no traceback, nothing on
-stdout and nothing written. Every case fails before any simulation, so the corpus is fast."""
+stdout and nothing written. Every case but the trace windows (known wrong only once the iteration is
+simulated, a small one) fails before any simulation, so the corpus is fast."""
 
 from __future__ import annotations
 
@@ -339,6 +340,9 @@ RUN = [
     case("records-bogus", "run", f"{GPT_FILE} --records xml", "--records", "invalid choice"),
     case("window-one", "run", f"{GPT_FILE} --trace-window 5", "--trace-window", "expected START:END"),
     case("window-reversed", "run", f"{GPT_FILE} --trace-window 5:1", "--trace-window", "expected 0 <= START < END"),
+    case("window-after-end", "run", f"{GPT_FILE} --set model.layers=2 --set nodes=1 --set parallelism.dp=null "
+         "--trace-window 100000:200000", "--trace-window", "holds none of the simulated intervals",
+         "expected a window inside"),
     case("window-words", "run", f"{GPT_FILE} --trace-window a:b", "--trace-window", "expected START:END"),
     case("unknown-option", "run", f"{GPT_FILE} --fast", "unrecognized arguments: --fast"),
     case("no-workload", "run", "", "the following arguments are required: workload"),
@@ -609,7 +613,7 @@ CONSOLE = [
     case("verb-calibrate-bad", "simgpu", "calibrate {tmp}/none.log --platform dgx_h100", "none.log", "not found"),
     case("verb-whatif-bad", "simgpu", "whatif {tmp}/none.yaml", "none.yaml", "not found"),
     case("verb-replay-bad", "simgpu", "replay {tmp}/t.json --world 0", "--world", t__json=trace_json()),
-    case("validate-only-bogus", "simgpu", "validate --only nope", "--only", "invalid choice: 'nope'"),
+    case("validate-only-bogus", "simgpu", "validate --only nope", "--only", "'nope'", "expected one of"),
     case("validate-unknown-option", "simgpu", "validate --fast", "unrecognized arguments: --fast"),
     case("speed-no-case", "simgpu", "speed -k nonexistent --profile", "-k", "no case matches", "expected"),
     case("speed-unknown-option", "simgpu", "speed --fast", "unrecognized arguments: --fast"),
@@ -644,7 +648,26 @@ def serving(**changes: Any) -> str:
 
 
 S = "{tmp}/s.yaml"
+def azure_trace(*rows: str) -> str:
+    return "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(r + "\n" for r in rows)
+
+
+GOOD_ROW = "2023-11-16 18:15:46.6805900,374,44"
 SERVE = [
+    case("output-tokens-zero", "serve", S, "s.yaml", "requests.output_tokens", "expected a token count >= 1",
+         s__yaml=serving(requests__output_tokens=0)),
+    case("prompt-tokens-zero", "serve", S, "s.yaml", "requests.prompt_tokens", "got 0",
+         s__yaml=serving(requests__prompt_tokens=0)),
+    case("output-tokens-negative-set", "serve", f"{S} --set requests.output_tokens=-3", "requests.output_tokens",
+         "got -3", s__yaml=serving()),
+    case("trace-output-zero", "serve", S, "t.csv", "requests.file", "row 3: GeneratedTokens '0'",
+         "expected a token count >= 1",
+         s__yaml=serving(requests={"kind": "trace", "file": "t.csv"}),
+         t__csv=azure_trace(GOOD_ROW, "2023-11-16 18:15:50,100,0")),
+    case("trace-bad-timestamp", "serve", S, "t.csv", "row 3: TIMESTAMP 'noon'", "expected a date and time",
+         s__yaml=serving(requests={"kind": "trace", "file": "t.csv"}), t__csv=azure_trace(GOOD_ROW, "noon,100,3")),
+    case("trace-prompt-word", "serve", S, "t.csv", "row 2: ContextTokens 'many'", "expected a token count",
+         s__yaml=serving(requests={"kind": "trace", "file": "t.csv"}), t__csv=azure_trace("2023-11-16,many,3")),
     case("count-huge", "serve", S, "s.yaml", "requests.count", "100,000,000 requests", "expected at most",
          s__yaml=serving(requests__count=100_000_000)),
     case("count-huge-set", "serve", f"{S} --set requests.count=1e9", "s.yaml", "requests.count",
@@ -679,6 +702,7 @@ def _listing(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*")}
 
 
+@pytest.mark.filterwarnings("error")  # a warning printed before the error line is a second line
 @pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
 def test_bad_input_is_refused_in_one_line(c: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from ..config.base import Spec
 from ..config.checks import check_requests
@@ -66,6 +66,14 @@ class RequestsSpec(Spec):
     file: str | None = Field(None, description="trace: CSV with TIMESTAMP, ContextTokens, GeneratedTokens columns "
                                 "(a path, or data:<path> in the shared data folder)")
     skip: int = Field(0, ge=0, description="trace: rows skipped from the start")
+
+    @field_validator("prompt_tokens", "output_tokens")
+    @classmethod
+    def _at_least_one(cls, v: int | LengthSpec | None) -> int | LengthSpec | None:
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"expected a token count >= 1 (a request has at least one prompt and one output "
+                             f"token), got {v}")
+        return v
 
     @model_validator(mode="after")
     def _complete(self) -> RequestsSpec:
