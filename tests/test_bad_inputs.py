@@ -78,11 +78,11 @@ def study(**extra: Any) -> str:
     return yaml.safe_dump({k: v for k, v in data.items() if v is not None}, sort_keys=False)
 
 
-def nccl_log(redop: str = "sum", root: int = -1, rows: int = 8) -> str:
+def nccl_log(redop: str = "sum", root: int = -1, rows: int = 8, size: int | None = None) -> str:
     lines = ["# nccl-tests", "#       size         count      type   redop    root     time   algbw   busbw #wrong"]
     for i in range(rows):
-        size = 1024 * 4**i
-        lines.append(f"{size:>12} {size // 4:>12}     float {redop:>7} {root:>7} {20.0 + i * 30:8.1f}   1.00   "
+        size_i = 1024 * 4**i if size is None else size
+        lines.append(f"{size_i:>12} {size_i // 4:>12}     float {redop:>7} {root:>7} {20.0 + i * 30:8.1f}   1.00   "
                      f"1.00      0 {20.0 + i * 30:8.1f}   1.00   1.00      0")
     return "\n".join(lines) + "\n"
 
@@ -588,6 +588,15 @@ CALIBRATE = [
          ar__log=nccl_log()),
     case("alias-bomb-platform", "calibrate", "{tmp}/ar.log --platform {tmp}/p.yaml", "p.yaml", "aliases expand",
          ar__log=nccl_log(), p__yaml=LAUGHS),
+    case("all-sizes-zero", "calibrate", LOG, "ar.log", "0 distinct size(s) above 0", "8 left out: line 3 of size 0",
+         "expected at least 3", ar__log=nccl_log(size=0)),
+    case("one-size", "calibrate", LOG, "ar.log", "1 distinct size(s) above 0 in 8 data row(s)", "distinct sizes > 0",
+         ar__log=nccl_log(size=4096)),
+    case("mixed-ops", "calibrate", LOG, "ar.log", "line 13 is a row of all_gather or all_to_all",
+         "but line 3 one of all_reduce", "expected the rows of one collective",
+         ar__log=nccl_log() + nccl_log(redop="none")),
+    case("cut-rows-only", "calibrate", LOG, "ar.log", "2 left out: line 3 cut short (6 of 13 columns)",
+         "expected at least 3", ar__log="\n".join(r[:60] for r in nccl_log(rows=4).splitlines()[:4])),
     case("set-platform-prefix", "calibrate", f"{LOG} --set platform.network.latency_us=5",
          "platform.network.latency_us", "expected network.latency_us=...", ar__log=nccl_log()),
     case("set-unknown", "calibrate", f"{LOG} --set network.nics=2", "network.nics: unknown key", ar__log=nccl_log()),
@@ -781,3 +790,14 @@ def test_an_unwritable_output_is_refused_before_any_work(command: str, argv: lis
     assert "expected" in err and out == ""
     if unwritable != Path("/proc"):
         assert set(unwritable.iterdir()) == before
+
+
+def test_calibrate_says_in_one_line_what_it_left_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A log cut in the middle of its last row is fitted on the whole rows, and the output says so."""
+    log = tmp_path / "ar.log"
+    log.write_text(nccl_log(rows=6)[:-40])
+    assert importlib.import_module(COMMANDS["calibrate"]).main([str(log), "--platform", "dgx_h100"]) == 0
+    out = capsys.readouterr().out
+    notes = [line for line in out.splitlines() if line.startswith("note:")]
+    assert notes == ["note: left out 1 row(s) of the log: line 8 cut short (8 of 13 columns)"], out
+    assert out.startswith("5 sizes, all_reduce")
