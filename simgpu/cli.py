@@ -72,8 +72,24 @@ def run_command(body: Callable[[], int]) -> int:
         return e.code if isinstance(e.code, int) else 0
 
 
+def shadowed() -> str | None:
+    """One line saying that a folder named ``simgpu`` in the working folder (a checkout, run from its
+    parent) stands in for the package, or None. Python imports such a folder as a namespace package
+    before the installed one; where the command still starts, the line says which code ran."""
+    pkg = sys.modules.get("simgpu")
+    if pkg is None or getattr(pkg, "__file__", None):
+        return None
+    here = Path(__file__).resolve().parent
+    where = ", ".join(str(p) for p in getattr(pkg, "__path__", []))
+    return (f"note: the folder {where} (a checkout named simgpu?) shadows the simgpu package, which ran from "
+            f"{here}; run simgpu from another folder")
+
+
 def entry(main: Callable[[], int]) -> NoReturn:
     """``sys.exit(main())`` for ``python -m``, quiet when stdout is closed early (``| head``)."""
+    note = shadowed()
+    if note:
+        print(note, file=sys.stderr)
     try:
         code = main()
         sys.stdout.flush()
