@@ -229,4 +229,5 @@ def test_comm_csv_alone_writes_under_out(tmp_path, monkeypatch, capsys) -> None:
 
     monkeypatch.chdir(tmp_path)
     assert main(["--platform", "dgx_h100", "--sizes", "8:64", "--csv"]) == 0
-    assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.csv")] == ["out/comm/dgx_h100_all_reduce_1n.csv"]
+    written = [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.csv")]
+    assert written == ["out/comm/dgx_h100_all_reduce_1n.csv"]
