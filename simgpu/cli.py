@@ -72,8 +72,24 @@ def run_command(body: Callable[[], int]) -> int:
         return e.code if isinstance(e.code, int) else 0
 
 
+def shadowed() -> str | None:
+    """One line saying that a folder named ``simgpu`` in the working folder (a checkout, run from its
+    parent) stands in for the package, or None. Python imports such a folder as a namespace package
+    before the installed one; where the command still starts, the line says which code ran."""
+    pkg = sys.modules.get("simgpu")
+    if pkg is None or getattr(pkg, "__file__", None):
+        return None
+    here = Path(__file__).resolve().parent
+    where = ", ".join(str(p) for p in getattr(pkg, "__path__", []))
+    return (f"note: the folder {where} (a checkout named simgpu?) shadows the simgpu package, which ran from "
+            f"{here}; run simgpu from another folder")
+
+
 def entry(main: Callable[[], int]) -> NoReturn:
     """``sys.exit(main())`` for ``python -m``, quiet when stdout is closed early (``| head``)."""
+    note = shadowed()
+    if note:
+        print(note, file=sys.stderr)
     try:
         code = main()
         sys.stdout.flush()
@@ -155,6 +171,24 @@ def _nearest_existing(path: Path) -> Path:
     return cur
 
 
+def _probe(folder: Path, make_folder: bool) -> str | None:
+    """Why nothing can be written into ``folder`` (None when it can): a file or folder is made there and
+    removed at once, so permissions, read-only file systems and pseudo file systems (/proc) all tell."""
+    import shutil
+    import tempfile
+
+    try:
+        if make_folder:
+            shutil.rmtree(tempfile.mkdtemp(prefix=".simgpu-probe-", dir=folder))
+        else:
+            fd, name = tempfile.mkstemp(prefix=".simgpu-probe-", dir=folder)
+            os.close(fd)
+            os.unlink(name)
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
 def check_out_dir(path: str | Path, option: str = "--out") -> Path:
     """``path`` as an output folder that can be created or written; raises before anything is written."""
     p = Path(path)
@@ -163,8 +197,10 @@ def check_out_dir(path: str | Path, option: str = "--out") -> Path:
     base = _nearest_existing(p)
     if not base.is_dir():
         raise UsageError(f"{p}: {base} is a file; expected a folder to write the outputs into", key=option)
-    if not os.access(base, os.W_OK | os.X_OK):
-        raise UsageError(f"{p}: cannot write into {base}; expected a writable folder", key=option)
+    why = None if os.access(base, os.W_OK | os.X_OK) else "permission denied"
+    why = why or _probe(base, make_folder=base != p.absolute())
+    if why:
+        raise UsageError(f"{p}: cannot write into {base} ({why}); expected a writable folder", key=option)
     return p
 
 
@@ -176,8 +212,12 @@ def check_out_file(path: str | Path, option: str) -> Path:
     parent = p.absolute().parent
     if not parent.is_dir():
         raise UsageError(f"{p}: folder {parent} does not exist; expected a file in an existing folder", key=option)
-    if (p.exists() and not os.access(p, os.W_OK)) or not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"{p}: not writable; expected a file that can be written", key=option)
+    why = None if os.access(parent, os.W_OK | os.X_OK) else "permission denied"
+    if p.exists() and not os.access(p, os.W_OK):
+        why = "permission denied"
+    why = why or _probe(parent, make_folder=False)
+    if why:
+        raise UsageError(f"{p}: not writable ({why}); expected a file that can be written", key=option)
     return p
 
 

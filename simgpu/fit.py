@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .cli import ArgParser, entry, run_command
+from .cli import ArgParser, check_out_file, entry, run_command
 from .errors import ConfigError, SimgpuError
 from .kernels import datasets, store
 from .kernels.learned import (
@@ -282,6 +282,8 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         if args.threads < 1:
             raise ConfigError(f"expected --threads >= 1, got {args.threads}", key="--threads")
+        if args.csv:
+            check_out_file(args.csv, "--csv")
         if args.platform or args.all:
             for name in [args.platform] if args.platform else fittable_platforms():
                 manifest, refitted = fit_platform(name, force=args.force, time_column=args.time_column)

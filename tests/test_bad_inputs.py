@@ -1,6 +1,7 @@
 """A corpus of bad inputs to every command: each is refused with exit status 2 and one line on stderr
 naming the file, the key (or the argument) and what was expected, with no traceback, nothing on
-stdout and nothing written. Every case fails before any simulation, so the corpus is fast."""
+stdout and nothing written. Every case but the trace windows (known wrong only once the iteration is
+simulated, a small one) fails before any simulation, so the corpus is fast."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ PLATFORM_FILE = ROOT / "platforms" / "dgx_h100.yaml"
 
 COMMANDS = {"run": "simgpu.run", "whatif": "simgpu.whatif.__main__", "comm": "simgpu.comm.__main__",
             "replay": "simgpu.replay", "search": "simgpu.search", "calibrate": "simgpu.comm.calibrate",
-            "fit": "simgpu.fit", "simgpu": "simgpu.__main__"}
+            "fit": "simgpu.fit", "simgpu": "simgpu.__main__", "serve": "simgpu.serve.__main__"}
 
 
 def _edit(path: Path, changes: dict[str, Any]) -> str:
@@ -56,6 +57,19 @@ def platform(**changes: Any) -> str:
 
 
 GPT_TEXT = GPT_FILE.read_text()
+
+
+def laughs(levels: int = 8, width: int = 9) -> str:
+    """A "billion laughs" document: each anchor a list of ``width`` aliases of the one before."""
+    rows = [f"l0: &l0 [{', '.join(['lol'] * width)}]"]
+    rows += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]" for i in range(1, levels + 1)]
+    return "\n".join(rows) + "\n"
+
+
+LAUGHS = laughs()
+#: The same as one flow value for --set: [&l0 [lol, ...], &l1 [*l0, ...], ...]
+FLOW_LAUGHS = "[" + ",".join([f"&l0 [{','.join(['lol'] * 9)}]"]
+                             + [f"&l{i} [{','.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)]) + "]"
 ON_PLATFORM = gpt(platform="p.yaml")  # a workload on the platform file p.yaml beside it
 
 
@@ -64,11 +78,11 @@ def study(**extra: Any) -> str:
     return yaml.safe_dump({k: v for k, v in data.items() if v is not None}, sort_keys=False)
 
 
-def nccl_log(redop: str = "sum", root: int = -1, rows: int = 8) -> str:
+def nccl_log(redop: str = "sum", root: int = -1, rows: int = 8, size: int | None = None) -> str:
     lines = ["# nccl-tests", "#       size         count      type   redop    root     time   algbw   busbw #wrong"]
     for i in range(rows):
-        size = 1024 * 4**i
-        lines.append(f"{size:>12} {size // 4:>12}     float {redop:>7} {root:>7} {20.0 + i * 30:8.1f}   1.00   "
+        size_i = 1024 * 4**i if size is None else size
+        lines.append(f"{size_i:>12} {size_i // 4:>12}     float {redop:>7} {root:>7} {20.0 + i * 30:8.1f}   1.00   "
                      f"1.00      0 {20.0 + i * 30:8.1f}   1.00   1.00      0")
     return "\n".join(lines) + "\n"
 
@@ -119,6 +133,14 @@ RUN = [
          w__yaml=GPT_TEXT.replace("nodes: 2", "nodes: 2\nnodes: 4")),
     case("duplicate-nested", "run", W, "w.yaml", "layers: given twice",
          w__yaml=GPT_TEXT.replace("  layers: 24", "  layers: 24\n  layers: 12")),
+    # hostile YAML: aliases that expand past any real input
+    case("alias-bomb", "run", W, "w.yaml", "aliases expand", "expected at most 1,000,000 values", w__yaml=LAUGHS),
+    case("alias-bomb-in-workload", "run", W, "w.yaml", "expected at most 1,000,000 values",
+         w__yaml=GPT_TEXT + "x-" + LAUGHS.replace("\nl", "\nx-l")),
+    case("alias-bomb-platform", "run", W, "p.yaml", "aliases expand", "expected at most", w__yaml=ON_PLATFORM,
+         p__yaml=LAUGHS),
+    Case("alias-bomb-set", "run", (str(GPT_FILE), "--set", f"model.x={FLOW_LAUGHS}"),
+         ("--set", "model.x", "aliases expand", "expected at most")),
     # booleans, strings and other wrong kinds of numbers
     case("nodes-true", "run", W, "w.yaml:3", "nodes: expected a number, got a boolean", w__yaml=gpt(nodes=True)),
     case("nodes-false", "run", W, "nodes: expected a number", w__yaml=gpt(nodes=False)),
@@ -320,6 +342,11 @@ RUN = [
     case("set-gpus-huge", "run", f"{GPT_FILE} --set platform.node.gpus=100000 --set parallelism.dp=200000",
          "200,000 GPUs", "expected at most"),
     case("set-nodes-huge", "run", f"{GPT_FILE} --set nodes=100000", "nodes", "800,000 GPUs", "GiB"),
+    Case("dragonfly-links", "run", (str(GPT_FILE), "--set", "nodes=2000", "--set", "parallelism.dp=null", "--set",
+                                    "platform.network.topology=dragonfly", "--set", "platform.network.dragonfly="
+                                    "{nodes_per_switch: 1, switches_per_group: 1000, local_link_gbps: 100, "
+                                    "global_link_gbps: 100, global_links_per_group_pair: 8}"),
+         ("dgx_h100.yaml", "network.dragonfly.switches_per_group", "1,998,016 links", "expected at most 1,000,000")),
     case("set-inside-scalar", "run", f"{GPT_FILE} --set nodes.x=1", "nodes", "cannot set a key inside"),
     case("set-bad-index", "run", f"{DLRM_FILE} --set model.tables.99.rows=5", "model.tables.99", "not an item"),
     case("set-layers-1e20", "run", f"{GPT_FILE} --set model.layers=1e20", "model.layers", "GiB of memory"),
@@ -357,6 +384,9 @@ RUN = [
     case("records-bogus", "run", f"{GPT_FILE} --records xml", "--records", "invalid choice"),
     case("window-one", "run", f"{GPT_FILE} --trace-window 5", "--trace-window", "expected START:END"),
     case("window-reversed", "run", f"{GPT_FILE} --trace-window 5:1", "--trace-window", "expected 0 <= START < END"),
+    case("window-after-end", "run", f"{GPT_FILE} --set model.layers=2 --set nodes=1 --set parallelism.dp=null "
+         "--trace-window 100000:200000", "--trace-window", "holds none of the simulated intervals",
+         "expected a window inside"),
     case("window-words", "run", f"{GPT_FILE} --trace-window a:b", "--trace-window", "expected START:END"),
     case("unknown-option", "run", f"{GPT_FILE} --fast", "unrecognized arguments: --fast"),
     case("no-workload", "run", "", "the following arguments are required: workload"),
@@ -398,6 +428,7 @@ COMM = [
          p__yaml=PLATFORM_FILE.read_text().encode("utf-16")),
     case("platform-duplicate", "comm", "--platform {tmp}/p.yaml", "p.yaml", "given twice",
          p__yaml=PLATFORM_FILE.read_text().replace("name: dgx_h100", "name: dgx_h100\nname: again", 1)),
+    case("alias-bomb-platform", "comm", "--platform {tmp}/p.yaml", "p.yaml", "aliases expand", p__yaml=LAUGHS),
     case("set-nic-inf", "comm", "--platform dgx_h100 --set network.nic_gbps=.inf", "network.nic_gbps", "finite"),
     case("set-nic-true", "comm", "--platform dgx_h100 --set network.nic_gbps=true", "network.nic_gbps", "boolean"),
     case("set-nic-string", "comm", "--platform dgx_h100 --set network.nic_gbps='400'", "network.nic_gbps",
@@ -414,6 +445,17 @@ COMM = [
          "expected node.gpus x nics_per_gpu = 16"),
     case("set-sharp-number", "comm", "--platform dgx_h100 --set network.in_network_reduction=3",
          "network.in_network_reduction", "expected true or false"),
+    case("dragonfly-nodes-per-switch-huge", "comm", "--platform perlmutter_gpu --set "
+         "network.dragonfly.nodes_per_switch=1000000000000", "perlmutter_gpu.yaml",
+         "network.dragonfly.nodes_per_switch", "less than or equal to 1024"),
+    case("dragonfly-global-links-huge", "comm", "--platform perlmutter_gpu --set "
+         "network.dragonfly.global_links_per_group_pair=100000", "network.dragonfly.global_links_per_group_pair",
+         "less than or equal to 1024"),
+    case("dragonfly-links", "comm", "--platform perlmutter_gpu --nodes 4000 --set network.dragonfly.routing=minimal "
+         "--set network.dragonfly.nodes_per_switch=1 --set network.dragonfly.switches_per_group=1000",
+         "perlmutter_gpu.yaml", "links", "expected at most 1,000,000 links"),
+    case("set-platform-prefix", "comm", "--platform dgx_h100 --set platform.network.nic_gbps=100",
+         "platform.network.nic_gbps", "expected network.nic_gbps=...", "prefix"),
     case("set-dragonfly-typo", "comm", "--platform perlmutter_gpu --set network.dragonfly.groups=3",
          "network.dragonfly.groups: unknown key", "expected one of"),
     case("csv-folder", "comm", "--platform dgx_h100 --csv {tmp}/cdir", "--csv", "is a folder", "expected a file",
@@ -475,6 +517,9 @@ WHATIF = [
          s__yaml=study(gird={"nodes": [1]})),
     case("base-missing-key", "whatif", "{tmp}/s.yaml", "s.yaml", "base: missing required key",
          s__yaml=study(base=None)),
+    case("alias-bomb", "whatif", "{tmp}/s.yaml", "s.yaml", "aliases expand", "expected at most", s__yaml=LAUGHS),
+    case("alias-bomb-base", "whatif", "{tmp}/s.yaml", "b.yaml", "aliases expand", s__yaml=study(base="b.yaml"),
+         b__yaml=LAUGHS),
     case("base-not-found", "whatif", "{tmp}/s.yaml", "s.yaml", "base", "not found", s__yaml=study(base="nope.yaml")),
     case("base-folder", "whatif", "{tmp}/s.yaml", "s.yaml", "base", "is a folder", s__yaml=study(base="bdir"),
          bdir=None),
@@ -585,6 +630,19 @@ CALIBRATE = [
     case("gpn-nine", "calibrate", f"{LOG} --gpus-per-node 9", "--gpus-per-node", "1..8", ar__log=nccl_log()),
     case("platform-unknown", "calibrate", "{tmp}/ar.log --platform dgx_z100", "dgx_z100", "not found",
          ar__log=nccl_log()),
+    case("alias-bomb-platform", "calibrate", "{tmp}/ar.log --platform {tmp}/p.yaml", "p.yaml", "aliases expand",
+         ar__log=nccl_log(), p__yaml=LAUGHS),
+    case("all-sizes-zero", "calibrate", LOG, "ar.log", "0 distinct size(s) above 0", "8 left out: line 3 of size 0",
+         "expected at least 3", ar__log=nccl_log(size=0)),
+    case("one-size", "calibrate", LOG, "ar.log", "1 distinct size(s) above 0 in 8 data row(s)", "distinct sizes > 0",
+         ar__log=nccl_log(size=4096)),
+    case("mixed-ops", "calibrate", LOG, "ar.log", "line 13 is a row of all_gather or all_to_all",
+         "but line 3 one of all_reduce", "expected the rows of one collective",
+         ar__log=nccl_log() + nccl_log(redop="none")),
+    case("cut-rows-only", "calibrate", LOG, "ar.log", "2 left out: line 3 cut short (6 of 13 columns)",
+         "expected at least 3", ar__log="\n".join(r[:60] for r in nccl_log(rows=4).splitlines()[:4])),
+    case("set-platform-prefix", "calibrate", f"{LOG} --set platform.network.latency_us=5",
+         "platform.network.latency_us", "expected network.latency_us=...", ar__log=nccl_log()),
     case("set-unknown", "calibrate", f"{LOG} --set network.nics=2", "network.nics: unknown key", ar__log=nccl_log()),
     case("set-inf", "calibrate", f"{LOG} --set network.latency_us=.inf", "network.latency_us", "finite",
          ar__log=nccl_log()),
@@ -620,8 +678,64 @@ CONSOLE = [
     case("bench-device", "simgpu", "bench --device gpu --out {tmp}/b", "--device", "invalid choice: 'gpu'"),
 ]
 
+LLAMA_FILE = ROOT / "workloads" / "inference" / "llama2_70b_dgx_h100_tp4.yaml"
+SERVING_LLM = ROOT / "workloads" / "serving" / "llama2_70b_dgx_h100_azure_conv.yaml"
+SERVING_DLRM = ROOT / "workloads" / "serving" / "dlrm_dcnv2_dgx_a100.yaml"
+STUDY_FILE = ROOT / "workloads" / "studies" / "faster_nic.yaml"
+
+
+def serving(**changes: Any) -> str:
+    """A serving file of 20 fixed requests on the shipped Llama-2-70B deployment, with dotted changes."""
+    data: dict[str, Any] = {"name": "t", "deployment": {"workload": str(LLAMA_FILE)},
+                            "requests": {"kind": "fixed", "count": 20, "prompt_tokens": 200, "output_tokens": 20}}
+    for dotted, value in changes.items():
+        cur = data
+        *head, last = dotted.split("__")
+        for h in head:
+            cur = cur.setdefault(h, {})
+        if value is None:
+            cur.pop(last, None)
+        else:
+            cur[last] = value
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+S = "{tmp}/s.yaml"
+def azure_trace(*rows: str) -> str:
+    return "TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(r + "\n" for r in rows)
+
+
+GOOD_ROW = "2023-11-16 18:15:46.6805900,374,44"
+SERVE = [
+    case("output-tokens-zero", "serve", S, "s.yaml", "requests.output_tokens", "expected a token count >= 1",
+         s__yaml=serving(requests__output_tokens=0)),
+    case("prompt-tokens-zero", "serve", S, "s.yaml", "requests.prompt_tokens", "got 0",
+         s__yaml=serving(requests__prompt_tokens=0)),
+    case("output-tokens-negative-set", "serve", f"{S} --set requests.output_tokens=-3", "requests.output_tokens",
+         "got -3", s__yaml=serving()),
+    case("trace-output-zero", "serve", S, "t.csv", "requests.file", "row 3: GeneratedTokens '0'",
+         "expected a token count >= 1",
+         s__yaml=serving(requests={"kind": "trace", "file": "t.csv"}),
+         t__csv=azure_trace(GOOD_ROW, "2023-11-16 18:15:50,100,0")),
+    case("trace-bad-timestamp", "serve", S, "t.csv", "row 3: TIMESTAMP 'noon'", "expected a date and time",
+         s__yaml=serving(requests={"kind": "trace", "file": "t.csv"}), t__csv=azure_trace(GOOD_ROW, "noon,100,3")),
+    case("trace-prompt-word", "serve", S, "t.csv", "row 2: ContextTokens 'many'", "expected a token count",
+         s__yaml=serving(requests={"kind": "trace", "file": "t.csv"}), t__csv=azure_trace("2023-11-16,many,3")),
+    case("count-huge", "serve", S, "s.yaml", "requests.count", "100,000,000 requests", "expected at most",
+         s__yaml=serving(requests__count=100_000_000)),
+    case("count-huge-set", "serve", f"{S} --set requests.count=1e9", "s.yaml", "requests.count",
+         "expected at most", s__yaml=serving()),
+    case("dlrm-queries-huge", "serve", f"{SERVING_DLRM} --set queries.count=100000000", "queries.count",
+         "100,000,000 requests", "expected at most"),
+    case("alias-bomb", "serve", S, "s.yaml", "aliases expand", "expected at most", s__yaml=LAUGHS),
+    case("alias-bomb-deployment", "serve", S, "w.yaml", "aliases expand",
+         s__yaml=serving(deployment__workload="w.yaml"),
+         w__yaml=LAUGHS),
+]
+
 CASES = [c for group, prefix in ((RUN, "run"), (COMM, "comm"), (REPLAY, "replay"), (WHATIF, "whatif"),
-                                  (SEARCH, "search"), (CALIBRATE, "calibrate"), (FIT, "fit"), (CONSOLE, "simgpu"))
+                                  (SEARCH, "search"), (CALIBRATE, "calibrate"), (FIT, "fit"), (CONSOLE, "simgpu"),
+                                  (SERVE, "serve"))
          for c in [Case(f"{prefix}-{x.id}", x.command, x.argv, x.expect, x.files) for x in group]]
 
 
@@ -641,6 +755,7 @@ def _listing(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*")}
 
 
+@pytest.mark.filterwarnings("error")  # a warning printed before the error line is a second line
 @pytest.mark.parametrize("c", CASES, ids=[c.id for c in CASES])
 def test_bad_input_is_refused_in_one_line(c: Case, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str]) -> None:
@@ -668,18 +783,65 @@ def test_bad_input_is_refused_in_one_line(c: Case, tmp_path: Path, monkeypatch: 
     assert _listing(tmp_path) == before, "something was written"
 
 
-@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root may write anywhere")
-@pytest.mark.parametrize("command, argv", [("run", [str(GPT_FILE), "--out", "{ro}/out"]),
-                                           ("comm", ["--platform", "dgx_h100", "--csv", "{ro}/x.csv"])])
-def test_an_unwritable_output_is_refused_before_any_work(command: str, argv: list[str], tmp_path: Path,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+
+#: Every command's every output option, the path to refuse written {bad}.
+OUTPUTS = [
+    ("run", [str(GPT_FILE), "--out", "{bad}/out"]),
+    ("run", [str(GPT_FILE), "--out", "{bad}"]),
+    ("comm", ["--platform", "dgx_h100", "--csv", "{bad}/x.csv"]),
+    ("calibrate", ["{tmp}/ar.log", "--platform", "dgx_h100", "--out", "{bad}/p.yaml"]),
+    ("serve", [str(SERVING_LLM), "--out", "{bad}/out"]),
+    ("serve", [str(SERVING_DLRM), "--out", "{bad}/out"]),
+    ("whatif", [str(STUDY_FILE), "--out", "{bad}/out"]),
+    ("search", ["parallelism", str(GPT_FILE), "--out", "{bad}/out"]),
+    ("replay", ["{tmp}/t.json", "--out", "{bad}/out"]),
+    ("fit", ["--platform", "cpu_host", "--csv", "{bad}/rows.csv"]),
+    ("simgpu", ["bench", "--device", "cpu", "--out", "{bad}/out"]),
+]
+
+
+@pytest.fixture(params=["read-only", "proc"])
+def unwritable(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    """A folder nothing can be written into: a read-only one (not for root, who may write anywhere) or
+    /proc (for everyone)."""
+    if request.param == "proc":
+        if not Path("/proc/self").is_dir():
+            pytest.skip("no /proc")
+        yield Path("/proc")
+        return
+    if not hasattr(os, "geteuid") or os.geteuid() == 0:
+        pytest.skip("root may write anywhere")
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o500)
-    try:
-        code = importlib.import_module(COMMANDS[command]).main([a.replace("{ro}", str(ro)) for a in argv])
-        err = capsys.readouterr().err
-        assert code == 2 and err.count("\n") == 1 and ("not writable" in err or "cannot write" in err)
-        assert list(ro.iterdir()) == []
-    finally:
-        ro.chmod(0o700)
+    yield ro
+    ro.chmod(0o700)
+
+
+@pytest.mark.parametrize("command, argv", OUTPUTS, ids=[f"{c}{a[-2]}-{i}" for i, (c, a) in enumerate(OUTPUTS)])
+def test_an_unwritable_output_is_refused_before_any_work(command: str, argv: list[str], tmp_path: Path,
+                                                         unwritable: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ar.log").write_text(nccl_log())
+    (tmp_path / "t.json").write_text(trace_json())
+    before = set(unwritable.iterdir()) if unwritable != Path("/proc") else set()
+    code = importlib.import_module(COMMANDS[command]).main(
+        [a.replace("{bad}", str(unwritable)).replace("{tmp}", str(tmp_path)) for a in argv])
+    out, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: "), err
+    assert "not writable" in err or "cannot write" in err, err
+    assert "expected" in err and out == ""
+    if unwritable != Path("/proc"):
+        assert set(unwritable.iterdir()) == before
+
+
+def test_calibrate_says_in_one_line_what_it_left_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A log cut in the middle of its last row is fitted on the whole rows, and the output says so."""
+    log = tmp_path / "ar.log"
+    log.write_text(nccl_log(rows=6)[:-40])
+    assert importlib.import_module(COMMANDS["calibrate"]).main([str(log), "--platform", "dgx_h100"]) == 0
+    out = capsys.readouterr().out
+    notes = [line for line in out.splitlines() if line.startswith("note:")]
+    assert notes == ["note: left out 1 row(s) of the log: line 8 cut short (8 of 13 columns)"], out
+    assert out.startswith("5 sizes, all_reduce")

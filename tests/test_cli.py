@@ -199,3 +199,35 @@ def test_progress_on_a_terminal_is_one_rewritten_line() -> None:
         time.sleep(0.7)
     text = stream.getvalue()
     assert text.startswith("\r") and "writing trace.json" in text and "\n" not in text
+
+
+def test_a_checkout_named_simgpu_that_shadows_the_package_is_named_in_one_line(monkeypatch) -> None:
+    """Run from the parent of a checkout named simgpu, Python imports the checkout as a namespace
+    package; the command says so in one line (and nothing when the package is the real one)."""
+    import types
+
+    from simgpu.cli import shadowed
+
+    assert shadowed() is None
+    fake = types.ModuleType("simgpu")
+    fake.__path__ = ["/somewhere/simgpu"]  # a namespace package: a __path__ and no __file__
+    monkeypatch.setitem(sys.modules, "simgpu", fake)
+    note = shadowed()
+    assert note is not None and "\n" not in note and "/somewhere/simgpu" in note and "another folder" in note
+
+
+def test_the_version_is_the_installed_one() -> None:
+    from importlib.metadata import version
+
+    from simgpu.version import VERSION, __version__
+
+    assert __version__ == version("simgpu") and VERSION.count(".") == 2
+
+
+def test_comm_csv_alone_writes_under_out(tmp_path, monkeypatch, capsys) -> None:
+    from simgpu.comm.__main__ import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["--platform", "dgx_h100", "--sizes", "8:64", "--csv"]) == 0
+    written = [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.csv")]
+    assert written == ["out/comm/dgx_h100_all_reduce_1n.csv"]

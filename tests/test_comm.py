@@ -187,7 +187,7 @@ def test_parse_nccl_tests_and_calibrate(tmp_path, capsys):
     assert cal.node.nvlink is not None and cal.node.nvlink.efficiency == pytest.approx(0.6, rel=0.1)
     # --set describes the user's machine: applied before the fit and kept in the written file
     out2 = tmp_path / "cal2.yaml"
-    assert calibrate_main([str(log), "--platform", "dgx_a100", "--set", "platform.collectives.channels=4",
+    assert calibrate_main([str(log), "--platform", "dgx_a100", "--set", "collectives.channels=4",
                            "--out", str(out2)]) == 0
     assert load_platform(str(out2))[0].collectives.channels == 4
     assert calibrate_main([str(log), "--platform", "dgx_a100", "--set", "network.nic_gbs=1"]) == 2

@@ -78,11 +78,15 @@ def test_poisson_rate_and_fixed_and_lengths():
 def test_trace_reading_and_rescaling(tmp_path):
     csv = tmp_path / "t.csv"
     csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.0,374,44\n"
-                   "2023-11-16 18:15:48.0,396,0\n2023-11-16 18:15:50.0,10,5\n")
+                   "2023-11-16 18:15:48.0,396,1\n2023-11-16 18:15:50.0,10,5\n")
     r = make_requests(RequestsSpec(kind="trace", file=str(csv)), 0, csv)
     assert list(r.arrival_s) == [0.0, 2.0, 4.0] and list(r.output) == [44, 1, 5]
     fast = make_requests(RequestsSpec(kind="trace", file=str(csv), rate_per_s=2.0), 0, csv)
     assert fast.arrival_s[-1] == pytest.approx(1.0)
+    # a row of no output tokens is refused, naming it, rather than served as one token
+    csv.write_text(csv.read_text().replace(",396,1", ",396,0"))
+    with pytest.raises(ConfigError, match="row 3: GeneratedTokens '0'"):
+        make_requests(RequestsSpec(kind="trace", file=str(csv)), 0, csv)
 
 
 # --------------------------------------------------------------------------- exact small cases

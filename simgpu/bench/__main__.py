@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..cli import ArgParser, entry, run_command
+from ..cli import ArgParser, check_out_dir, entry, run_command
 from ..errors import ConfigError, SimgpuError
 
 
@@ -64,6 +64,8 @@ def _main(argv: Sequence[str] | None) -> int:
         if not cases:
             raise ConfigError("the sweep is empty (check --ops and --dtypes)", key="--dtypes")
         out = Path(args.out)
+        if not args.list:
+            check_out_dir(out)
         if args.list:
             from ..kernels.store import known_keys
 

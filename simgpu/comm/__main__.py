@@ -9,8 +9,9 @@ from __future__ import annotations
 import csv
 import re
 from collections.abc import Sequence
+from pathlib import Path
 
-from ..cli import ArgParser, Progress, check_out_file, entry, int_at_least, run_command
+from ..cli import ArgParser, Progress, check_out_dir, check_out_file, entry, int_at_least, run_command
 from ..config.platform import PlatformSpec
 from ..errors import ConfigError
 from ..platform.topology import Topology
@@ -85,24 +86,30 @@ def _main(argv: Sequence[str] | None) -> int:
                     help="auto, ring, tree, nvls, pat, collnet or direct")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a platform key, e.g. network.nic_gbps=800")
-    ap.add_argument("--csv", help="also write the rows to this CSV file")
+    ap.add_argument("--csv", nargs="?", const="", metavar="PATH",
+                    help="also write the rows to this CSV file (no PATH: out/comm/<platform>_<op>_<nodes>n.csv)")
     ap.add_argument("--explain", action="store_true",
                     help="per size, the algorithm, protocol and channels chosen and why (as NCCL_DEBUG_SUBSYS=TUNING)")
     args = ap.parse_args(argv)
     args.op = parse_op(args.op)
     from ..collective_run import simulate_collective
-    from ..config.checks import check_world
-    from ..config.loader import load_platform, parse_override
+    from ..config.checks import check_network, check_world
+    from ..config.loader import load_platform, platform_overrides
     from .collective import bus_bandwidth, caveats, layout
 
-    if args.csv:
+    if args.csv == "":
+        from ..cli import safe_name
+
+        folder = check_out_dir(Path("out") / "comm", "--csv")
+        args.csv = str(folder / f"{safe_name(Path(args.platform).stem)}_{args.op}_{args.nodes}n.csv")
+    elif args.csv:
         check_out_file(args.csv, "--csv")
     sizes = parse_sizes(args.sizes)
-    over = [parse_override(o) for o in args.overrides]
-    over = [(k.removeprefix("platform."), v) for k, v in over]
-    platform, _ = load_platform(args.platform, over)
+    over = platform_overrides(args.overrides)
+    platform, platform_file = load_platform(args.platform, over)
     gpn = layout(platform, args.nodes, args.gpus_per_node)
     check_world(args.nodes, gpn, key="--nodes")
+    check_network(platform, args.nodes, file=platform_file)
     topo = Topology(platform, args.nodes, gpn)
     n = 2 if args.op == "send_recv" else topo.world
     rows = []
@@ -127,6 +134,7 @@ def _main(argv: Sequence[str] | None) -> int:
     for line in explained:
         print(line)
     if args.csv:
+        Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
         with open(args.csv, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["size(B)", "time(us)", "algbw(GB/s)", "busbw(GB/s)"])

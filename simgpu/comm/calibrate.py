@@ -23,9 +23,9 @@ import yaml
 
 from ..cli import ArgParser, Progress, check_input_file, check_out_file, entry, int_at_least, run_command
 from ..collective_run import simulate_collective
-from ..config.loader import load_platform, parse_override, platform_path
+from ..config.loader import load_platform, platform_overrides, platform_path
 from ..config.platform import PlatformSpec
-from ..config.yamlio import read_text
+from ..config.yamlio import read_text, read_yaml
 from ..errors import ConfigError
 from ..platform.topology import Topology
 from .__main__ import parse_op
@@ -47,6 +47,78 @@ def parse_nccl_tests(text: str) -> tuple[np.ndarray, np.ndarray]:
             sizes.append(int(m.group(1)))
             times.append(float(m.group(6)))
     return np.array(sizes, dtype=np.int64), np.array(times)
+
+
+#: A line that starts as a data row does (size, count, type): a row, whole or cut short.
+ROW_START = re.compile(r"^\s*\d+\s+\d+\s+[A-Za-z]\w*")
+
+
+def _signature(m: re.Match[str]) -> tuple[bool, bool]:
+    return m.group(4) != "none", int(m.group(5)) >= 0
+
+
+_OPS = {(True, False): ("all_reduce", "reduce_scatter", "send_recv"), (True, True): ("reduce",),
+        (False, False): ("all_gather", "all_to_all"), (False, True): ("broadcast",)}
+
+
+@dataclass(frozen=True)
+class Measurements:
+    """The rows of an nccl-tests log a calibration fits, and the lines it left out, with why."""
+
+    sizes: np.ndarray
+    times_us: np.ndarray
+    ops: tuple[str, ...]
+    dropped: tuple[str, ...]
+
+    def note(self) -> str | None:
+        """One line saying what was left out (None when nothing was)."""
+        if not self.dropped:
+            return None
+        shown = "; ".join(self.dropped[:3]) + (f"; and {len(self.dropped) - 3} more" if len(self.dropped) > 3 else "")
+        return f"note: left out {len(self.dropped)} row(s) of the log: {shown}"
+
+
+def read_measurements(text: str, file: str) -> Measurements:
+    """The data rows of nccl-tests output, refused in one line where they cannot be fitted: fewer than
+    3 distinct sizes above 0, or rows of more than one kind of collective. Rows cut short (a log
+    truncated mid-row: fewer columns than most rows have), of size 0 or of time 0 are left out and
+    listed in ``dropped``."""
+    from collections import Counter
+
+    sizes, times, dropped = [], [], []
+    first: tuple[int, tuple[bool, bool]] | None = None
+    data = [(n, line) for n, line in enumerate(text.splitlines(), 1)
+            if not line.lstrip().startswith("#") and ROW_START.match(line)]
+    counts = Counter(len(line.split()) for _, line in data).most_common()
+    whole = max((c for c, k in counts if k == counts[0][1]), default=0)  # the columns most rows have
+    for n, line in data:
+        m = ROW.match(line)
+        columns = len(line.split())
+        if m is None or columns < whole:
+            dropped.append(f"line {n} cut short ({columns} of {max(whole, 13 if m is None else whole)} columns)")
+            continue
+        sig = _signature(m)
+        if first is None:
+            first = (n, sig)
+        elif sig != first[1]:
+            raise ConfigError(
+                f"line {n} is a row of {' or '.join(_OPS[sig])} but line {first[0]} one of "
+                f"{' or '.join(_OPS[first[1]])} (by their redop and root columns); expected the rows of one "
+                "collective (one *_perf run per log)", file=file)
+        size, time_us = int(m.group(1)), float(m.group(6))
+        if size == 0 or time_us <= 0:
+            dropped.append(f"line {n} of {'size 0' if size == 0 else 'time 0'}")
+            continue
+        sizes.append(size)
+        times.append(time_us)
+    distinct = len(set(sizes))
+    if distinct < 3:
+        left = f" ({len(dropped)} left out: {dropped[0]}{', ...' if len(dropped) > 1 else ''})" if dropped else ""
+        raise ConfigError(f"{distinct} distinct size(s) above 0 in {len(sizes)} data row(s){left}; expected at least "
+                          "3 nccl-tests data rows (size count type redop root time ...) of distinct sizes > 0",
+                          file=file)
+    return Measurements(np.array(sizes, dtype=np.int64), np.array(times), _OPS[first[1]] if first else (),
+                        tuple(dropped))
 
 
 def ops_of_rows(text: str) -> tuple[str, ...]:
@@ -213,7 +285,7 @@ def _get(spec: PlatformSpec, dotted: str) -> float:
 
 def write_platform(platform_ref: str, params: dict[str, Any], out: Path) -> None:
     """The platform's YAML with ``params`` set, written to ``out``."""
-    data = yaml.safe_load(platform_path(platform_ref).read_text())
+    data, _ = read_yaml(platform_path(platform_ref), "platform")
     for dotted, value in params.items():
         cur = data
         *head, last = dotted.split(".")
@@ -245,13 +317,10 @@ def _main(argv: Sequence[str] | None) -> int:
         check_out_file(args.out, "--out")
     path = check_input_file(args.measurements, "measurements")
     text = read_text(path, "measurements")
-    over = [(k.removeprefix("platform."), v) for k, v in map(parse_override, args.overrides)]
+    over = platform_overrides(args.overrides)
     layout(load_platform(args.platform, over)[0], args.nodes, args.gpus_per_node)
-    sizes, times = parse_nccl_tests(text)
-    if len(sizes) < 3:
-        raise ConfigError("expected at least 3 nccl-tests data rows (size count type redop root time ...)",
-                          file=str(path))
-    ops = ops_of_rows(text)
+    got = read_measurements(text, str(path))
+    sizes, times, ops = got.sizes, got.times_us, got.ops
     if ops and args.op not in ops:
         raise ConfigError(f"--op {args.op} does not match the rows, which are of {' or '.join(ops)} (by their "
                           f"redop and root columns); expected --op {ops[0]}", file=str(path), key="--op")
@@ -262,6 +331,8 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.out:
         write_platform(args.platform, {**dict(over), **result.params}, args.out)
     print(f"{len(sizes)} sizes, {args.op} on {args.platform} ({args.nodes} node(s))")
+    if got.note():
+        print(got.note())
     for k, v in result.params.items():
         print(f"  {k} = {v}")
     print(f"geomean error before {result.error_before:.1%}, after {result.error_after:.1%}")

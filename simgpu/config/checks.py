@@ -18,6 +18,7 @@ from .workload import WorkloadSpec
 if TYPE_CHECKING:
     from ..graph import Workload
     from .loader import Job
+    from .platform import PlatformSpec
 
 
 def gpus_per_node(job: Job) -> int:
@@ -332,6 +333,61 @@ def check_world(nodes: int, gpus: int, *, file: str | None = None, key: str = "n
             f"({MAX_GPUS // max(gpus, 1):,} nodes of {gpus})", file=file, key=key)
 
 
+#: Memory per network link of the topology (the link and its name), and seconds to make one; measured
+#: on dragonflies of 30,000 and 200,000 links, rounded down.
+BYTES_PER_LINK, SECONDS_PER_LINK = 250, 12e-6
+#: The most links a topology may have: beyond it making the links alone takes tens of seconds.
+MAX_LINKS = 1_000_000
+
+
+def network_links(platform: PlatformSpec, nodes: int) -> int:
+    """How many links the network of ``nodes`` nodes of ``platform`` will have, counted without building
+    it (the dragonfly's; the other networks grow with the GPUs, which :func:`check_world` bounds)."""
+    df = platform.network.dragonfly
+    if platform.network.topology != "dragonfly" or df is None:
+        return 0
+    switches = -(-nodes // df.nodes_per_switch)
+    groups = -(-switches // df.switches_per_group)
+    in_group = df.switches_per_group if groups > 1 else switches
+    if df.routing == "adaptive":
+        return groups * in_group * 2 + groups * (groups - 1)
+    return groups * in_group * (in_group - 1) + groups * (groups - 1) * df.global_links_per_group_pair
+
+
+def check_network(platform: PlatformSpec, nodes: int, *, file: str | None = None) -> None:
+    """Refuse a network whose links would take more memory or time than this machine has, before any
+    is made; the message gives the estimate and the limit."""
+    links = network_links(platform, nodes)
+    need = links * BYTES_PER_LINK
+    if links > MAX_LINKS or need > available_memory():
+        df = platform.network.dragonfly
+        assert df is not None
+        big = max(("switches_per_group", df.switches_per_group),
+                  ("global_links_per_group_pair", df.global_links_per_group_pair), key=lambda kv: kv[1])[0]
+        raise ConfigError(
+            f"{nodes:,} node(s) on this dragonfly make {links:,} links, about {_gib(need)} of memory and "
+            f"{_duration(links * SECONDS_PER_LINK)} to build; expected at most {MAX_LINKS:,} links (a smaller {big})",
+            file=file, key=f"network.dragonfly.{big}")
+
+
+#: Memory a served request takes, at least (its arrays, its row of the request table, its events).
+BYTES_PER_REQUEST = 1_000
+#: The most requests (or queries) one serving run may simulate.
+MAX_REQUESTS = 20_000_000
+
+
+def check_requests(count: int, *, file: str | None = None, key: str = "requests.count",
+                   line: int | None = None) -> None:
+    """Refuse a serving run of ``count`` requests that memory cannot hold, before drawing any."""
+    need = count * BYTES_PER_REQUEST
+    have = available_memory()
+    if count > MAX_REQUESTS or need > have:
+        raise ConfigError(
+            f"{count:,} requests would take about {_gib(need)} of memory (this machine has {_gib(have)} "
+            f"available); expected at most {min(MAX_REQUESTS, have // BYTES_PER_REQUEST):,}", file=file, key=key,
+            line=line)
+
+
 def check_size(job: Job) -> None:
     """Refuse a job whose simulation would need more memory than this machine has, before building
     it: the estimate is a lower bound (ops of the representative ranks only), named by its
@@ -339,6 +395,7 @@ def check_size(job: Job) -> None:
     w, f = job.workload, job.workload_file
     gpn = gpus_per_node(job)
     check_world(w.nodes, gpn, file=f)
+    check_network(job.platform, w.nodes, file=job.platform_file)
     world = w.nodes * gpn
     md, tr, par = w.model, w.training, w.parallelism
     if tr is None:  # served: one forward of a replica's batch, a few ops per block

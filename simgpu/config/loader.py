@@ -23,7 +23,7 @@ from .base import kind_error, unwrap_models
 from .hf import expand as expand_config
 from .platform import PlatformSpec
 from .workload import WorkloadSpec
-from .yamlio import DuplicateKey, load_yaml_value, read_yaml
+from .yamlio import DuplicateKey, TooManyNodes, load_yaml_value, read_yaml
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -84,8 +84,24 @@ def parse_override(item: str) -> tuple[str, Any]:
         raise ConfigError(f"--set: expected key.path=value, got {item!r}")
     try:
         return key, load_yaml_value(raw)
+    except TooManyNodes as e:
+        raise ConfigError(f"--set: {e.message()}", key=key) from None
     except (yaml.YAMLError, DuplicateKey):
         return key, raw
+
+
+def platform_overrides(items: Sequence[str]) -> list[tuple[str, Any]]:
+    """``--set`` items of a command whose keys are a platform's (comm, calibrate): ``network.nic_gbps=200``.
+    Run's ``platform.`` prefix is refused rather than quietly dropped: here every key is a platform key."""
+    out = []
+    for item in items:
+        key, value = parse_override(item)
+        if key == "platform" or key.startswith("platform."):
+            bare = key.removeprefix("platform").removeprefix(".") or "network.nic_gbps"
+            raise ConfigError(f"--set: this command's keys are the platform's own; expected {bare}=..., "
+                              f"without run's 'platform.' prefix", key=key)
+        out.append((key, value))
+    return out
 
 
 def validate(model: type[M], data: dict[str, Any], file: str,

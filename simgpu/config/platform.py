@@ -110,21 +110,28 @@ class NodeSpec(Spec):
     pcie: PCIeSpec
 
 
+#: The most ports a dragonfly switch is taken to have: every count of nodes, switches or links that
+#: hangs off one switch is at most this (today's switches have 64 to 512).
+SWITCH_PORTS = 1024
+
+
 class DragonflySpec(Spec):
     """A dragonfly network (Slingshot, Aries): nodes on switches, switches in groups joined all to all by
     local links, groups joined all to all by global links. Paths are minimal: at most one local hop in
     the source group, one global link, one local hop in the destination group."""
 
-    nodes_per_switch: PositiveInt = Field(description="nodes whose NICs all attach to one switch")
-    switches_per_group: PositiveInt = Field(description="switches of a group, joined all to all by local links")
+    nodes_per_switch: PositiveInt = Field(le=SWITCH_PORTS, description="nodes whose NICs all attach to one switch")
+    switches_per_group: PositiveInt = Field(
+        le=SWITCH_PORTS, description="switches of a group, joined all to all by local links")
     local_link_gbps: PositiveFloat = Field(
         description="one local (switch to switch, in a group) link, per direction, Gb/s")
     local_links_per_switch_pair: PositiveInt = Field(
-        1, description="parallel local links between two switches of a group")
+        1, le=SWITCH_PORTS, description="parallel local links between two switches of a group")
     global_link_gbps: PositiveFloat = Field(description="one global (group to group) link, per direction, Gb/s")
     global_links_per_group_pair: PositiveInt = Field(
-        description="global links between two groups; each sits on its own switch of either group (spread round "
-                    "the switches), and a flow between the groups takes one of them, chosen by its end nodes")
+        le=SWITCH_PORTS, description="global links between two groups; each sits on its own switch of either group "
+                                     "(spread round the switches), and a flow between the groups takes one of them, "
+                                     "chosen by its end nodes")
     routing: Literal["minimal", "adaptive"] = Field(
         "minimal", description="minimal: a flow pinned to one path, its global link picked by its end nodes (static "
                                "routing); adaptive: a switch spreads its packets over every path (Slingshot's "

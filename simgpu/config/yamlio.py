@@ -2,6 +2,8 @@
 every key, and numbers written as ``1e20`` read as numbers.
 
 Every failure is a :class:`~simgpu.errors.ConfigError` naming the file (and the line where known).
+A document whose aliases would expand to more than :data:`MAX_NODES` values ("billion laughs", an
+anchor repeated inside anchors) is refused before anything is built from it.
 Parsed files are kept by their stamp (path, modification time, size), so reading the same file
 again, as a search does for each of its candidates, costs a copy rather than a parse.
 """
@@ -42,9 +44,66 @@ _UniqueKeyLoader.add_implicit_resolver(
     list("-+0123456789"))
 
 
+#: The most values (mappings, lists and scalars, each alias counted as what it expands to) an input
+#: document may hold: far above any real input, far below what exhausts memory.
+MAX_NODES = 1_000_000
+
+
+class TooManyNodes(Exception):
+    def __init__(self, nodes: int, aliases: int) -> None:
+        super().__init__(nodes)
+        self.nodes, self.aliases = nodes, aliases
+
+    def message(self) -> str:
+        return (f"its {self.aliases:,} aliases expand to more than {self.nodes:,} values; expected at most "
+                f"{MAX_NODES:,} values once aliases are expanded (an anchor repeated inside anchors?)")
+
+
+def expanded_size(node: yaml.Node | None, limit: int = MAX_NODES) -> int:
+    """How many nodes ``node`` holds with every alias expanded, counted without expanding anything;
+    raises :class:`TooManyNodes` past ``limit``."""
+    sizes: dict[int, int] = {}
+    seen: set[int] = set()
+    aliases = 0
+
+    def size(n: yaml.Node) -> int:
+        nonlocal aliases
+        key = id(n)
+        if key in sizes:
+            aliases += 1
+            return sizes[key]
+        if key in seen:  # a recursive alias: PyYAML builds it as a cycle; count it once
+            return 1
+        seen.add(key)
+        total = 1
+        if isinstance(n, yaml.SequenceNode):
+            total += sum(size(v) for v in n.value)
+        elif isinstance(n, yaml.MappingNode):
+            total += sum(size(k) + size(v) for k, v in n.value)
+        if total > limit:
+            raise TooManyNodes(total, aliases)
+        sizes[key] = total
+        return total
+
+    return 0 if node is None else size(node)
+
+
+def compose_yaml(text: str) -> tuple[Any, yaml.Node | None]:
+    """A YAML document (a file's text or a ``--set`` value), each mapping's keys unique, with its
+    node tree; raises :class:`TooManyNodes` before building a document that aliases blow up."""
+    loader = _UniqueKeyLoader(text)
+    try:
+        node = loader.get_single_node()
+        expanded_size(node)
+        data = None if node is None else loader.construct_document(node)
+    finally:
+        loader.dispose()
+    return data, node
+
+
 def load_yaml_value(text: str) -> Any:
     """A YAML document (a file's text or a ``--set`` value), each mapping's keys unique."""
-    return yaml.load(text, Loader=_UniqueKeyLoader)
+    return compose_yaml(text)[0]
 
 
 class DuplicateKey(Exception):
@@ -102,8 +161,9 @@ def read_yaml(path: str | Path, what: str) -> tuple[dict[str, Any], dict[tuple[s
 def _parse_yaml(path: str | Path, what: str) -> tuple[dict[str, Any], dict[tuple[str, ...], int]]:
     text = read_text(path, what)
     try:
-        data = load_yaml_value(text)
-        node = yaml.compose(text)
+        data, node = compose_yaml(text)
+    except TooManyNodes as e:
+        raise ConfigError(e.message(), file=str(path)) from None
     except DuplicateKey as e:
         raise ConfigError(f"given twice (first at line {e.first}); expected each key once",
                           file=str(path), key=e.key, line=e.line) from None
@@ -121,14 +181,17 @@ def _parse_yaml(path: str | Path, what: str) -> tuple[dict[str, Any], dict[tuple
     return data, lines
 
 
-def _collect_lines(node: Any, prefix: tuple[str, ...], out: dict[tuple[str, ...], int]) -> None:
+def _collect_lines(node: Any, prefix: tuple[str, ...], out: dict[tuple[str, ...], int],
+                   depth: int = 0) -> None:
+    if depth > 100:  # a recursive alias
+        return
     if isinstance(node, yaml.MappingNode):
         for k, v in node.value:
             key = prefix + (str(k.value),)
             out[key] = k.start_mark.line + 1
-            _collect_lines(v, key, out)
+            _collect_lines(v, key, out, depth + 1)
     elif isinstance(node, yaml.SequenceNode):
         for i, v in enumerate(node.value):
             key = prefix + (str(i),)
             out[key] = v.start_mark.line + 1
-            _collect_lines(v, key, out)
+            _collect_lines(v, key, out, depth + 1)

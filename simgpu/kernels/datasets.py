@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, Final
 
 import pandas as pd
-import yaml
 
+from ..config.yamlio import read_yaml
 from ..errors import ConfigError
 from . import store
 from .importers import SOURCES, data_root, provenance, read_source, source_files, source_hash
@@ -47,11 +47,8 @@ def sources(folder: Path) -> list[Source]:
     path = folder / KERNEL_DATA
     if not path.is_file():
         return []
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise ConfigError(f"not valid YAML: {str(e).splitlines()[0]}", file=str(path)) from None
-    items = doc.get("sources") if isinstance(doc, dict) else None
+    doc, _ = read_yaml(path, "kernel data")
+    items = doc.get("sources")
     if not isinstance(items, list) or not items:
         raise ConfigError("expected a non-empty list of {source, path[, gpu]}", file=str(path), key="sources")
     out = []

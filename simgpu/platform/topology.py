@@ -34,6 +34,9 @@ class Topology:
         self.gpus_per_node = gpus_per_node or platform.node.gpus
         if not 1 <= self.gpus_per_node <= platform.node.gpus:
             raise ValueError(f"gpus_per_node must be in 1..{platform.node.gpus}, got {self.gpus_per_node}")
+        from ..config.checks import check_network
+
+        check_network(platform, nodes)  # a dragonfly's links, counted before any is made
         self.links: list[Link] = []
         self._ids: dict[str, int] = {}
         p = platform

@@ -25,6 +25,7 @@ from simgpu.report.chrome_trace import US_DECIMALS, stream_tids, write_chrome_tr
 from simgpu.report.gantt import plot_timeline
 from simgpu.report.summary import summarize
 
+from ..errors import ConfigError
 from ..result import SimResult
 
 RecordsFormat = Literal["csv", "parquet", "none"]
@@ -80,6 +81,8 @@ def write_outputs(
     if records_format not in RECORDS_FORMATS:
         valid = ", ".join(RECORDS_FORMATS)
         raise ValueError(f"records_format must be one of {valid}, got {records_format!r}")
+    if window_s is not None and (trace or records_format != "none"):
+        check_window(result, *window_s)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda _: None)
@@ -117,6 +120,17 @@ def _whole(path: Path) -> Iterator[Path]:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def check_window(result: SimResult, start_s: float, end_s: float, option: str = "--trace-window") -> None:
+    """Refuse a window that no interval of ``result`` overlaps (it would write an empty trace)."""
+    frames = [df for df in (result.records, result.link_records) if df is not None and len(df)]
+    first = min((float(df["start_s"].min()) for df in frames), default=0.0)
+    last = max((float(df["end_s"].max()) for df in frames), default=0.0)
+    if not frames or start_s > last or end_s < first:
+        raise ConfigError(f"{start_s * 1e3:g}:{end_s * 1e3:g} ms holds none of the simulated intervals, which span "
+                          f"{first * 1e3:.3f} to {last * 1e3:.3f} ms; expected a window inside that span",
+                          key=option)
 
 
 def windowed(result: SimResult, start_s: float, end_s: float) -> SimResult:

@@ -29,6 +29,7 @@ import pandas as pd
 from pydantic import Field, model_validator
 
 from ..config.base import Spec
+from ..config.checks import check_requests
 from ..config.loader import Job, apply_override, check_name, load_job, parse_override, read_yaml, resolve_path, validate
 from ..errors import ConfigError
 from .spec import DeploymentSpec, LengthSpec
@@ -131,6 +132,7 @@ def load_dlrm_serving(path: str | Path, overrides: tuple[str, ...] | list[str] =
     spec = validate(DlrmServingSpec, data, file, lines)
     check_name(spec.name, file, lines.get(("name",)))
     serving = DlrmServing(spec, file, tuple(overrides))
+    check_requests(spec.queries.count, file=file, key="queries.count", line=lines.get(("queries", "count")))
     if not serving.workload_path().is_file():
         raise ConfigError(f"workload {spec.deployment.workload!r} not found; expected a dlrm_inference workload "
                           "YAML, relative to the serving file or absolute", file=file, key="deployment.workload",

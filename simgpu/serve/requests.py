@@ -10,6 +10,7 @@ arrivals relative to its first row, optionally rescaled to a mean rate. All give
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,18 +70,26 @@ def read_trace(path: Path, key: str = "requests.file", skip: int = 0, count: int
                           file=str(path), key=key)
     if df.empty:
         raise ConfigError("trace has no rows; expected at least one request", file=str(path), key=key)
-    t = pd.to_datetime(df["TIMESTAMP"], errors="coerce")
+    with warnings.catch_warnings():  # pandas warns of timestamps it cannot parse; they are refused below
+        warnings.simplefilter("ignore")
+        t = pd.to_datetime(df["TIMESTAMP"], errors="coerce")
+        if t.isna().any():  # the format inferred from the first row: read the others one by one
+            t = t.fillna(pd.to_datetime(df["TIMESTAMP"][t.isna()], errors="coerce", format="mixed"))
     prompt = pd.to_numeric(df["ContextTokens"], errors="coerce")
     output = pd.to_numeric(df["GeneratedTokens"], errors="coerce")
-    bad = t.isna() | prompt.isna() | output.isna() | (prompt < 1)
-    if bad.any():
-        row = int(np.flatnonzero(bad.to_numpy())[0]) + 2 + skip
-        raise ConfigError(f"row {row} is not a request; expected a timestamp and token counts >= 1",
-                          file=str(path), key=key)
+    for column, bad, what in (("TIMESTAMP", t.isna(), "a date and time"),
+                              ("ContextTokens", prompt.isna() | ~(prompt >= 1), "a token count >= 1"),
+                              ("GeneratedTokens", output.isna() | ~(output >= 1),
+                               "a token count >= 1 (a request is served for at least one output token)")):
+        if bad.any():
+            at = int(np.flatnonzero(bad.to_numpy())[0])
+            raise ConfigError(f"row {at + 2 + skip}: {column} {str(df[column].iloc[at])[:40]!r} is not a request's; "
+                              f"expected {what}",
+                              file=str(path), key=key)
     secs = (t - t.iloc[0]).dt.total_seconds().to_numpy()
     order = np.argsort(secs, kind="stable")
     return Requests(secs[order] - secs[order][0], prompt.to_numpy(np.int64)[order],
-                    np.maximum(output.to_numpy(np.int64)[order], 1))
+                    output.to_numpy(np.int64)[order])
 
 
 def make_requests(spec: RequestsSpec, seed: int, trace: Path | None = None,

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from ..config.base import Spec
+from ..config.checks import check_requests
 from ..config.loader import apply_override, check_name, job_kind, parse_override, read_yaml, resolve_path, validate
 from ..errors import ConfigError
 
@@ -65,6 +66,14 @@ class RequestsSpec(Spec):
     file: str | None = Field(None, description="trace: CSV with TIMESTAMP, ContextTokens, GeneratedTokens columns "
                                 "(a path, or data:<path> in the shared data folder)")
     skip: int = Field(0, ge=0, description="trace: rows skipped from the start")
+
+    @field_validator("prompt_tokens", "output_tokens")
+    @classmethod
+    def _at_least_one(cls, v: int | LengthSpec | None) -> int | LengthSpec | None:
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"expected a token count >= 1 (a request has at least one prompt and one output "
+                             f"token), got {v}")
+        return v
 
     @model_validator(mode="after")
     def _complete(self) -> RequestsSpec:
@@ -202,6 +211,8 @@ def load_serving(path: str | Path, overrides: tuple[str, ...] | list[str] = ()) 
     check_name(spec.name, file, lines.get(("name",)))
     serving = Serving(spec, file, tuple(overrides))
     r = spec.requests
+    if r.kind != "trace" and r.count is not None:  # a trace's count is a cap on rows already read
+        check_requests(r.count, file=file, line=lines.get(("requests", "count")))
     if r.kind == "trace" and r.file:
         trace = serving.resolve(r.file)
         if not trace.is_file():

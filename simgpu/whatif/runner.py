@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 import pandas as pd
 
 from ..config.loader import JobKind, job_kind
-from ..errors import ConfigError, Interrupted
+from ..errors import ConfigError, Interrupted, SimulationError
 from ..variant import Variant
 from .study import Study, study_kind
 
@@ -39,10 +39,34 @@ def interrupted(done: int, total: int, path: Path) -> Interrupted:
                        "again to resume")
 
 
-def run_variant(base: str, variant: Variant, kind: JobKind | None = None) -> dict[str, Any]:
+def run_variant(base: str, variant: Variant, kind: JobKind | None = None, digest: str | None = None) -> dict[str, Any]:
     """Simulate one variant of the base file (of ``kind``, else read from the file); never raises:
-    failures become rows with ``status`` and ``why``."""
+    failures become rows with ``status`` and ``why``. ``digest`` (the base file's hash where the study
+    was read) makes a worker on another machine or folder refuse a base it cannot reach or that differs."""
+    if digest is not None:
+        why = _unreachable(base, digest)
+        if why:
+            return {"id": variant.id, "name": variant.name, **dict(variant.swept), "status": "error",
+                    "feasible": False, "why": why, "wall_s": 0.0}
     return study_kind(kind or job_kind(base)).run_variant(base, variant)
+
+
+def _digest(path: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _unreachable(base: str, digest: str) -> str | None:
+    try:
+        same = _digest(base) == digest
+    except OSError as e:
+        return (f"the worker (on {socket.gethostname()}) cannot read the base file {base} ({e.strerror or e}); "
+                "expected the study's files where the workers can read them (a shared file system)")
+    if not same:
+        return (f"the worker (on {socket.gethostname()}) reads another {base} than this machine; expected the "
+                "same files where the workers run")
+    return None
 
 
 def _quiet_worker() -> None:
@@ -86,8 +110,10 @@ def _dask(base: str, kind: JobKind, todo: list[Variant], address: str) -> Iterat
     from distributed import Client
     from distributed import as_completed as dask_completed
 
+    digest = _digest(base)
     with Client(address, timeout="10s") as client:
-        futures = client.map(run_variant, [base] * len(todo), todo, [kind] * len(todo), pure=False)
+        futures = client.map(run_variant, [base] * len(todo), todo, [kind] * len(todo), [digest] * len(todo),
+                             pure=False)
         try:
             for f in dask_completed(futures):
                 yield f.result()
@@ -120,7 +146,7 @@ def run_study(study: Study, out: Path, *, workers: int | None = None, scheduler:
         raise ConfigError(f"expected --workers >= 1, got {workers}", key="--workers")
     if scheduler:
         check_scheduler(scheduler)
-    base = str(study.base)
+    base = str(Path(study.base).resolve())  # absolute: a worker's working folder is its own
     keys = {v.id: study_kind(study.kind).job_key(base, v) for v in study.variants}
     path = out / "results.jsonl"
     old = {r["key"]: r for r in load_rows(path) if "key" in r}
@@ -146,7 +172,22 @@ def run_study(study: Study, out: Path, *, workers: int | None = None, scheduler:
                     progress(i, len(todo), row)
     except KeyboardInterrupt:
         raise interrupted(len(done), len(study.variants), path) from None
+    _stop_on_a_common_failure([done[v.id] for v in todo], path)
     return [done[v.id] for v in study.variants]
+
+
+def _stop_on_a_common_failure(computed: list[dict[str, Any]], path: Path) -> None:
+    """Refuse a study whose variants all failed with the very same message: a reason that is not any
+    variant's own (a worker that cannot read the files, a base that does not load). Their rows are
+    taken out of ``results.jsonl`` so that a rerun computes them again."""
+    whys = {str(r.get("why")) for r in computed}
+    if len(computed) < 2 or any(r.get("feasible") for r in computed) or len(whys) != 1:
+        return
+    keys = {r["key"] for r in computed}
+    kept = [r for r in load_rows(path) if r.get("key") not in keys]
+    path.write_text("".join(json.dumps(r, default=str) + "\n" for r in kept), encoding="utf-8")
+    why = whys.pop()
+    raise SimulationError(f"all {len(computed)} variants failed for the same reason, none of them its own: {why}")
 
 
 def text_progress(i: int, n: int, row: dict[str, Any]) -> None:
