@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
-from .cli import ArgParser, entry, run_command
+from .cli import ArgParser, check_out_file, entry, run_command
 from .errors import ConfigError
 from .speed_cases import CASES, ROOT
 
@@ -294,6 +294,10 @@ def _main(argv: Sequence[str] | None) -> int:
                          "recorded figures, after running the cases (with --no-cases: without running any)")
     ap.add_argument("--no-cases", action="store_true", help="run no case (with --report or --plot)")
     args = ap.parse_args(argv)
+    if args.report:
+        check_out_file(args.report, "--report")
+    if args.plot:
+        check_out_file(args.plot, "--plot")
     if args.profile:
         name = next((n for n in CASES if args.k in n), None)
         if name is None:

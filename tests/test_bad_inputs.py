@@ -797,6 +797,10 @@ OUTPUTS = [
     ("replay", ["{tmp}/t.json", "--out", "{bad}/out"]),
     ("fit", ["--platform", "cpu_host", "--csv", "{bad}/rows.csv"]),
     ("simgpu", ["bench", "--device", "cpu", "--out", "{bad}/out"]),
+    ("simgpu", ["validate", "--report", "{bad}/accuracy", "--only", "dlrm-pytorch"]),
+    ("simgpu", ["speed", "--report", "{bad}/speed.md", "--no-cases"]),
+    ("simgpu", ["speed", "--plot", "{bad}/scaling.png", "--no-cases"]),
+    ("simgpu", ["goodput", str(ROOT / "workloads" / "goodput" / "llama3_405b_16k_h100.yaml"), "--out", "{bad}/out"]),
 ]
 
 

@@ -12,7 +12,7 @@ import importlib
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..cli import ArgParser, entry, run_command
+from ..cli import ArgParser, check_out_dir, entry, run_command
 from .report import set_names, write_report
 
 #: suite name -> (module with ``main(argv) -> int``, its arguments); modules not present are skipped
@@ -47,6 +47,7 @@ def _main(argv: Sequence[str] | None) -> int:
         bad = sorted(set(args.only or ()) - set(set_names()))
         if bad:
             ap.error(f"--only: unknown set {bad[0]!r} (expected one of {', '.join(set_names())})")
+        check_out_dir(args.report, "--report")
         return write_report(args.report, args.only or (), quick=args.quick)
     bad = sorted(set(args.only or ()) - set(SUITES))
     if bad:
