@@ -24,7 +24,8 @@ PLATFORM_FILE = ROOT / "platforms" / "dgx_h100.yaml"
 
 COMMANDS = {"run": "simgpu.run", "whatif": "simgpu.whatif.__main__", "comm": "simgpu.comm.__main__",
             "replay": "simgpu.replay", "search": "simgpu.search", "calibrate": "simgpu.comm.calibrate",
-            "fit": "simgpu.fit", "simgpu": "simgpu.__main__", "serve": "simgpu.serve.__main__"}
+            "fit": "simgpu.fit", "simgpu": "simgpu.__main__", "serve": "simgpu.serve.__main__",
+            "validate-dlrm": "simgpu.validate.dlrm", "validate-sharding": "simgpu.validate.sharding"}
 
 
 def _edit(path: Path, changes: dict[str, Any]) -> str:
@@ -799,6 +800,8 @@ OUTPUTS = [
     ("simgpu", ["bench", "--device", "cpu", "--out", "{bad}/out"]),
     ("simgpu", ["validate", "--report", "{bad}/accuracy", "--only", "dlrm-pytorch"]),
     ("simgpu", ["speed", "--report", "{bad}/speed.md", "--no-cases"]),
+    ("validate-dlrm", ["--csv", "{bad}/rows.csv"]),
+    ("validate-sharding", ["--figure", "{bad}/ranking.png"]),
     ("simgpu", ["speed", "--plot", "{bad}/scaling.png", "--no-cases"]),
     ("simgpu", ["goodput", str(ROOT / "workloads" / "goodput" / "llama3_405b_16k_h100.yaml"), "--out", "{bad}/out"]),
 ]

@@ -60,7 +60,6 @@ tensor-parallel ranks, one data-parallel replica); the 32 rows take about 14 min
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from collections.abc import Sequence
@@ -70,6 +69,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..cli import ArgParser, check_out_file, run_command
 from ..config.loader import Job, load_platform
 from ..config.workload import WorkloadSpec
 from .iterations import HOST_OVERHEAD_US, simulate_all
@@ -323,13 +323,19 @@ def cost(rows: pd.DataFrame) -> pd.Series:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m simgpu.validate.bloom", description=__doc__.split("\n")[0])
+    return run_command(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    ap = ArgParser(prog="python -m simgpu.validate.bloom", description=__doc__.split("\n")[0])
     ap.add_argument("--data", type=Path, default=DATA, help="the bigscience folder")
     ap.add_argument("--rows", type=int, help="simulate only the N rows cheapest to simulate (default: all)")
     ap.add_argument("--workers", type=int)
     ap.add_argument("--heads", type=int, default=HEADS, help=f"attention heads (default {HEADS})")
     ap.add_argument("--csv", type=Path, help="write the per-row table here")
     args = ap.parse_args(argv)
+    if args.csv:
+        check_out_file(args.csv, "--csv")
     if not (args.data / CHRONICLE).is_file():
         print(f"error: {args.data / CHRONICLE} not found (the BigScience logs belong in ../shared/data beside "
               f"the checkout)", file=sys.stderr)

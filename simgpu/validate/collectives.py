@@ -9,7 +9,6 @@ prints the table; the tests enforce the thresholds per category.
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from collections.abc import Sequence
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..cli import ArgParser, check_out_file, run_command
 from ..collective_run import simulate_collective
 from ..comm.calibrate import fit, parse_nccl_tests
 from ..config.loader import load_platform
@@ -287,13 +287,19 @@ def failures(table: pd.DataFrame) -> tuple[list[str], list[str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m simgpu.validate.collectives", description=__doc__.splitlines()[0])
+    return run_command(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    ap = ArgParser(prog="python -m simgpu.validate.collectives", description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--stride-mb", type=int, default=16, help="vTrain sweeps: every n-th MB size (the tests use 16)")
     ap.add_argument("--csv", help="write the table here")
     ap.add_argument("--calibration", action="store_true",
                     help="instead: calibrate on every other size of each scored sweep, score the rest (minutes)")
     args = ap.parse_args(argv)
+    if args.csv:
+        check_out_file(args.csv, "--csv")
     if not args.data.is_dir():
         print(f"error: no measurements at {args.data}", file=sys.stderr)
         return 2

@@ -34,7 +34,6 @@ the thresholds the suite is held to are :data:`MAX_GEOMEAN` and :data:`MAX_ERROR
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections.abc import Sequence
@@ -45,6 +44,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..cli import ArgParser, check_out_file, run_command
 from ..config.checks import check_job
 from ..config.loader import Job, load_platform, validate
 from ..config.workload import WorkloadSpec
@@ -168,7 +168,11 @@ def geomean_error(table: pd.DataFrame) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m simgpu.validate.dlrm", description=(__doc__ or "").splitlines()[0])
+    return run_command(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    ap = ArgParser(prog="python -m simgpu.validate.dlrm", description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--csv", help="write the table here")
     ap.add_argument("--input-rate", type=float, default=INPUT_MBYTES_PER_S,
@@ -176,6 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--fit-input-rate", action="store_true",
                     help="print the geometric-mean error of input rates from 500 to 4,000 MB/s and stop")
     args = ap.parse_args(argv)
+    if args.csv:
+        check_out_file(args.csv, "--csv")
     if not args.data.is_dir():
         print(f"error: no measurements at {args.data}", file=sys.stderr)
         return 2

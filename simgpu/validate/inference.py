@@ -14,7 +14,6 @@ is 1 above the thresholds (Splitwise <= 12% on each of A100 and H100, MLPerf <= 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
+from ..cli import ArgParser, check_out_file, run_command
 from ..kernels.importers import data_root
 from ..serve.timer import EngineTimer
 from ..workload.inference import Step
@@ -92,7 +92,11 @@ def dlrm_envelope(path: Path = DLRM_WORKLOAD) -> dict[str, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m simgpu.validate.inference",
+    return run_command(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    ap = ArgParser(prog="python -m simgpu.validate.inference",
                                  description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--data", type=Path, default=None,
                     help="the shared data folder (default $SIMGPU_DATA or ../shared/data)")
@@ -105,6 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--fit", nargs="+", choices=SCORED_HARDWARE, help="fit these machines' stack figures from "
                     "FIT_START, to all groups and leaving each group out, and print them")
     args = ap.parse_args(argv)
+    if args.csv:
+        check_out_file(args.csv, "--csv")
     data = args.data or data_root()
     if not (data / SPLITWISE).is_file():
         print(f"error: no measurements at {data / SPLITWISE}", file=sys.stderr)

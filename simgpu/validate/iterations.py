@@ -23,7 +23,6 @@ simgpu.validate.iterations`` runs every row (or ``--sample N``) and prints both.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -35,6 +34,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
+from ..cli import ArgParser, check_out_file, run_command
 from ..config.hf import expand as expand_config
 from ..config.loader import Job, load_platform
 from ..config.workload import WorkloadSpec
@@ -307,7 +307,11 @@ def predict_published(rows: pd.DataFrame, workers: int | None = None,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m simgpu.validate.iterations", description=__doc__.split("\n")[0])
+    return run_command(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    ap = ArgParser(prog="python -m simgpu.validate.iterations", description=__doc__.split("\n")[0])
     ap.add_argument("--data", type=Path, default=DATA, help="the vtrain-single-node folder")
     ap.add_argument("--sample", type=int, help="rows per (GPUs, tp, pp, micro-batch) stratum (default: all)")
     ap.add_argument("--seed", type=int, default=0)
@@ -325,6 +329,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "second's and third's lengths, and how far each one's ops from its optimizer step on are from "
                          "the one before")
     args = ap.parse_args(argv)
+    if args.csv:
+        check_out_file(args.csv, "--csv")
     if args.published:
         overlaps = [] if args.overlaps in ("", "none") else args.overlaps.split(",")
         if args.steady_check:

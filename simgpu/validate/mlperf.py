@@ -35,7 +35,6 @@ geometric-mean absolute error ``exp(mean |ln(predicted / measured)|) - 1``. No t
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -45,6 +44,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..cli import ArgParser, check_out_file, run_command
 from ..config.checks import check_job
 from ..config.loader import Job, load_platform, validate
 from ..config.workload import WorkloadSpec
@@ -199,7 +199,11 @@ def geomean_error(table: pd.DataFrame, column: str = "predicted_ms") -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m simgpu.validate.mlperf", description=(__doc__ or "").splitlines()[0])
+    return run_command(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    ap = ArgParser(prog="python -m simgpu.validate.mlperf", description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--max-gpus", type=int, help="leave out systems with more GPUs")
     ap.add_argument("--best", action="store_true", help="also simulate every plan the planner proposes")
@@ -207,6 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help=f"Zipf exponent of every table's ids (default {CRITEO_ZIPF_ALPHA}, an assumption)")
     ap.add_argument("--csv", help="write the table here")
     args = ap.parse_args(argv)
+    if args.csv:
+        check_out_file(args.csv, "--csv")
     if not args.data.is_dir():
         print(f"error: no measurements at {args.data}", file=sys.stderr)
         return 2

@@ -19,7 +19,6 @@ time and the error; the token-drop rows (another dispatcher) and rows too large 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..cli import ArgParser, run_command
 from .iterations import PUBLISHED, simulate_all
 
 MODELS = Path(__file__).resolve().parents[2] / "workloads" / "models"
@@ -118,7 +118,11 @@ def predict(rows: pd.DataFrame, workers: int | None = None) -> pd.DataFrame:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m simgpu.validate.moe_training",
+    return run_command(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    ap = ArgParser(prog="python -m simgpu.validate.moe_training",
                                  description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--model", action="append", help="only these models")

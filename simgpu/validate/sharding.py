@@ -40,7 +40,6 @@ the table and the wall time and writes the figure; results depend only on the se
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -53,6 +52,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..cli import ArgParser, check_out_file, run_command
 from ..comm.plan import CollectiveRequest
 from ..comm.planner import Planner
 from ..config.checks import check_job
@@ -295,7 +295,11 @@ def figure(scores: pd.DataFrame, path: str | Path, tie: float = TIE) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m simgpu.validate.sharding",
+    return run_command(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    ap = ArgParser(prog="python -m simgpu.validate.sharding",
                                  description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--models", type=int, default=50, help="random DLRMs to draw (default 50)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the draw (default 0)")
@@ -303,6 +307,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tie", type=float, default=TIE, help=f"tie tolerance (default {TIE})")
     ap.add_argument("--csv", type=Path, help="write one row per (model, plan) here")
     args = ap.parse_args(argv)
+    if args.csv:
+        check_out_file(args.csv, "--csv")
+    if args.figure:
+        check_out_file(args.figure, "--figure")
     if args.models < 1:
         ap.error("--models must be at least 1")
     if not 0 <= args.tie < 1:

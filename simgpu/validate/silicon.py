@@ -18,7 +18,6 @@ row's verdict.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from collections.abc import Sequence
@@ -28,6 +27,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..cli import ArgParser, check_out_file, run_command
 from ..config.hf import adapt, expand, read_config
 from ..config.loader import Job, load_platform, validate
 from ..config.workload import WorkloadSpec
@@ -184,10 +184,16 @@ def sample_folder(data: Path | None) -> Path | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m simgpu.validate.silicon", description=(__doc__ or "").splitlines()[0])
+    return run_command(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    ap = ArgParser(prog="python -m simgpu.validate.silicon", description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--data", type=Path, default=None, help="the shared data folder (default ../shared/data)")
     ap.add_argument("--csv", help="write every row's verdict here")
     args = ap.parse_args(argv)
+    if args.csv:
+        check_out_file(args.csv, "--csv")
     folder = sample_folder(args.data)
     if folder is None:
         return 2

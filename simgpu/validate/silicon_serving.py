@@ -23,7 +23,6 @@ concurrency band.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time
@@ -35,6 +34,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from ..cli import ArgParser, check_out_file, run_command
 from ..errors import SimgpuError
 from .silicon import pools, sample_folder, sample_int, workload
 
@@ -137,13 +137,19 @@ def band(c: int) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m simgpu.validate.silicon_serving",
+    return run_command(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    ap = ArgParser(prog="python -m simgpu.validate.silicon_serving",
                                  description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--data", type=Path, default=None, help="the shared data folder (default ../shared/data)")
     ap.add_argument("--model", help="only rows whose model id contains this")
     ap.add_argument("--limit", type=int, help="only the first N rows")
     ap.add_argument("--csv", help="write every row here")
     args = ap.parse_args(argv)
+    if args.csv:
+        check_out_file(args.csv, "--csv")
     folder = sample_folder(args.data)
     if folder is None:
         return 2

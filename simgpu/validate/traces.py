@@ -14,7 +14,6 @@ Units: milliseconds for step times, percent for errors and shares, seconds for w
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections.abc import Sequence
@@ -23,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..cli import ArgParser, run_command
 from ..config.loader import load_platform
 from ..trace import ReplayOptions, load_traces, replay
 from ..trace.load import platform_for_gpu
@@ -99,7 +99,11 @@ def format_table(table: pd.DataFrame) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m simgpu.validate.traces",
+    return run_command(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    ap = ArgParser(prog="python -m simgpu.validate.traces",
                                  description="Replay the real traces and compare step times.")
     ap.add_argument("--root", type=Path, help=f"folder of traces (default: {TRACES} beside the repository)")
     args = ap.parse_args(argv)
