@@ -19,6 +19,7 @@ import pandas as pd
 from .comm.planner import Planner
 from .config.checks import check_memory, gpus_per_node
 from .config.loader import Job, load_job
+from .config.mixed import MixedPlatform, check_memory_by_kind, is_mixed
 from .config.platform import PlatformSpec
 from .config.transformer import TransformerModel
 from .config.variability import Speeds, read_speeds, resolve, speeds_path
@@ -33,6 +34,7 @@ from .kernels.registry import make_predictor
 from .platform.topology import Topology
 from .result import SimResult
 from .workload import World, get_builder
+from .workload.kinds import by_kind
 
 
 def build(job: Job, *, fold: bool = False, topo: Topology | None = None,
@@ -42,8 +44,11 @@ def build(job: Job, *, fold: bool = False, topo: Topology | None = None,
     folding ranks inside a node too where ``topo`` shows the node symmetric, and whole nodes unless
     ``whole_nodes`` is off; ``micro_batches`` chooses how many micro-batches a pipeline's programs run
     (see :mod:`simgpu.engine.periodic`)."""
+    mixed = is_mixed(job.platform)
+    fold = fold and not mixed  # ranks of different kinds are not identical
     local = partial(local_shift_unit, topo) if fold and topo is not None else None
-    world = World(job.workload.nodes, gpus_per_node(job), job.platform.gpu.memory_gib, fold=fold,
+    memory_gib = min(k.gpu.memory_gib for k in kinds_of(job.platform))
+    world = World(job.workload.nodes, gpus_per_node(job), memory_gib, fold=fold,
                   gpu_dtypes=tuple(job.platform.gpu.peak_tflops), local_unit=local,
                   micro_batches=micro_batches, whole_nodes=whole_nodes)
     # Building makes millions of objects and frees few, so the cyclic collector's passes over them
@@ -59,8 +64,24 @@ def build(job: Job, *, fold: bool = False, topo: Topology | None = None,
     finally:
         if collecting:
             gc.enable()
-    check_memory(job, workload)
-    return workload
+    if not mixed:
+        check_memory(job, workload)
+        return workload
+    assert isinstance(job.platform, MixedPlatform)
+    check_memory_by_kind(job.platform, [m.total for m in workload.memory], gpus_per_node(job), job.workload_file)
+    return by_kind(workload, rank_kinds(job), len(job.platform.distinct()))
+
+
+def kinds_of(p: PlatformSpec) -> list[PlatformSpec]:
+    """The distinct kinds of node of ``p``'s nodes (``p`` itself where it has one kind)."""
+    return p.distinct() if isinstance(p, MixedPlatform) else [p]
+
+
+def rank_kinds(job: Job) -> list[int]:
+    """Per rank, the index of its node's kind among :func:`kinds_of` (all 0 on a platform of one kind)."""
+    g = gpus_per_node(job)
+    per_node = job.platform.node_kinds() if isinstance(job.platform, MixedPlatform) else [0] * job.workload.nodes
+    return [per_node[r // g] for r in range(job.workload.nodes * g)]
 
 
 #: The default kernel models, in order: a platform's fitted models for the families it has measured
@@ -97,7 +118,17 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
         topo = Topology(p, job.workload.nodes, gpus_per_node(job))
     except ConfigError as e:  # a fault the job's nodes do not have, or one that cuts a group off
         raise ConfigError(e.message, file=e.file or job.platform_file, key=e.key, line=e.line) from None
-    predictor = cache(lambda: make_predictor(kernel_model, p))  # made once the programs are built and checked
+    kinds = kinds_of(p)  # a mixed platform's kinds of node: each times its ranks' kernels (simgpu/workload/kinds.py)
+    predictors = [cache(partial(make_predictor, kernel_model, k)) for k in kinds]  # made once the programs are built
+
+    def predict(w: Workload) -> tuple[np.ndarray, list[str]]:
+        """Every distinct (kernel, kind) pair timed once, by its kind's models."""
+        if len(kinds) == 1:
+            return predictors[0]().predict(w.kernels)
+        n = len(w.kernels) // len(kinds)
+        timed = [f().predict(w.kernels[i * n:(i + 1) * n]) for i, f in enumerate(predictors)]
+        return np.concatenate([np.asarray(d, dtype=float) for d, _ in timed]), [m for _, ms in timed for m in ms]
+
     planner = Planner(topo, p.collectives, job.workload.comm.algorithm, job.workload.comm.protocol)
     options = EngineOptions(launch_s=p.host.launch_us * 1e-6, cpu_threads_per_node=p.host.cpu_threads,
                             overlap_slowdown=p.gpu.overlap_slowdown, record_links=record_links,
@@ -113,9 +144,14 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
         if job.workload.model.kind in INFERENCE_KINDS:  # the memory-bound flags below are for a slow memory only
             options = replace(options, overlap_slowdown_memory=())  # (the op's figure for every kernel, as before)
         fold, steady_cut = False, False
+    if len(kinds) > 1:  # each kind's GPU its own slowdown beside collectives
+        fold = False
+        options = replace(options, kind_overlap=tuple(
+            (k.gpu.overlap_slowdown, tuple(sorted(k.gpu.overlap_slowdown_by_op.items())),
+             tuple(sorted(k.gpu.overlap_slowdown_memory.items()))) for k in kinds))
     from .kernels.overlap import memory_bound  # here: `python -m simgpu.kernels.overlap` imports simgpu first
 
-    bound: dict[KernelSpec, bool] = {}  # each kernel shape's bound on this GPU, across the builds below
+    bounds: list[dict[KernelSpec, bool]] = [{} for _ in kinds]  # each kernel shape's bound per kind's GPU
     # Each build's programs (and what the process holds then) are frozen out of the cyclic collector
     # until the runs are over: between and after the event loops (the records, the periodic shortcut's
     # extension) its full passes would walk every op of every program again, and ops, calls and their
@@ -128,15 +164,18 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
         # where memory-bound kernels have their own figures; an inference iteration keeps the op's
         # figure for every kernel, as the serving stage's timer times it (docs/steady-state.md, "Steady state and the
         # overlaps the frameworks turn on"), so a simulated iteration and a served one agree
-        if (p.gpu.overlap_slowdown_memory and job.workload.model.kind not in INFERENCE_KINDS) or (
+        if (any(k.gpu.overlap_slowdown_memory for k in kinds) and job.workload.model.kind not in INFERENCE_KINDS) or (
                 speeds is not None and any(f != 1.0 for f in speeds.memory)):
-            w.memory_bound = memory_bound(w.kernels, p.gpu, bound)
+            n = len(w.kernels) // len(kinds)  # a kind without memory figures: the op's figure for its kernels
+            w.memory_bound = [b for i, k in enumerate(kinds) for b in (
+                memory_bound(w.kernels[i * n:(i + 1) * n], k.gpu, bounds[i])
+                if k.gpu.overlap_slowdown_memory or len(kinds) == 1 else [False] * n)]
         if freeze:
             gc.freeze()
         return w
 
     try:
-        outcome = shortcuts.run(topo, built, lambda w: predictor().predict(w.kernels), planner, options, fold=fold,
+        outcome = shortcuts.run(topo, built, predict, planner, options, fold=fold,
                                 steady_cut=steady_cut, say=say)
     finally:
         if freeze:
@@ -157,6 +196,13 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
         fold=1 if reps is None else reps.factor, fold_note=note, run=run_info(job, topo),
         steady_state=steady_note(job, workload.iterations, result), periodic=outcome.periodic,
     )
+    if len(kinds) > 1:
+        assert isinstance(p, MixedPlatform)
+        per_rank = rank_kinds(job)
+        result.meta.update(kinds_meta(p, per_rank))
+        peaks = [kinds[k].gpu.peak_tflops.get(workload.compute_dtype, np.nan) for k in per_rank]  # type: ignore[call-overload]
+        result.meta["peak_flops_per_gpu"] = float(np.mean(peaks)) * 1e12  # the mean GPU's, for MFU
+        result.meta["fold_note"] = MIXED_NOTE
     if vary is not None:
         result.meta["fold_note"] = VARIABILITY_NOTE
         result.meta["periodic"] = f"not used: {VARIABILITY_NOTE}"
@@ -173,6 +219,24 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
             f"one batch passes the {pp} stages one after another, so each stage is idle about {pp - 1}/{pp} of "
             f"the iteration; `simgpu serve` keeps {pp} batches in flight per replica (vLLM's virtual engines)")
     return result
+
+
+#: why a job on nodes of several kinds is simulated rank by rank
+MIXED_NOTE = ("mixed platform: ranks on nodes of different kinds are not identical, so every rank is simulated "
+              "(no folding)")
+
+
+def kinds_meta(p: MixedPlatform, per_rank: Sequence[int]) -> dict[str, Any]:
+    """A mixed platform's kinds in the result's meta: the GPU named by kind, the mean peak per GPU
+    (for MFU), and ``kinds``: per kind its name, GPU, nodes and ranks."""
+    kinds, labels = p.distinct(), p.labels()
+    ranks = [[r for r, k in enumerate(per_rank) if k == i] for i in range(len(kinds))]
+    return {
+        "gpu": " + ".join(dict.fromkeys(k.gpu.name for k in kinds)),
+        "kinds": [{"kind": labels[i], "gpu": k.gpu.name, "gpu_memory_gib": k.gpu.memory_gib,
+                   "nodes": sum(e.nodes for e in p.kinds if e.platform == k), "ranks": ranks[i]}
+                  for i, k in enumerate(kinds)],
+    }
 
 
 #: why a job with variability is simulated rank by rank, micro-batch by micro-batch

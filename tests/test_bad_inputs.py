@@ -57,6 +57,12 @@ def platform(**changes: Any) -> str:
     return _edit(PLATFORM_FILE, {k.replace("__", "."): v for k, v in changes.items()})
 
 
+def mixed(*entries: tuple[str, int], **extra: Any) -> str:
+    """A mixed platform file of ``(platform, nodes)`` entries."""
+    data = {"name": "mix", "mix": [{"platform": p, "nodes": n} for p, n in entries]} | extra
+    return yaml.safe_dump(data, sort_keys=False)
+
+
 GPT_TEXT = GPT_FILE.read_text()
 
 
@@ -294,6 +300,15 @@ RUN = [
          w__yaml=ON_PLATFORM, p__yaml=platform(gpu__memory_gb=80)),
     case("platform-name-missing", "run", W, "p.yaml", "gpu.name: missing required key", w__yaml=ON_PLATFORM,
          p__yaml=platform(gpu__name=None)),
+    # a mixed platform (docs/mixed.md)
+    case("mix-missing-platform", "run", W, "p.yaml", "mix.1.platform", "'dgx_z100' not found", w__yaml=ON_PLATFORM,
+         p__yaml=mixed(("dgx_h100", 1), ("dgx_z100", 1))),
+    case("mix-gpus-per-node", "run", W, "p.yaml", "mix.1.platform", "expected the same GPUs per node",
+         w__yaml=ON_PLATFORM, p__yaml=mixed(("dgx_h100", 1), ("pcie_4gpu", 1))),
+    case("mix-nodes", "run", W, "w.yaml", "nodes", "has 3 nodes", "expected nodes: 3, got 2", w__yaml=ON_PLATFORM,
+         p__yaml=mixed(("dgx_h100", 1), ("dgx_a100", 2))),
+    case("mix-network-nic", "run", W, "p.yaml", "network.nic_gbps", "each kind's own", w__yaml=ON_PLATFORM,
+         p__yaml=mixed(("dgx_h100", 1), ("dgx_a100", 1), network={"nic_gbps": 800})),
     case("platform-tflops-string", "run", W, "p.yaml", "gpu.peak_tflops", "expected a number", w__yaml=ON_PLATFORM,
          p__yaml=platform(gpu__peak_tflops={"bf16": "989"})),
     case("platform-max-channels-64", "run", W, "p.yaml", "collectives", "max_channels", "expected at most 32",

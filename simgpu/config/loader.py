@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 from ..errors import ConfigError
 from .base import kind_error, unwrap_models
 from .hf import expand as expand_config
+from .mixed import check_nodes, load_mixed
 from .platform import PlatformSpec
 from .workload import WorkloadSpec
 from .yamlio import DuplicateKey, TooManyNodes, load_yaml_value, read_yaml
@@ -275,6 +276,8 @@ def load_platform(ref: str, overrides: Sequence[tuple[str, Any]] = (), relative_
     data, lines = read_yaml(path, "platform")
     for k, v in overrides:
         apply_override(data, k, v, str(path))
+    if "mix" in data:  # nodes of several kinds (simgpu/config/mixed.py)
+        return load_mixed(data, lines, str(path), load_platform, validate), str(path)
     return validate(PlatformSpec, data, str(path), lines), str(path)
 
 
@@ -309,6 +312,7 @@ def load_job(workload: str | Path, overrides: Sequence[str] = ()) -> Job:
     spec = validate(WorkloadSpec, data, wfile, lines)
     check_name(spec.name, wfile, lines.get(("name",)))
     platform, pfile = load_platform(ref, plat_over, relative_to=Path(wfile).parent)
+    check_nodes(platform, spec.nodes, wfile, lines.get(("nodes",)))
     job = Job(spec, platform, wfile, pfile, tuple(overrides))
     check_job(job)
     return job

@@ -87,6 +87,10 @@ class EngineOptions:
     #: per rank, factors on kernel times and on the CPU thread's work (the workload's ``variability``);
     #: with it, every collective's gathering is logged (``meta["rendezvous"]``); None: every GPU alike
     variability: Speeds | None = None
+    #: per kind of GPU (a mixed platform: the kernel table repeated once per kind, kernel spec ``i`` of kind
+    #: ``i // (kernels / kinds)``), its ``(overlap_slowdown, overlap_slowdown_by_op, overlap_slowdown_memory)``;
+    #: empty: the three fields above for every kernel
+    kind_overlap: tuple[tuple[float, tuple[tuple[str, float], ...], tuple[tuple[str, float], ...]], ...] = ()
 
 
 class Engine(_Collectives):
@@ -130,18 +134,24 @@ class Engine(_Collectives):
         #: latency, the transfers it moves and its latency slack (folded): planned once
         self._plans: dict[tuple[Any, ...], tuple[float, Sequence[tuple[Sequence[int], float, float]], float]] = {}
         self._comm_active = [0] * topo.world
-        self._by_op = dict(options.overlap_slowdown_by_op)
+        figs = options.kind_overlap or ((options.overlap_slowdown, options.overlap_slowdown_by_op,
+                                         options.overlap_slowdown_memory),)
+        self._kind_size = max(1, len(workload.kernels) // len(figs))  # kernel specs of one kind of GPU
+        self._defaults, self._by_ops = [f[0] for f in figs], [dict(f[1]) for f in figs]
+        self._by_op = {k: v for d in self._by_ops for k, v in d.items()}  # any figure per op: ops tracked
         self._ops_active: dict[int, dict[str, int]] = {}  # rank -> collective op -> running (by_op only)
-        mem, bound = dict(options.overlap_slowdown_memory), workload.memory_bound
+        mems = [dict(f[2]) for f in figs]
+        mem, bound = {k: v for m in mems for k, v in m.items()}, workload.memory_bound
         if mem and bound is not None and len(bound) != len(workload.kernels):
             raise ValueError("one memory_bound flag per kernel spec is needed")
         #: per kernel spec: memory-bound (where memory-bound kernels have their own figures), else None
         self._mem_bound = list(bound) if mem and bound else None
         #: the slowdown of every kernel beside any collective where there is one figure for all (no
         #: figure per collective op, none for memory-bound kernels), else None (see :meth:`_slowdown`)
-        self._flat = options.overlap_slowdown if not self._by_op and self._mem_bound is None else None
-        #: spanning nodes -> a memory-bound kernel's slowdown beside a collective that moves bytes
-        self._mem = {False: mem.get("within_node", 0.0), True: mem.get("across_nodes", 0.0)}
+        self._flat = (self._defaults[0] if not self._by_op and self._mem_bound is None and len(set(self._defaults)) == 1
+                      else None)
+        #: per kind, spanning nodes -> a memory-bound kernel's slowdown beside a collective that moves bytes
+        self._mems = [{False: m.get("within_node", 0.0), True: m.get("across_nodes", 0.0)} for m in mems]
         self._moving: dict[int, dict[bool, int]] = {}  # rank -> spanning nodes -> collectives moving bytes
         # memory-bound kernels started beside a waiting collective: rank -> (the instant, [(op, duration,
         # slowdown, token)]), and (rank, op) -> the token of its end event that stands
@@ -438,18 +448,19 @@ class Engine(_Collectives):
         its peers holds its SMs too); a memory-bound kernel's, the largest HBM share of those moving
         bytes (all members arrived), within a node or across nodes, and none beside waiting ones."""
         best: float | None = None  # the largest figure, as max() finds it
+        kind = kernel // self._kind_size
         if self._mem_bound is not None and self._mem_bound[kernel]:
             moving = self._moving.get(rank)
             if moving:
-                mem = self._mem
+                mem = self._mems[kind]
                 for a, n in moving.items():
                     if n and (best is None or mem[a] > best):
                         best = mem[a]
             return 0.0 if best is None else best
-        default = self.opt.overlap_slowdown
+        default = self._defaults[kind]
         if not self._by_op:
             return default
-        by_op = self._by_op
+        by_op = self._by_ops[kind]
         for op, n in self._ops_active[rank].items():
             if n:
                 v = by_op.get(op, default)

@@ -95,6 +95,9 @@ class Topology:
                 up = ports * self.port_bw / net.oversubscription
                 self._add(f"{leaf}->spine", "spine", up, net.spine_latency_us * 0.5e-6)
                 self._add(f"spine->{leaf}", "spine", up, net.spine_latency_us * 0.5e-6)
+        if getattr(p, "kinds", None):  # a mixed platform: each node's links of its own kind
+            from .mixed import per_kind_links
+            per_kind_links(self)
         #: the platform's faults on these links (falsy: none); a factor scales a link's capacity
         self.faults = resolve(p, nodes, self.gpus_per_node, self.links, self._ids, self.leaf_of, self._nic_of,
                               self._gpu_switch, self._nic_switch)

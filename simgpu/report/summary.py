@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from ..result import SimResult
+from .kinds import kinds_summary
 
 #: Significant digits kept for every float in the summary.
 SIGNIFICANT_DIGITS = 6
@@ -486,6 +487,9 @@ def summarize(result: SimResult) -> dict[str, Any]:
         out["pipeline"] = str(meta["pipeline_note"])
     if meta.get("variability"):  # slow GPUs, jitter: how much the iteration stretched and why
         out["variability"] = variability_summary(meta["variability"], t)
+    if meta.get("kinds"):  # a mixed platform: compute and idle by kind of node
+        out["by_kind"] = _jsonable([{k: round_sig(v) if isinstance(v, float) else v for k, v in row.items()}
+                                    for row in kinds_summary(meta["kinds"], per_rank)])
     if "fold" in meta:  # how many identical ranks each simulated rank stood for
         out["fold"] = {"replicas": int(meta["fold"]), "note": str(meta.get("fold_note", ""))}
     if meta.get("run"):  # overrides, seed, platform figures, versions

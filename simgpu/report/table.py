@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .kinds import kinds_lines
 from .summary import MAX_TABLE_RANKS
 
 
@@ -90,6 +91,8 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     kinds = summary.get("exposed_communication_by_kind_ms") or {}
     if kinds:
         lines.append("  exposed by kind  " + ", ".join(f"{k} {_f(v)} ms" for k, v in kinds.items()))
+    if summary.get("by_kind"):  # a mixed platform's kinds of node
+        lines += kinds_lines(summary["by_kind"])
 
     rows = summary.get("per_rank") or []
     cols = ("compute_ms", "communication_ms", "exposed_communication_ms", "idle_ms", "cpu_busy_ms")
