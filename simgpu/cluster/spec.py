@@ -187,7 +187,11 @@ def load_cluster(path: str | Path) -> Cluster:
             if k in ("nodes", "platform") or k.startswith("platform."):
                 raise _err(f"{k} is the cluster's to give; expected workload keys only (the job's nodes in "
                            "jobs[].nodes, the platform's keys in platform_set)", file, f"jobs.{i}.set.{k}", lines)
-        job = load_job(wpath, [*(f"{k}={json.dumps(v)}" for k, v in j.set.items()), f"nodes={count}"])
+        try:
+            job = load_job(wpath, [*(f"{k}={json.dumps(v)}" for k, v in j.set.items()), f"nodes={count}"])
+        except ConfigError as e:  # the workload's own key at fault, as this cluster runs it
+            raise ConfigError(f"{e.message} (as job {j.name!r} of {file} on {count} nodes)", file=e.file, key=e.key,
+                              line=e.line) from None
         if job.platform.name != platform.name:
             raise _err(f"workload {j.workload} runs on platform {job.platform.name!r} but the cluster is "
                        f"{platform.name!r}; expected a workload on the cluster's platform", file, wkey, lines)
