@@ -154,8 +154,9 @@ def load_cluster(path: str | Path) -> Cluster:
         platform, pfile = load_platform(spec.platform, list(spec.platform_set.items()), relative_to=Path(file).parent)
     except ConfigError as e:
         key = "platform" if e.key is None else f"platform_set.{e.key}"
+        line = lines.get(("platform_set", e.key or "")) or lines.get(("platform",))
         raise ConfigError(f"{e.message} (platform {spec.platform!r} of the cluster file)", file=file, key=key,
-                          line=lines.get(("platform",))) from None
+                          line=line) from None
     gpn = platform.node.gpus
     counts: list[int] = []
     explicit: dict[int, tuple[int, ...]] = {}
