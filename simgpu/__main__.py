@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("simgpu.serve", "simulate LLM serving at the request level (TTFT, TPOT, goodput)"),
     "whatif": ("simgpu.whatif", "simulate the variants of a study and compare them"),
     "goodput": ("simgpu.goodput", "goodput of a training run under failures: best checkpoint interval"),
+    "cluster": ("simgpu.cluster", "several jobs sharing one cluster: each one's slowdown from its neighbours"),
     "search": ("simgpu.search", "find the fastest sharding plan or parallel configuration"),
     "comm": ("simgpu.comm", "an nccl-tests view of the simulated collectives"),
     "calibrate": ("simgpu.comm.calibrate", "fit a platform's link figures to your nccl-tests output"),

@@ -14,8 +14,9 @@
 :func:`load` reads what the file is once (:func:`simgpu.config.loader.job_kind`) and returns the
 typed object of that kind: a :class:`~simgpu.config.loader.Job` (a training or inference workload
 with its platform), a :class:`~simgpu.serve.spec.Serving` (an LLM serving file), a
-:class:`~simgpu.serve.dlrm.DlrmServing` (a DLRM serving file) or a
-:class:`~simgpu.whatif.study.Study`. :func:`kind` says which. Bad input raises
+:class:`~simgpu.serve.dlrm.DlrmServing` (a DLRM serving file), a
+:class:`~simgpu.whatif.study.Study` or a :class:`~simgpu.cluster.spec.Cluster` (several jobs on one
+cluster; :func:`simgpu.cluster.run.simulate_cluster` simulates it). :func:`kind` says which. Bad input raises
 :class:`~simgpu.errors.ConfigError`, whose message names the file, the key and what was expected;
 the command line prints that same line. docs/api.md describes every type.
 """
@@ -29,6 +30,7 @@ from typing import Any
 
 import pandas as pd
 
+from .cluster.spec import Cluster, load_cluster
 from .config.loader import Job, JobKind, job_kind, load_job
 from .errors import ConfigError
 from .report.summary import summarize
@@ -39,7 +41,7 @@ from .whatif.study import Study, load_study
 __all__ = ["Loaded", "Served", "kind", "load", "serve", "summarize"]
 
 #: What :func:`load` returns: one type per kind of file.
-Loaded = Job | Serving | DlrmServing | Study
+Loaded = Job | Serving | DlrmServing | Study | Cluster
 
 
 def load(path: str | Path, overrides: Sequence[str] = ()) -> Loaded:
@@ -53,8 +55,11 @@ def load(path: str | Path, overrides: Sequence[str] = ()) -> Loaded:
     if what == "dlrm_serving":
         return load_dlrm_serving(path, list(overrides))
     if overrides:
-        raise ConfigError("a study takes no overrides; expected them as the study's own variants or grid",
-                          file=str(path), key="overrides")
+        why = ("a study takes no overrides; expected them as the study's own variants or grid" if what == "study"
+               else "a cluster file takes no overrides; expected them in the file (platform_set, its workloads)")
+        raise ConfigError(why, file=str(path), key="overrides")
+    if what == "cluster":
+        return load_cluster(path)
     return load_study(path)
 
 
@@ -68,6 +73,8 @@ def kind(obj: Loaded) -> JobKind:
         return "dlrm_serving"
     if isinstance(obj, Study):
         return "study"
+    if isinstance(obj, Cluster):
+        return "cluster"
     raise TypeError(f"not something simgpu.load returns: {type(obj).__name__}")
 
 

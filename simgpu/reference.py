@@ -84,6 +84,12 @@ def _goodput() -> type[BaseModel]:
     return GoodputSpec
 
 
+def _cluster() -> type[BaseModel]:
+    from .cluster.spec import ClusterSpec
+
+    return ClusterSpec
+
+
 def _study() -> type[BaseModel]:
     from .whatif.study import StudySpec
 
@@ -122,6 +128,11 @@ PAGES: tuple[Page, ...] = (
          "file simulated once, or its iteration time, GPUs and checkpoint state given), its failures, the "
          "cost of a checkpoint and of a restart, and the checkpoint interval. See [Goodput](../goodput.md).",
          (Part("Goodput file", _goodput, "simgpu/goodput/spec.py"),)),
+    Page("cluster", "Cluster file",
+         "A cluster file (`workloads/clusters/*.yaml`) is what `simgpu cluster` reads: one platform, the "
+         "cluster's node count, and the jobs that share it, each a workload file placed on explicit node ids "
+         "or on a count of nodes by the placement. See [Several jobs on one cluster](../cluster.md).",
+         (Part("Cluster file", _cluster, "simgpu/cluster/spec.py"),)),
 )
 
 

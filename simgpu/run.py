@@ -85,7 +85,7 @@ def _main(argv: Sequence[str] | None) -> int:
     overrides = list(args.overrides) + ([f"seed={args.seed}"] if args.seed is not None else [])
     kind = job_kind(args.workload, what="workload")
     if kind != "workload":
-        verb = "whatif" if kind == "study" else "serve"
+        verb = {"study": "whatif", "cluster": "cluster"}.get(kind, "serve")
         raise ConfigError(f"is a {kind.replace('_', ' ')} file; expected a workload YAML (simgpu {verb} "
                           f"{args.workload} runs it)", file=args.workload)
     job = load_job(args.workload, overrides)

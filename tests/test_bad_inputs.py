@@ -25,7 +25,8 @@ PLATFORM_FILE = ROOT / "platforms" / "dgx_h100.yaml"
 COMMANDS = {"run": "simgpu.run", "whatif": "simgpu.whatif.__main__", "comm": "simgpu.comm.__main__",
             "replay": "simgpu.replay", "search": "simgpu.search", "calibrate": "simgpu.comm.calibrate",
             "fit": "simgpu.fit", "simgpu": "simgpu.__main__", "serve": "simgpu.serve.__main__",
-            "validate-dlrm": "simgpu.validate.dlrm", "validate-sharding": "simgpu.validate.sharding"}
+            "validate-dlrm": "simgpu.validate.dlrm", "validate-sharding": "simgpu.validate.sharding",
+            "cluster": "simgpu.cluster.__main__"}
 
 
 def _edit(path: Path, changes: dict[str, Any]) -> str:
@@ -674,6 +675,49 @@ FIT = [
     case("families-unknown", "fit", "--neusight {tmp} --families conv", "--families", "unknown family conv"),
 ]
 
+def cluster(**extra: Any) -> str:
+    """A cluster file of two GPT jobs (the workload beside it as g.yaml) on four DGX H100 nodes."""
+    data = {"name": "c", "platform": "dgx_h100", "nodes": 4,
+            "jobs": [{"name": "a", "workload": "g.yaml", "nodes": 2}, {"name": "b", "workload": "g.yaml", "nodes": 2}]}
+    return yaml.safe_dump(data | extra, sort_keys=False)
+
+
+C = "{tmp}/c.yaml"
+CLUSTER = [
+    case("unknown-key", "cluster", C, "c.yaml", "nodez", "unknown key", c__yaml=cluster(nodez=4), g__yaml=GPT_TEXT),
+    case("unknown-job-key", "cluster", C, "jobs.0.gpus", "unknown key", g__yaml=GPT_TEXT,
+         c__yaml=cluster(jobs=[{"name": "a", "workload": "g.yaml", "gpus": 16}])),
+    case("too-many-nodes", "cluster", C, "c.yaml", "jobs.0.nodes", "placed on 8 nodes but the cluster has 4",
+         c__yaml=cluster(jobs=[{"name": "a", "workload": "g.yaml", "nodes": 8}]), g__yaml=GPT_TEXT),
+    case("not-enough-free", "cluster", C, "c.yaml", "jobs.1.nodes", "only 1 of the cluster's 3 are free",
+         c__yaml=cluster(nodes=3), g__yaml=GPT_TEXT),
+    case("overlap", "cluster", C, "c.yaml", "jobs.1.nodes", "node 1 is given twice", "(job 'a' has it too)",
+         c__yaml=cluster(jobs=[{"name": "a", "workload": "g.yaml", "nodes": [0, 1]},
+                               {"name": "b", "workload": "g.yaml", "nodes": [1, 2]}]), g__yaml=GPT_TEXT),
+    case("node-out-of-range", "cluster", C, "c.yaml", "jobs.0.nodes", "node 7 is not in the cluster",
+         "expected node ids 0 to 3", c__yaml=cluster(jobs=[{"name": "a", "workload": "g.yaml", "nodes": [0, 7]}]),
+         g__yaml=GPT_TEXT),
+    case("node-negative", "cluster", C, "c.yaml", "jobs.0.nodes", g__yaml=GPT_TEXT,
+         c__yaml=cluster(jobs=[{"name": "a", "workload": "g.yaml", "nodes": [-1, 0]}])),
+    case("other-platform", "cluster", C, "c.yaml", "jobs.0.workload", "runs on platform 'dgx_a100'",
+         "expected a workload on the cluster's platform", c__yaml=cluster(), g__yaml=gpt(platform="dgx_a100")),
+    case("workload-missing", "cluster", C, "c.yaml", "jobs.0.workload", "not found", c__yaml=cluster()),
+    case("duplicate-job", "cluster", C, "c.yaml", "jobs.1.name", "used twice", g__yaml=GPT_TEXT,
+         c__yaml=cluster(jobs=[{"name": "a", "workload": "g.yaml", "nodes": 1},
+                               {"name": "a", "workload": "g.yaml", "nodes": 1}])),
+    case("dp-does-not-fit", "cluster", C, "g.yaml", "parallelism.dp", "as job 'a'", "on 1 nodes",
+         c__yaml=cluster(jobs=[{"name": "a", "workload": "g.yaml", "nodes": 1}]), g__yaml=GPT_TEXT),
+    case("set-nodes", "cluster", C, "c.yaml", "jobs.0.set.nodes", "the cluster's to give", g__yaml=GPT_TEXT,
+         c__yaml=cluster(jobs=[{"name": "a", "workload": "g.yaml", "set": {"nodes": 2}}])),
+    case("placement-unknown", "cluster", C, "c.yaml", "placement", "packed", c__yaml=cluster(placement="tight"),
+         g__yaml=GPT_TEXT),
+    case("platform-set-bad", "cluster", C, "c.yaml", "platform_set", "oversubscription", g__yaml=GPT_TEXT,
+         c__yaml=cluster(platform_set={"network.oversubscription": 0.5})),
+    case("no-jobs", "cluster", C, "c.yaml", "jobs", c__yaml=cluster(jobs=[])),
+    case("run-a-cluster", "run", C, "c.yaml", "is a cluster file", "simgpu cluster", c__yaml=cluster(),
+         g__yaml=GPT_TEXT),
+]
+
 CONSOLE = [
     case("verb-unknown", "simgpu", "simulate x.yaml", "unknown command 'simulate'", "expected one of: run"),
     case("verb-run-bad", "simgpu", f"run {GPT_FILE} --set nodes=true", "nodes: expected a number"),
@@ -751,7 +795,7 @@ SERVE = [
 
 CASES = [c for group, prefix in ((RUN, "run"), (COMM, "comm"), (REPLAY, "replay"), (WHATIF, "whatif"),
                                   (SEARCH, "search"), (CALIBRATE, "calibrate"), (FIT, "fit"), (CONSOLE, "simgpu"),
-                                  (SERVE, "serve"))
+                                  (SERVE, "serve"), (CLUSTER, "cluster"))
          for c in [Case(f"{prefix}-{x.id}", x.command, x.argv, x.expect, x.files) for x in group]]
 
 

@@ -15,6 +15,7 @@ import pytest
 from pydantic import BaseModel
 
 from simgpu import reference
+from simgpu.cluster.spec import ClusterSpec
 from simgpu.config.platform import PlatformSpec
 from simgpu.config.workload import WorkloadSpec
 from simgpu.goodput.spec import GoodputSpec
@@ -32,6 +33,7 @@ MODELS: dict[str, tuple[type[BaseModel], ...]] = {
     "serving.md": (ServingSpec, DlrmServingSpec),
     "study.md": (StudySpec,),
     "goodput.md": (GoodputSpec,),
+    "cluster.md": (ClusterSpec,),
 }
 
 

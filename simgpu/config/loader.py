@@ -32,8 +32,9 @@ M = TypeVar("M", bound=BaseModel)
 REPO_PLATFORMS = Path(__file__).resolve().parents[2] / "platforms"
 
 #: What a YAML file is: a workload (``simgpu run``: one iteration of training or inference), an LLM
-#: or DLRM serving file (``simgpu serve``), or a study of variants of one of those (``simgpu whatif``).
-JobKind = Literal["workload", "llm_serving", "dlrm_serving", "study"]
+#: or DLRM serving file (``simgpu serve``), a study of variants of one of those (``simgpu whatif``), or a
+#: cluster file, several workloads sharing one cluster (``simgpu cluster``).
+JobKind = Literal["workload", "llm_serving", "dlrm_serving", "study", "cluster"]
 
 
 @dataclass(frozen=True)
@@ -342,8 +343,9 @@ def job_kind(path: str | Path, overrides: Sequence[str] = (), what: str = "YAML"
     """What the YAML file at ``path`` is (after ``--set`` overrides), read once from its keys: a
     study names a ``base``; a serving file whose ``deployment.workload`` is a ``dlrm_inference``
     workload is a DLRM one; one with ``requests`` and a ``deployment`` (or ``prefill`` and
-    ``decode`` pools) an LLM one; anything else a workload. A file that cannot be read raises
-    :class:`ConfigError` saying it is not the ``what`` file the command expected."""
+    ``decode`` pools) an LLM one; one with a ``jobs`` list a cluster; anything else a workload. A
+    file that cannot be read raises :class:`ConfigError` saying it is not the ``what`` file the
+    command expected."""
     file = str(path)
     data, _ = read_yaml(path, what)
     for item in overrides:
@@ -353,6 +355,8 @@ def job_kind(path: str | Path, overrides: Sequence[str] = (), what: str = "YAML"
         apply_override(data, key.removeprefix("workload."), value, file)
     if "base" in data:
         return "study"
+    if isinstance(data.get("jobs"), list):
+        return "cluster"
     dep = data.get("deployment")
     if isinstance(dep, dict) and isinstance(dep.get("workload"), str):
         wl = resolve_path(file, dep["workload"])

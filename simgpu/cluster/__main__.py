@@ -1,0 +1,54 @@
+"""``simgpu cluster cluster.yaml``: several jobs sharing one cluster's links, each one's slowdown
+from its neighbours, and whose traffic crosses the busiest links.
+
+Simulates the jobs together on one topology and each alone on the same nodes; writes
+``summary.json`` and ``timeline.png`` (ranks grouped by job) into ``--out`` (default
+``out/<name>``) and prints the neighbour noise per job and the busiest links between switches.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..cli import ArgParser, Progress, check_out_dir, entry, int_at_least, run_command, safe_name
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_command(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    ap = ArgParser(prog="simgpu cluster", description=__doc__.splitlines()[0])
+    ap.add_argument("cluster", help="cluster YAML (see workloads/clusters/)")
+    ap.add_argument("--out", type=Path, help="output folder (default out/<name>)")
+    ap.add_argument("--links", action="store_true", help="record link busy intervals (the summary's links alike)")
+    ap.add_argument("--top-links", type=int_at_least(0), default=8, help="busiest links shown (default 8)")
+    ap.add_argument("--no-plots", action="store_true", help="do not draw timeline.png")
+    args = ap.parse_args(argv)
+    if args.out:
+        check_out_dir(args.out)
+    from .report import summarize, table
+    from .run import simulate_cluster
+    from .spec import load_cluster
+
+    c = load_cluster(args.cluster)
+    out = args.out or Path("out") / safe_name(c.spec.name)
+    check_out_dir(out)
+    with Progress() as progress:
+        res = simulate_cluster(c, record_links=args.links, on_stage=lambda what: progress.set(f"{c.spec.name}: {what}"))
+    summary = summarize(res, args.top_links)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    if not args.no_plots:
+        from .plots import timeline
+
+        timeline(res, out / "timeline.png")
+    print(table(summary))
+    print(f"\nwrote {out}/summary.json" + ("" if args.no_plots else f" and {out}/timeline.png"))
+    return 0
+
+
+if __name__ == "__main__":
+    entry(main)
