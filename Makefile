@@ -36,13 +36,23 @@ docs: $(STAMP)  ## regenerate the input reference (docs/reference) and build the
 	$(BIN)/python -m simgpu.reference docs/reference
 	$(BIN)/mkdocs build --strict -d site
 
-images: $(STAMP)  ## regenerate the README tour's pictures in docs/images (a run, a what-if, a serving run)
+images: $(STAMP)  ## regenerate the README's pictures in docs/images (the tour; stragglers, faults, mixed GPUs, shared clusters, goodput)
 	$(BIN)/python -m simgpu run workloads/gpt_2x_dgx_h100.yaml --out out/tour/run
 	$(BIN)/python -m simgpu whatif workloads/studies/faster_nic.yaml --out out/tour/whatif
 	$(BIN)/python -m simgpu serve workloads/serving/llama2_70b_2x_dgx_h100_disagg.yaml --out out/tour/serve
 	cp out/tour/run/timeline.png docs/images/tour-timeline.png
 	cp out/tour/whatif/bars.png docs/images/tour-whatif.png
 	cp out/tour/serve/latency_cdf.png docs/images/tour-latency-cdf.png
+	$(BIN)/python -m simgpu whatif workloads/studies/straggler.yaml --out out/tour/straggler
+	$(BIN)/python -m simgpu whatif workloads/studies/nic_down.yaml --out out/tour/nic_down
+	$(BIN)/python -m simgpu run workloads/gpt_mixed_h100_a100.yaml --out out/tour/mixed
+	$(BIN)/python -m simgpu cluster workloads/clusters/two_gpt_jobs_2to1_spine.yaml --out out/tour/cluster
+	$(BIN)/python -m simgpu goodput workloads/goodput/llama3_405b_16k_h100.yaml --out out/tour/goodput
+	cp out/tour/straggler/bars.png docs/images/clusters-straggler.png
+	cp out/tour/nic_down/bars.png docs/images/clusters-nic-down.png
+	cp out/tour/mixed/timeline.png docs/images/clusters-mixed-timeline.png
+	cp out/tour/cluster/timeline.png docs/images/clusters-two-jobs-timeline.png
+	cp out/tour/goodput/goodput.png docs/images/clusters-goodput.png
 
 bench: $(STAMP)  ## measure the simulator's own speed and memory
 	$(BIN)/python -m simgpu.speed --report docs/speed.md

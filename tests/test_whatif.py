@@ -161,3 +161,16 @@ def test_a_base_value_the_grid_replaces_is_not_an_error(tmp_path):
     p.write_text(yaml.safe_dump({"name": "s", "base": str(base), "grid": {"platform.network.nic_gbps": [100]}}))
     with pytest.raises(ConfigError, match="nodes"):
         load_study(p)
+
+
+def test_lines_group_by_a_list_valued_key(tmp_path):
+    """A grid over a list-valued key (a straggler's ranks) draws one line per list."""
+    import pandas as pd
+
+    from simgpu.whatif.plots import lines
+
+    table = pd.DataFrame({"feasible": [True] * 4, "variability.slow.0.factor": [1.0, 2.0, 1.0, 2.0],
+                          "variability.slow.0.ranks": [[5], [5], [5, 13], [5, 13]],
+                          "iteration_time_ms": [10.0, 20.0, 10.0, 20.5], "exposed_communication_ms": [1.0] * 4})
+    assert lines(table, ["variability.slow.0.factor", "variability.slow.0.ranks"], tmp_path / "l.png", "t")
+    assert (tmp_path / "l.png").stat().st_size > 0

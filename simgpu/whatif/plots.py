@@ -91,6 +91,9 @@ def lines(table: pd.DataFrame, swept: list[str], path: Path, title: str) -> bool
         return False
     x = numeric[0]
     others = [k for k in swept if k != x]
+    # a swept value may be a list (a straggler's ranks): grouped by its text
+    ok = ok.assign(**{k: ok[k].map(lambda v: str(v) if isinstance(v, (list, tuple, dict)) else v)
+                      for k in others if k in ok})
     groups: list[tuple[Any, pd.DataFrame]] = list(ok.groupby(others)) if others else [((), ok)]
     colours = series_colours(len(groups))
     columns = max(1, math.ceil(len(groups) / LEGEND_ROWS))
