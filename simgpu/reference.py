@@ -66,6 +66,12 @@ def _platform() -> type[BaseModel]:
     return PlatformSpec
 
 
+def _mixed_platform() -> type[BaseModel]:
+    from .config.mixed import MixFile
+
+    return MixFile
+
+
 def _serving() -> type[BaseModel]:
     from .serve.spec import ServingSpec
 
@@ -108,7 +114,8 @@ PAGES: tuple[Page, ...] = (
          "between nodes; a workload names it by `platform`. `--set platform.key.path=value` overrides a "
          "key below from the command line (`simgpu comm` and `simgpu calibrate` take the key without "
          "`platform.`).",
-         (Part("Platform file", _platform, "simgpu/config/platform.py"),)),
+         (Part("Platform file", _platform, "simgpu/config/platform.py"),
+          Part("Mixed platform file", _mixed_platform, "simgpu/config/mixed.py", "mixed"))),
     Page("serving", "Serving file",
          "A serving file (`workloads/serving/*.yaml`) is what `simgpu serve` reads: the deployment(s), "
          "named by inference workload files, the requests that arrive and how they are batched. "
@@ -423,7 +430,8 @@ def render(page: Page) -> str:
         model = part.model()
         level = "#"
         if len(page.parts) > 1:
-            lines += [f"## {part.title} {{ #{part.anchor} }}", "",
+            heading = f"## {part.title} {{ #{part.anchor} }}" if part.anchor else f"## {part.title}"
+            lines += [heading, "",
                       f"Defined by `{model.__name__}` in `{part.source}`.", ""]
             level = "##"
         else:

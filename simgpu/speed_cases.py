@@ -51,6 +51,19 @@ def _alltoall(platform: str, nodes: int, sizes: Sequence[int]) -> Callable[[], t
 A2A_SIZES = (1 << 16, 1 << 22, 1 << 26, 1 << 30)
 
 
+def _cluster(path: str) -> Callable[[], tuple[float, int]]:
+    """Every job of a cluster file together, and each alone; the simulated time is the longest job's
+    together, the events those of all the runs."""
+    def run() -> tuple[float, int]:
+        from .cluster.run import simulate_cluster
+        from .cluster.spec import load_cluster
+
+        res = simulate_cluster(load_cluster(ROOT / path))
+        events = res.together.events + sum(r.events for r in res.alone.values())
+        return max(res.together_s.values()), events
+    return run
+
+
 def _study(path: str) -> Callable[[], tuple[float, int]]:
     """A what-if study on the local process pool (one worker per core), in a scratch folder; the
     'events' column is the number of variants simulated."""
@@ -104,6 +117,12 @@ CASES: dict[str, tuple[int, Callable[[], tuple[float, int]]]] = {
         "parallelism.pp_schedule=interleaved", "parallelism.virtual_stages=12", "training.micro_batch=1",
         "training.global_batch=2048", "training.precision=fp8")),
     "gpt-3 175B 1024 GPU, 2:1 spine": (1024, _workload(GPT3, "platform.network.oversubscription=2")),
+    # real clusters: one GPU of 1,024 slowed (every rank simulated, and the job once more without it),
+    # and two 512-GPU jobs on one 2:1 spine (together, then each alone)
+    "gpt-3 175B 1024 GPU, one straggler (every rank)": (1024, _workload(
+        GPT3, "variability.slow=[{ranks: [5], factor: 1.3}]")),
+    "two gpt-3 175B jobs of 512 GPU on a 2:1 spine": (1024, _cluster(
+        "workloads/clusters/two_gpt3_512_2to1_spine.yaml")),
     # Perlmutter's dragonfly (4 A100 and 4 NICs a node on one switch): whole nodes do not fold there
     "gpt-3 175B 1024 GPU, dragonfly (Perlmutter, TP4)": (1024, _workload(
         GPT3, "platform=perlmutter_gpu", "nodes=256", "parallelism.tp=4", "parallelism.dp=16")),

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from simgpu import reference
 from simgpu.cluster.spec import ClusterSpec
+from simgpu.config.mixed import MixFile
 from simgpu.config.platform import PlatformSpec
 from simgpu.config.workload import WorkloadSpec
 from simgpu.goodput.spec import GoodputSpec
@@ -29,7 +30,7 @@ REFERENCE = ROOT / "docs" / "reference"
 #: reference page -> the models whose files it documents
 MODELS: dict[str, tuple[type[BaseModel], ...]] = {
     "workload.md": (WorkloadSpec,),
-    "platform.md": (PlatformSpec,),
+    "platform.md": (PlatformSpec, MixFile),
     "serving.md": (ServingSpec, DlrmServingSpec),
     "study.md": (StudySpec,),
     "goodput.md": (GoodputSpec,),
