@@ -634,6 +634,11 @@ SEARCH = [
     case("set-unknown", "search", f"parallelism {GPT_FILE} --set model.nope=1", "model.nope: unknown key"),
     case("set-bool", "search", f"parallelism {GPT_FILE} --set nodes=true", "nodes: expected a number"),
     case("out-is-file", "search", f"parallelism {GPT_FILE} --out {{tmp}}/taken", "--out", "is a file", taken="x"),
+    case("stages-no-pipeline", "search", f"stages {GPT_FILE}", "parallelism.pp", "expected parallelism.pp >= 2"),
+    case("stages-on-dlrm", "search", f"stages {DLRM_FILE}", "model.kind", "Transformer"),
+    case("stages-interleaved", "search", f"stages {GPT_FILE} --set parallelism.pp=2 --set parallelism.dp=null "
+         "--set parallelism.pp_schedule=interleaved --set parallelism.virtual_stages=2 "
+         "--set training.grad_accumulation=2", "parallelism.virtual_stages", "expected virtual_stages: 1"),
 ]
 
 LOG = "{tmp}/ar.log --platform dgx_h100"

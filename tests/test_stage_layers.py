@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from functools import cache
 
+import pandas as pd
 import pytest
 from conftest import ROOT
 
@@ -83,3 +84,29 @@ def test_interleaved_chunks_take_their_entries_in_model_order():
 def test_on_the_mix_more_blocks_on_the_h100_stage_is_faster():
     assert _ms(str(MIXED), *ON_MIX, _split([3, 1])) < _ms(str(MIXED), *ON_MIX)
     assert _ms(str(MIXED), *ON_MIX, _split([1, 3])) > _ms(str(MIXED), *ON_MIX)
+
+
+def test_the_search_balances_the_mix_at_least_as_well_as_the_even_split(tmp_path):
+    from simgpu.search import main as search
+
+    out = tmp_path / "s"
+    over = [a for o in ON_MIX for a in ("--set", o)]
+    assert search(["stages", str(MIXED), *over, "--out", str(out), "--top", "1", "--quiet", "--workers", "1"]) == 0
+    table = pd.read_csv(out / "results.csv", dtype={"stage_layers": str})
+    times = dict(zip(table["stage_layers"], table["iteration_time_ms"], strict=True))
+    assert "2,2" in times and min(times.values()) <= times["2,2"]
+    best = min(times, key=lambda k: times[k])
+    assert int(best.split(",")[0]) > 2  # the H100 stage takes more blocks
+    assert (out / "top1" / "summary.json").exists()
+
+
+def test_splits_derived_from_the_stage_costs():
+    from simgpu.stages import StageCost, balanced_split, even_split, neighbours, proportional_split
+
+    assert even_split(10, 4) == [3, 3, 2, 2]
+    fast, slow = StageCost(block_s=1.0, rest_s=0.0), StageCost(block_s=3.0, rest_s=0.0)
+    assert proportional_split([fast, slow], 9) == [6, 3]
+    assert proportional_split([fast, fast], 8) == [4, 4]
+    assert balanced_split([fast, fast], 8, micro_batches=1000) == [4, 4]
+    assert balanced_split([fast, StageCost(block_s=1.0, rest_s=2.0)], 8, micro_batches=1000) == [5, 3]
+    assert sorted(neighbours([2, 1])) == [[1, 2]]
