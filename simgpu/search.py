@@ -7,6 +7,9 @@ DLRM serving file, its ``--gpus`` (the GPUs its tables are sharded over), ``--ma
 batcher's samples) and ``--delay-us`` by samples/s per GPU among those whose P99 latency meets the
 file's SLO (:mod:`simgpu.serve.dlrm_study`).
 
+``stages WORKLOAD`` balances a pipeline's blocks per stage (``parallelism.stage_layers``) over GPUs of
+different speeds, from the even split's compute per stage (:mod:`simgpu.stages`).
+
 ``sharding WORKLOAD`` ranks the plans the sharding planner proposes for a DLRM; ``parallelism
 WORKLOAD`` ranks the tensor / pipeline / data parallel splits, micro-batch sizes, recomputation and
 ZeRO stages of a Transformer. Candidates keep the workload's global batch (the same work) and are
@@ -133,6 +136,23 @@ def parallelism_candidates(workload: str, overrides: Sequence[str] = (), *, tp: 
     return keep, pruned
 
 
+def fitting(workload: str, variants: list[Variant]) -> tuple[list[Variant], list[dict[str, Any]]]:
+    """The variants that pass the job's rules and fit in GPU memory, and those pruned (with why)."""
+    keep: list[Variant] = []
+    pruned: list[dict[str, Any]] = []
+    for v in variants:
+        try:
+            why = memory_misfit(load_job(workload, v.as_args()))
+        except ConfigError as e:
+            pruned.append({"name": v.name, **dict(v.swept), "status": "invalid", "feasible": False, "why": str(e)})
+            continue
+        if why:
+            pruned.append({"name": v.name, **dict(v.swept), "status": "infeasible", "feasible": False, "why": why})
+            continue
+        keep.append(v)
+    return keep, pruned
+
+
 def memory_misfit(job: Job) -> str | None:
     """Why a Transformer job does not fit in GPU memory (the builder's own per-stage estimate, without
     building its programs), or None."""
@@ -212,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     ap = ArgParser(prog="simgpu search", description=__doc__.splitlines()[0])
-    ap.add_argument("space", choices=("sharding", "parallelism", "serving"))
+    ap.add_argument("space", choices=("sharding", "parallelism", "serving", "stages"))
     ap.add_argument("workload")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--top", type=int_at_least(0), default=3, help="write outputs of the k fastest")
@@ -241,6 +261,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.out:
         check_out_dir(args.out)
     pruned: list[dict[str, Any]] = []
+    info: dict[str, Any] = {}  # stages: what the candidates were derived from
     kind: JobKind = job_kind(args.workload, what="serving") if args.space == "serving" else "workload"
     dlrm = kind == "dlrm_serving"
     if dlrm:
@@ -256,6 +277,11 @@ def _main(argv: Sequence[str] | None) -> int:
                                       prefill_nodes=args.prefill_nodes)
     elif args.space == "sharding":
         variants = sharding_candidates(args.workload, args.overrides)
+    elif args.space == "stages":
+        from .stages import stage_candidates
+
+        variants, info = stage_candidates(args.workload, args.overrides)
+        variants, pruned = fitting(args.workload, variants)
     else:
         variants, pruned = parallelism_candidates(
             args.workload, args.overrides, tp=args.tp, pp=args.pp, micro_batch=args.micro_batch,
@@ -286,6 +312,10 @@ def _main(argv: Sequence[str] | None) -> int:
     else:
         tops = write_top(args.workload, variants, table, out, args.top)
     print(ranking(table, kind=kind))
+    if args.space == "stages":
+        from .stages import stage_lines
+
+        print("\n".join(stage_lines(table, info)))
     if pruned:
         print(f"\n{len(pruned)} candidates pruned by the job's rules (listed in {out / 'pruned.csv'}):")
         for n, r in reasons(pruned):

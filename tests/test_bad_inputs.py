@@ -252,6 +252,24 @@ RUN = [
          parallelism__zero=1)),
     case("interleaved-no-stages", "run", W, "parallelism.pp_schedule", "virtual_stages",
          w__yaml=gpt(parallelism__pp_schedule="interleaved")),
+    case("stage-layers-length", "run", W, "parallelism.stage_layers", "3 entries for pp=2 stages",
+         "expected 2 entries", w__yaml=gpt(parallelism__pp=2, parallelism__dp=None,
+                                           parallelism__stage_layers=[8, 8, 8])),
+    case("stage-layers-zero", "run", W, "parallelism.stage_layers", "entry 1 is 0", "expected at least one block",
+         w__yaml=gpt(parallelism__pp=2, parallelism__dp=None, parallelism__stage_layers=[24, 0])),
+    case("stage-layers-sum", "run", W, "parallelism.stage_layers", "= 23 blocks", "expected entries summing to 24",
+         w__yaml=gpt(parallelism__pp=2, parallelism__dp=None, parallelism__stage_layers=[12, 11])),
+    case("stage-layers-interleaved", "run", W, "parallelism.stage_layers", "2 x 2 model chunks",
+         "expected 4 entries", w__yaml=gpt(parallelism__pp=2, parallelism__dp=None, parallelism__virtual_stages=2,
+                                           parallelism__pp_schedule="interleaved", training__grad_accumulation=2,
+                                           parallelism__stage_layers=[14, 10])),
+    case("stage-layers-and-embedding", "run", W, "parallelism.stage_layers", "account_for_embedding_and_loss",
+         w__yaml=gpt(parallelism__pp=2, parallelism__dp=None, parallelism__account_for_embedding_and_loss=True,
+                     parallelism__stage_layers=[12, 12])),
+    case("stage-layers-word", "run", W, "parallelism.stage_layers", "expected a number",
+         w__yaml=gpt(parallelism__stage_layers=["many"])),
+    case("stage-layers-dlrm", "run", W, "parallelism.stage_layers", "transformer",
+         w__yaml=dlrm(parallelism__stage_layers=[2])),
     case("heads-seven", "run", W, "model", "divisible by heads", w__yaml=gpt(model__heads=7)),
     case("ep-without-moe", "run", W, "parallelism.ep", "model.moe", w__yaml=gpt(parallelism__ep=2)),
     case("micro-and-batch", "run", W, "training", "name the same number", w__yaml=gpt(training__micro_batch=4)),
@@ -616,6 +634,11 @@ SEARCH = [
     case("set-unknown", "search", f"parallelism {GPT_FILE} --set model.nope=1", "model.nope: unknown key"),
     case("set-bool", "search", f"parallelism {GPT_FILE} --set nodes=true", "nodes: expected a number"),
     case("out-is-file", "search", f"parallelism {GPT_FILE} --out {{tmp}}/taken", "--out", "is a file", taken="x"),
+    case("stages-no-pipeline", "search", f"stages {GPT_FILE}", "parallelism.pp", "expected parallelism.pp >= 2"),
+    case("stages-on-dlrm", "search", f"stages {DLRM_FILE}", "model.kind", "Transformer"),
+    case("stages-interleaved", "search", f"stages {GPT_FILE} --set parallelism.pp=2 --set parallelism.dp=null "
+         "--set parallelism.pp_schedule=interleaved --set parallelism.virtual_stages=2 "
+         "--set training.grad_accumulation=2", "parallelism.virtual_stages", "expected virtual_stages: 1"),
 ]
 
 LOG = "{tmp}/ar.log --platform dgx_h100"

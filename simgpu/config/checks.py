@@ -169,7 +169,8 @@ def check_parallelism(spec: WorkloadSpec, nodes: int, gpus_per_node: int, file: 
     where = f"{nodes} node(s) x {gpus_per_node} GPUs = {world}"
     if not isinstance(spec.model, TransformerModel):
         for key, value, plain in (("tp", par.tp, 1), ("pp", par.pp, 1), ("cp", par.cp, 1), ("ep", par.ep, 1),
-                                  ("sp", par.sp, False), ("zero", par.zero_stage, 0)):
+                                  ("sp", par.sp, False), ("zero", par.zero_stage, 0),
+                                  ("stage_layers", par.stage_layers, None)):
             if value != plain:
                 raise ConfigError(f"{key}={value} applies to transformer models; a {spec.model.kind} model "
                                   f"expected {plain}", file=file, key=f"parallelism.{key}")
@@ -209,7 +210,9 @@ def check_transformer(spec: WorkloadSpec, world: int, file: str | None = None) -
                                        f"not split over tp={tp}; expected multiples of tp")
     if md.ffn % tp:
         fail("model.ffn_hidden", f"MLP width {md.ffn} does not split over tp={tp}; expected a multiple of tp")
-    if par.account_for_embedding_and_loss:
+    if par.stage_layers is not None:
+        check_stage_layers(par.stage_layers, md.layers, pp, v, par.account_for_embedding_and_loss, file)
+    elif par.account_for_embedding_and_loss:
         if (md.layers + 2) % (pp * v) or (md.layers + 2) // (pp * v) < 2:
             fail("model.layers", f"{md.layers} layers with the embedding and the loss do not divide into "
                                  f"pp*virtual_stages = {pp}*{v} chunks of 2 or more; expected layers + 2 a multiple "
@@ -249,6 +252,9 @@ def check_transformer(spec: WorkloadSpec, world: int, file: str | None = None) -
                                                 f"{'moe_tp' if split else 'tp'}={moe_tp}")
     if dp % ep:
         fail("parallelism.ep", f"ep={ep} must divide dp={dp} (experts are sharded over data-parallel ranks)")
+    if tr is None and par.stage_layers is not None:
+        fail("parallelism.stage_layers", "the pipeline split of a trained model's blocks; a served model's stages "
+                                         "hold layers / pp blocks each; expected no stage_layers")
     if tr is None and par.account_for_embedding_and_loss:
         fail("parallelism.account_for_embedding_and_loss", "the pipeline split of a trained model's chunks; a served "
                                                            "model's stages hold layers / pp blocks each")
@@ -264,6 +270,29 @@ def check_transformer(spec: WorkloadSpec, world: int, file: str | None = None) -
         if m % pp:
             fail("training.global_batch" if tr.global_batch else "training.grad_accumulation",
                  f"the interleaved schedule needs micro-batches per iteration ({m}) divisible by pp={pp}")
+
+
+def check_stage_layers(split: list[int], layers: int, pp: int, v: int, embedding_in_split: bool,
+                       file: str | None = None) -> None:
+    """``parallelism.stage_layers``: one entry per model chunk (pp x virtual_stages), each at least one
+    block, summing to the model's layers."""
+    def fail(msg: str) -> None:
+        raise ConfigError(msg, file=file, key="parallelism.stage_layers")
+
+    chunks = pp * v
+    what = f"pp={pp} stages" if v == 1 else f"pp x virtual_stages = {pp} x {v} model chunks"
+    if embedding_in_split:
+        fail("gives each stage's blocks itself; expected it or parallelism.account_for_embedding_and_loss, not both")
+    if len(split) != chunks:
+        fail(f"{len(split)} entries for {what}; expected {chunks} entries, one per "
+             + ("stage" if v == 1 else "chunk in model order"))
+    low = [i for i, n in enumerate(split) if n < 1]
+    if low:
+        fail(f"entry {low[0]} is {split[low[0]]}; expected at least one block per "
+             + ("stage" if v == 1 else "chunk"))
+    if sum(split) != layers:
+        fail(f"{' + '.join(map(str, split))} = {sum(split)} blocks, but model.layers is {layers}; expected entries "
+             f"summing to {layers}")
 
 
 def check_memory(job: Job, workload: Workload) -> None:
@@ -404,7 +433,7 @@ def check_size(job: Job) -> None:
         dp = par.dp or max(world // (par.tp * par.pp * par.cp), 1)
         micro = (tr.global_batch // max(tr.batch_per_gpu * dp, 1) if tr.global_batch
                  else tr.grad_accumulation or 1)
-        blocks = -(-md.layers // par.pp)
+        blocks = max(par.stage_layers) if par.stage_layers else -(-md.layers // par.pp)
         ops = OPS_PER_BLOCK * blocks * max(micro, 1) * par.pp  # one rank per stage, at least
         flows = 0
         factors = {"model.layers": blocks, "training.global_batch" if tr.global_batch else

@@ -94,6 +94,12 @@ class Parallelism(Spec):
                            "pipeline's chunks, so the first and the last chunk hold one block fewer (Megatron-core's "
                            "account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split); "
                            "layers + 2 must divide into pp x virtual_stages chunks")
+    stage_layers: list[int] | None = Field(
+        None, description="the Transformer blocks of each pipeline stage in order, e.g. [14, 10] (pp entries; under "
+                          "the interleaved schedule one per model chunk in model order, pp x virtual_stages "
+                          "entries: chunk c of stage s is entry c x pp + s), each at least 1, summing to "
+                          "model.layers; balances a pipeline over GPUs of different speeds (docs/mixed.md). "
+                          "Default: layers / (pp x virtual_stages) blocks each")
     cp_comm: Literal["ring", "all_gather"] = Field(
         "ring", description="context parallelism: ring (K/V passed around the ring, overlapping attention) or "
                             "all_gather (K/V all-gathered per block)")

@@ -75,6 +75,7 @@ class Setup:
     first_bucket_bytes: float = DDP_FIRST_BUCKET_BYTES   # DDP's first gradient bucket
     bucket_view: bool = False               # DDP gradient_as_bucket_view
     embedding_in_split: bool = False        # the embedding and the loss count as a block in the pipeline split
+    stage_layers: tuple[int, ...] | None = None  # blocks per global model chunk (None: an even split)
     moe_precision: str = ""                 # the experts' GEMM dtype (served models; "" : precision)
     moe_tp: int = 0                         # the experts' tensor split (served models; 0: tp)
     moe_ep: int = 0                         # the experts' expert split (served models; 0: layout.ep)
@@ -156,7 +157,10 @@ class Setup:
         """Blocks of global model chunk ``g`` (0-based, in model order). Under ``embedding_in_split``
         the embedding and the loss count as a block each (Megatron-core's
         account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split): the first
-        and the last chunk hold one block fewer."""
+        and the last chunk hold one block fewer. ``stage_layers`` gives each chunk's count instead."""
+        if self.stage_layers is not None:
+            start = sum(self.stage_layers[:g])
+            return range(start, start + self.stage_layers[g])
         extra = 2 if self.embedding_in_split else 0
         per = (self.model.layers + extra) // self.chunks
         shift = 1 if extra and g > 0 else 0
@@ -204,7 +208,8 @@ def make_setup(spec: WorkloadSpec, world: World) -> Setup:
                  p2p_overlap=p.overlap_p2p_comm, forward_prefetch=p.forward_prefetch,
                  backward_prefetch=p.backward_prefetch, limit_all_gathers=p.limit_all_gathers,
                  reshard_after_forward=p.reshard_after_forward, first_bucket_bytes=spec.comm.first_bucket_mib * 2**20,
-                 bucket_view=p.gradient_as_bucket_view, embedding_in_split=p.account_for_embedding_and_loss)
+                 bucket_view=p.gradient_as_bucket_view, embedding_in_split=p.account_for_embedding_and_loss,
+                 stage_layers=None if p.stage_layers is None else tuple(p.stage_layers))
 
 
 def _bucket_bytes(spec: WorkloadSpec, dp: int) -> float:
