@@ -67,8 +67,11 @@ class _Mover:
         return got
 
 
-def merge(jobs: Sequence[Placed], world: int, name: str) -> Workload:
-    """One workload of ``world`` ranks running every job of ``jobs`` on its ranks (unfolded builds)."""
+def merge(jobs: Sequence[Placed], world: int, name: str,
+          movers: dict[tuple[str, tuple[int, ...]], _Mover] | None = None) -> Workload:
+    """One workload of ``world`` ranks running every job of ``jobs`` on its ranks (unfolded builds);
+    ``movers`` keeps each job's moved ops between merges (a job whose kernels land at the same
+    indices again reuses them: the cluster's run together and each job's run alone)."""
     table: dict[KernelSpec, int] = {}
     kernels: list[KernelSpec] = []
     programs: list[Program | None] = [None] * world
@@ -83,7 +86,12 @@ def merge(jobs: Sequence[Placed], world: int, name: str) -> Workload:
                 table[k] = len(kernels)
                 kernels.append(k)
             kmap.append(table[k])
-        move = _Mover(f"{job.name}/", job.ranks, kmap)
+        key = (job.name, tuple(kmap))
+        move = movers.get(key) if movers is not None else None
+        if move is None:
+            move = _Mover(f"{job.name}/", job.ranks, kmap)
+            if movers is not None:
+                movers[key] = move
         for p in w.programs:
             g = int(job.ranks[p.rank])
             if programs[g] is not None:

@@ -89,6 +89,7 @@ class _Setup:
             comm = cj.job.workload.comm
             self.planners.append(Planner(self.topo, p.collectives, comm.algorithm, comm.protocol))
         self.predictor = cache(lambda: make_predictor(kernel_model, p))
+        self.movers: dict[tuple[str, tuple[int, ...]], Any] = {}  # each job's moved ops, between runs
         self.memory_flags = bool(p.gpu.overlap_slowdown_memory) and any(
             cj.job.workload.model.kind not in INFERENCE_KINDS for cj in cluster.jobs)
         self.options = EngineOptions(
@@ -100,7 +101,7 @@ class _Setup:
     def run(self, which: Sequence[int]) -> SimResult:
         """One engine over the jobs ``which`` (indices into the cluster's jobs)."""
         jobs = [self.placed[i] for i in which]
-        w: Workload = merge(jobs, self.topo.world, self.cluster.spec.name)
+        w: Workload = merge(jobs, self.topo.world, self.cluster.spec.name, self.movers)
         if self.memory_flags:
             from ..kernels.overlap import memory_bound
 
