@@ -1,6 +1,7 @@
 """Studies on a real Dask cluster: a scheduler and a worker started in another folder than the study's
-client run its variants (the base file sent by absolute path, checked by its hash), and a study whose
-variants all fail for one same reason stops with that reason."""
+client run its variants (a workload's variants sent loaded and validated; a serving file by its
+absolute path, checked by its hash), and a study whose variants all fail for one same reason stops
+with that reason."""
 
 from __future__ import annotations
 
@@ -101,3 +102,23 @@ def test_variants_that_all_fail_alike_stop_the_study(tmp_path: Path) -> None:
         _stop_on_a_common_failure(rows, path)
     assert load_rows(path) == [kept]  # the failed rows are computed again on the next run
     _stop_on_a_common_failure([{**rows[0], "why": "one"}, {**rows[1], "why": "two"}], path)  # their own reasons
+
+
+def test_a_workload_variant_is_sent_loaded_and_needs_none_of_the_study_files(tmp_path: Path) -> None:
+    """What a Dask worker gets for a workload study: the validated job, pickled; it simulates it with
+    the study's files gone (a worker on another machine reads none of them)."""
+    import pickle
+
+    from simgpu.config.loader import load_job
+    from simgpu.whatif.workload import run_job
+
+    base = tmp_path / "w.yaml"
+    shutil.copy(ROOT / "workloads" / "gpt_2x_dgx_h100.yaml", base)
+    variant = Variant(name="nic 800", overrides=(("platform.network.nic_gbps", 800),),
+                      swept=(("platform.network.nic_gbps", 800),))
+    sent = pickle.dumps(load_job(base, variant.as_args()))
+    here = run_variant(str(base), variant)
+    base.unlink()
+    row = run_job(pickle.loads(sent), variant)
+    assert row["status"] == "ok", row
+    assert row["iteration_time_ms"] == here["iteration_time_ms"]

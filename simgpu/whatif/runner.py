@@ -112,8 +112,20 @@ def _dask(base: str, kind: JobKind, todo: list[Variant], address: str) -> Iterat
 
     digest = _digest(base)
     with Client(address, timeout="10s") as client:
-        futures = client.map(run_variant, [base] * len(todo), todo, [kind] * len(todo), [digest] * len(todo),
-                             pure=False)
+        if kind == "workload":  # each variant loaded here and sent validated: the workers read none of its files
+            from ..config.loader import load_job
+            from .workload import run_job
+
+            loaded = []
+            for v in todo:
+                try:
+                    loaded.append((load_job(base, v.as_args()), v))
+                except ConfigError:
+                    yield run_variant(base, v, kind)  # its row says why, as a worker's would
+            futures = client.map(run_job, [j for j, _ in loaded], [v for _, v in loaded], pure=False)
+        else:
+            futures = client.map(run_variant, [base] * len(todo), todo, [kind] * len(todo), [digest] * len(todo),
+                                 pure=False)
         try:
             for f in dask_completed(futures):
                 yield f.result()

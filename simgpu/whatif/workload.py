@@ -57,6 +57,18 @@ def _model_manifests(job: Any) -> list[Path]:
 def run_variant(base: str, variant: Variant) -> dict[str, Any]:
     """Simulate one variant; never raises: failures become rows with ``status`` and ``why``."""
     from ..config.loader import load_job
+
+    return _row(variant, lambda: load_job(base, variant.as_args()))
+
+
+def run_job(job: Any, variant: Variant) -> dict[str, Any]:
+    """:func:`run_variant` of a variant already loaded where the study was read: a worker on another
+    machine gets the validated workload and platform and reads no file of the study (only its own
+    installation's kernel models)."""
+    return _row(variant, lambda: job)
+
+
+def _row(variant: Variant, job: Any) -> dict[str, Any]:
     from ..report import summarize
     from ..sim import simulate
 
@@ -64,7 +76,7 @@ def run_variant(base: str, variant: Variant) -> dict[str, Any]:
     row: dict[str, Any] = {"id": variant.id, "name": variant.name}
     row.update({k: v for k, v in variant.swept})
     try:
-        summary = summarize(simulate(load_job(base, variant.as_args())))
+        summary = summarize(simulate(job()))
     except ConfigError as e:
         infeasible = "does not fit" in e.message
         row.update(status="infeasible" if infeasible else "invalid", feasible=False, why=str(e))
