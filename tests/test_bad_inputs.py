@@ -26,7 +26,7 @@ COMMANDS = {"run": "simgpu.run", "whatif": "simgpu.whatif.__main__", "comm": "si
             "replay": "simgpu.replay", "search": "simgpu.search", "calibrate": "simgpu.comm.calibrate",
             "fit": "simgpu.fit", "simgpu": "simgpu.__main__", "serve": "simgpu.serve.__main__",
             "validate-dlrm": "simgpu.validate.dlrm", "validate-sharding": "simgpu.validate.sharding",
-            "cluster": "simgpu.cluster.__main__"}
+            "cluster": "simgpu.cluster.__main__", "validate-silicon-serving": "simgpu.validate.silicon_serving"}
 
 
 def _edit(path: Path, changes: dict[str, Any]) -> str:
@@ -811,6 +811,12 @@ SERVE = [
     case("dlrm-queries-huge", "serve", f"{SERVING_DLRM} --set queries.count=100000000", "queries.count",
          "100,000,000 requests", "expected at most"),
     case("alias-bomb", "serve", S, "s.yaml", "aliases expand", "expected at most", s__yaml=LAUGHS),
+    case("silicon-rows-missing-column", "validate-silicon-serving", "--rows {tmp}/r.csv", "--rows", "r.csv",
+         "no column 'concurrency'", "expected the serving sample's columns", r__csv="id,model_path\n1,x\n"),
+    case("silicon-rows-missing-file", "validate-silicon-serving", "--rows {tmp}/none.csv", "--rows", "none.csv",
+         "no such file", "expected a CSV"),
+    case("silicon-rows-binary", "validate-silicon-serving", "--rows {tmp}/r.csv", "--rows", "r.csv", "expected",
+         r__csv=b"\x89PNG\r\n\x1a\n\xff\xfe\x00\x00\x01"),
     case("alias-bomb-deployment", "serve", S, "w.yaml", "aliases expand",
          s__yaml=serving(deployment__workload="w.yaml"),
          w__yaml=LAUGHS),

@@ -35,3 +35,16 @@ def test_llama_8b_rows_on_tensorrt_llm() -> None:
     assert len(t) == 20 and (t["reason"] == "").all()
     assert np.isfinite(t[["pred_ttft_ms", "pred_tpot_ms"]].to_numpy()).all()
     assert silicon_serving.geomean_error(t["tpot_error"]) <= 0.10
+
+
+def test_rows_of_another_csv_in_the_samples_columns(tmp_path) -> None:
+    """--rows: a CSV in the sample's columns is scored as the sample's own rows are."""
+    rows = pd.read_csv(SAMPLE / "silicon_sample.csv")
+    two = rows[(rows["mode"] == "agg") & rows["model_path"].str.contains("Llama-3.1-8B")].head(2)
+    path = tmp_path / "rows.csv"
+    two.to_csv(path, index=False)
+    got = silicon_serving.score(SAMPLE, rows_file=path)
+    same = silicon_serving.score(SAMPLE, model="Llama-3.1-8B", limit=2)
+    assert list(got["id"]) == list(same["id"])
+    assert np.allclose(got["pred_tpot_ms"], same["pred_tpot_ms"])
+    assert np.allclose(got["pred_ttft_ms"], same["pred_ttft_ms"])

@@ -18,7 +18,8 @@ yet.
 
 ``python -m simgpu.validate.silicon_serving [--model SUBSTRING] [--limit N] [--csv PATH]`` prints
 the geometric-mean |error| and median signed error of TTFT and TPOT per model, framework and
-concurrency band.
+concurrency band; ``--rows CSV`` scores the aggregated rows of another CSV in the sample's columns
+(:data:`COLUMNS`; a file missing one is refused in one line naming it).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import pandas as pd
 import yaml
 
 from ..cli import ArgParser, check_out_file, run_command
-from ..errors import SimgpuError
+from ..errors import ConfigError, SimgpuError
 from .silicon import pools, sample_folder, sample_int, workload
 
 #: Requests each client sends (the first wave of them is the warm-up).
@@ -93,10 +94,36 @@ def predict(row: pd.Series, folder: Path, tmp: Path) -> tuple[float, float]:
     return float(summary["ttft_ms"]["mean"]), float(summary["tpot_ms"]["mean"])
 
 
-def score(folder: Path, model: str | None = None, limit: int | None = None) -> pd.DataFrame:
-    """One line per aggregated row (of ``model``'s, the first ``limit``): measured and predicted TTFT
-    and TPOT, or why the row was not scored."""
-    rows = pd.read_csv(folder / "silicon_sample.csv")
+#: The columns a CSV of rows needs (those of the sample an aggregated row is read from).
+COLUMNS = ("id", "concurrency", "backend", "model_path", "system", "precision", "mode", "isl", "osl",
+           "gemm_quant_mode", "moe_quant_mode", "batch_size", "tp_size", "pp_size", "attention_dp_size",
+           "moe_tp_size", "moe_ep_size", "silicon_ttft_ms", "silicon_tpot_ms")
+
+
+def read_rows(path: Path, key: str = "--rows") -> pd.DataFrame:
+    """A CSV of rows in the sample's columns (:data:`COLUMNS`); one line naming the file and the first
+    column missing where it lacks one, or where it is not a CSV."""
+    try:
+        rows = pd.read_csv(path)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file; expected a CSV of rows in the serving sample's columns",
+                          key=key) from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not a CSV ({' '.join(str(e).split())}); expected rows in the serving "
+                          "sample's columns", key=key) from None
+    missing = [c for c in COLUMNS if c not in rows.columns]
+    if missing:
+        raise ConfigError(f"{path}: no column {missing[0]!r} ({len(missing)} missing); expected the serving "
+                          f"sample's columns: {', '.join(COLUMNS)}", key=key)
+    return rows
+
+
+def score(folder: Path, model: str | None = None, limit: int | None = None,
+          rows_file: Path | None = None) -> pd.DataFrame:
+    """One line per aggregated row (of ``model``'s, the first ``limit``) of the sample in ``folder``,
+    or of ``rows_file`` (the sample's columns; the models' config.json from ``folder``): measured and
+    predicted TTFT and TPOT, or why the row was not scored."""
+    rows = read_rows(rows_file) if rows_file is not None else pd.read_csv(folder / "silicon_sample.csv")
     rows = rows[rows["mode"] == "agg"]
     if model:
         rows = rows[rows["model_path"].str.contains(model, case=False, regex=False)]
@@ -141,20 +168,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    ap = ArgParser(prog="python -m simgpu.validate.silicon_serving",
-                                 description=(__doc__ or "").splitlines()[0])
+    ap = ArgParser(prog="python -m simgpu.validate.silicon_serving", description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--data", type=Path, default=None, help="the shared data folder (default ../shared/data)")
     ap.add_argument("--model", help="only rows whose model id contains this")
     ap.add_argument("--limit", type=int, help="only the first N rows")
     ap.add_argument("--csv", help="write every row here")
+    ap.add_argument("--rows", type=Path, help="score the aggregated rows of this CSV (the sample's columns) "
+                                              "instead of the sample's own")
     args = ap.parse_args(argv)
     if args.csv:
         check_out_file(args.csv, "--csv")
+    if args.rows is not None:
+        read_rows(args.rows)  # refused before anything runs
     folder = sample_folder(args.data)
     if folder is None:
         return 2
     t0 = time.perf_counter()
-    t = score(folder, args.model, args.limit)
+    t = score(folder, args.model, args.limit, args.rows)
     if args.csv:
         t.to_csv(args.csv, index=False)
     ok = t[t["reason"] == ""].assign(band=lambda d: d["concurrency"].map(band))
