@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, edit_keys
 from test_trace_synthetic import simple_trace
 
 GPT_FILE = ROOT / "workloads" / "gpt_2x_dgx_h100.yaml"
@@ -771,16 +771,7 @@ def serving(**changes: Any) -> str:
     """A serving file of 20 fixed requests on the shipped Llama-2-70B deployment, with dotted changes."""
     data: dict[str, Any] = {"name": "t", "deployment": {"workload": str(LLAMA_FILE)},
                             "requests": {"kind": "fixed", "count": 20, "prompt_tokens": 200, "output_tokens": 20}}
-    for dotted, value in changes.items():
-        cur = data
-        *head, last = dotted.split("__")
-        for h in head:
-            cur = cur.setdefault(h, {})
-        if value is None:
-            cur.pop(last, None)
-        else:
-            cur[last] = value
-    return yaml.safe_dump(data, sort_keys=False)
+    return yaml.safe_dump(edit_keys(data, changes, sep="__"), sort_keys=False)
 
 
 S = "{tmp}/s.yaml"

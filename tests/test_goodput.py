@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, edit_keys
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -33,16 +33,7 @@ def _doc(**changes: Any) -> dict[str, Any]:
         "monte_carlo": {"replicas": 32, "horizon_mtbf": 300, "points": 9},
         "scale_gpus": [256, 1024],
     }
-    for dotted, value in changes.items():
-        cur = doc
-        *head, last = dotted.split("__")
-        for h in head:
-            cur = cur.setdefault(h, {})
-        if value is None:
-            cur.pop(last, None)
-        else:
-            cur[last] = value
-    return doc
+    return edit_keys(doc, changes, sep="__")
 
 
 def _file(tmp: Path, doc: dict[str, Any], name: str = "g.yaml") -> Path:
