@@ -106,6 +106,21 @@ def test_chunked_prefill_splits_a_prompt_by_the_token_budget():
     assert all(p + d <= 300 for *_, p, d in res.iterations)
 
 
+def test_prefill_first_runs_prompts_apart_and_before_decodes():
+    timer = AffineTimer(a=0.01, b=1e-4)  # batches of 300, 300, 300 and 110 prompt tokens end at 141 ms
+    res, t = run(fixed([1000, 10, 600], [4, 40, 4], [0.0, 0.0, 0.15]), timer, "prefill_first", max_tokens=300)
+    assert all(p == 0 or d == 0 for *_, p, d in res.iterations)  # no batch mixes the two
+    # the two first prompts (1,010 tokens) run in four prefill batches of at most 300 tokens before any decode
+    kinds = ["p" if p else "d" for *_, p, d in res.iterations]
+    assert kinds[:5] == ["p", "p", "p", "p", "d"]
+    assert all(p <= 300 for *_, p, _ in res.iterations)
+    # the third arrives while the others decode, and its prompt stops their decoding until it is in
+    assert kinds[5:8] == ["p", "p", "d"] and t.ttft_ms[2] < t.e2e_ms[1]
+    # clients that send together are prefilled together, then decode together: one TTFT, one finish
+    _, t = run(fixed([100] * 4, [20] * 4), AffineTimer(a=0.01), "prefill_first", max_tokens=1000)
+    assert t.ttft_ms.nunique() == 1 and t.e2e_ms.nunique() == 1
+
+
 def test_static_batch_admits_only_when_the_batch_is_done():
     _, t = run(fixed([10, 10, 10], [2, 10, 3]), AffineTimer(a=0.01), "static", max_batch=2)
     # batch of two: prefill (1) then 9 decodes; the third starts after it
@@ -122,7 +137,7 @@ def test_continuous_batching_admits_between_iterations():
 def test_preemption_recomputes_and_every_request_finishes():
     timer = AffineTimer(a=0.001, blocks=40, block_tokens=16)
     reqs = poisson(300, 50.0, prompt={"mean": 150, "max": 300}, output={"mean": 100, "max": 300})
-    for kind in ("static", "continuous", "chunked"):
+    for kind in ("static", "continuous", "chunked", "prefill_first"):
         res, t = run(reqs, timer, kind, max_batch=32, max_tokens=512)
         assert np.isfinite(t.e2e_ms).all()
         assert res.preemptions.sum() > 0, kind
@@ -137,7 +152,7 @@ def test_a_request_that_can_never_fit_is_refused():
 
 @settings(max_examples=25, deadline=None)
 @given(hs.lists(hs.tuples(hs.integers(1, 400), hs.integers(1, 60), hs.floats(0, 0.5)), min_size=1, max_size=40),
-       hs.sampled_from(["static", "continuous", "chunked"]), hs.integers(8, 64))
+       hs.sampled_from(["static", "continuous", "chunked", "prefill_first"]), hs.integers(8, 64))
 def test_property_every_request_finishes_in_order_of_its_events(items, kind, blocks):
     reqs = fixed([p for p, _, _ in items], [o for _, o, _ in items], sorted(a for *_, a in items))
     timer = AffineTimer(a=0.002, b=1e-5, blocks=blocks, block_tokens=16)

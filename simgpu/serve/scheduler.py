@@ -15,7 +15,13 @@ free for the running requests' next tokens (vLLM's watermark), unless nothing el
   budget of ``max_tokens`` prompt tokens allow; an iteration with new prompts runs only prompts
   (vLLM's default), otherwise every running request decodes one token.
 - ``chunked``: every iteration has a budget of ``max_tokens`` tokens: first one per decoding
-  request, then chunks of prompts in progress, then of newly admitted ones (Sarathi-Serve).
+  request, then chunks of prompts in progress, then of newly admitted ones (Sarathi-Serve; the
+  mixed batches of vLLM's V1 engine and TensorRT-LLM's in-flight batching).
+- ``prefill_first``: SGLang's default. Prefill and decode run as separate batches, and a prefill
+  batch runs whenever a prompt is in progress or a queued request can be admitted: chunks of
+  prompts in progress, then of newly admitted ones, within ``max_tokens`` (its
+  ``chunked_prefill_size``). The running requests decode only when no prompt is left to run, so
+  clients that send together are prefilled together and then decode together.
 """
 
 from __future__ import annotations
@@ -176,11 +182,20 @@ def schedule(rep: Replica, st: State, kind: str, max_batch: int, max_tokens: int
         if prefill or rep.mode == "prefill":
             return Batch(prefill, [])
         return Batch([], _decoders(rep, st))
+    if kind == "prefill_first":
+        chunks = _prompts(rep, st, max_tokens, max_batch, max_batch)
+        if chunks or rep.mode == "prefill":
+            return Batch(chunks, [])
+        return Batch([], _decoders(rep, st))
     # chunked prefill: decodes first, then prompts in progress, then new ones, within the budget
     decode = _decoders(rep, st) if rep.mode == "both" else []
-    budget = max_tokens - len(decode)
+    return Batch(_prompts(rep, st, max_tokens - len(decode), max_batch - len(decode), max_batch), decode)
+
+
+def _prompts(rep: Replica, st: State, budget: int, slots: int, max_batch: int) -> list[tuple[int, int]]:
+    """Chunks of the prompts in progress, then of newly admitted requests, within ``budget`` tokens,
+    ``slots`` requests and ``max_batch`` running ones."""
     chunks: list[tuple[int, int]] = []
-    slots = max_batch - len(decode)
     for r in rep.running:
         if budget <= 0 or slots <= 0:
             break
@@ -194,4 +209,4 @@ def schedule(rep: Replica, st: State, kind: str, max_batch: int, max_tokens: int
             budget -= n
             slots -= 1
     _admit(rep, st, budget, min(slots, max_batch - len(rep.running)), True, chunks)
-    return Batch(chunks, decode)
+    return chunks

@@ -6,9 +6,11 @@ Each aggregated row of ``../shared/data/inference/aiconfigurator-silicon/silicon
 - engines of the row's parallelism (its inference workload from
   :func:`simgpu.validate.silicon.workload`): one, or as many as the clients fill at ``batch_size``
   each (:func:`replicas`; the sample gives no worker count for aggregated rows);
-- each engine's ``batch_size`` (per attention-DP rank) as the scheduler's largest batch, chunked
-  prefill with an 8,192-token budget (the default ``max_num_tokens`` / ``max_num_batched_tokens`` /
-  ``chunked_prefill_size`` of TensorRT-LLM, vLLM and SGLang on these GPUs);
+- each engine's ``batch_size`` (per attention-DP rank) as the scheduler's largest batch, and the
+  framework's own batching (:func:`scheduler`): TensorRT-LLM and vLLM mix prompt chunks and decodes
+  in one batch of 8,192 tokens (their default ``max_num_tokens`` / ``max_num_batched_tokens``);
+  SGLang runs prefill batches apart from decode ones and first (``prefill_first``), of its default
+  ``chunked_prefill_size`` (16,384 tokens on GPUs of 160 GB or more, 8,192 below);
 - the benchmark's load: a closed loop of ``concurrency`` clients with the row's fixed ISL and OSL,
   :data:`ROUNDS` requests a client, the first wave left out as warm-up.
 
@@ -43,6 +45,17 @@ from .silicon import pools, sample_folder, sample_int, workload
 ROUNDS = 4
 #: Chunked-prefill token budget of the three frameworks' defaults.
 TOKEN_BUDGET = 8192
+#: SGLang's default ``chunked_prefill_size`` on GPUs of 160 GB or more (B200, GB200).
+SGLANG_LARGE_BUDGET = 16384
+#: The sample's systems whose GPUs hold 160 GB or more.
+LARGE_GPU_SYSTEMS = ("b200_sxm", "gb200")
+
+
+def scheduler(row: pd.Series) -> tuple[str, int]:
+    """(scheduler kind, token budget) of the row's framework as deployed with its defaults."""
+    if row["backend"] == "sglang":
+        return "prefill_first", SGLANG_LARGE_BUDGET if row["system"] in LARGE_GPU_SYSTEMS else TOKEN_BUDGET
+    return "chunked", TOKEN_BUDGET
 
 
 def concurrency_of(row: pd.Series) -> int:
@@ -67,10 +80,11 @@ def serving_data(row: pd.Series, workload_file: Path, attention_dp: int = 1) -> 
     data-parallel rank's, so the engine's largest batch is ``batch_size x attention_dp``."""
     c = concurrency_of(row)
     batch = batch_of(row) * attention_dp
+    kind, budget = scheduler(row)
     return {"name": "row", "seed": 0, "deployment": {"workload": str(workload_file)},
             "requests": {"kind": "closed_loop", "concurrency": c, "count": ROUNDS * c, "warmup": c,
                          "prompt_tokens": int(row["isl"]), "output_tokens": int(row["osl"])},
-            "scheduler": {"kind": "chunked", "max_batch": batch, "max_tokens": TOKEN_BUDGET}}
+            "scheduler": {"kind": kind, "max_batch": batch, "max_tokens": budget}}
 
 
 def predict(row: pd.Series, folder: Path, tmp: Path) -> tuple[float, float]:
