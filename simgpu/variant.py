@@ -2,8 +2,9 @@
 
 A variant is the base file with ``key.path=value`` overrides (the language of ``--set``). A
 :class:`StudyKind` is how a study runs the variants of one kind of file (:data:`simgpu.config.loader.JobKind`):
-the hash of the job a variant simulates, the row it becomes, the check of an override before any
-runs, and the ranking of the rows. The what-if studies (:mod:`simgpu.whatif.study`) run every kind
+the hash of the job a variant simulates, everything it reads from files (loaded once, so that a
+worker on another machine reads none of them), the row it becomes, the check of an override before
+any runs, and the ranking of the rows. The what-if studies (:mod:`simgpu.whatif.study`) run every kind
 through this interface; the serving stage provides its kinds (:data:`simgpu.serve.study.KINDS`).
 """
 
@@ -42,10 +43,18 @@ class StudyKind:
 
     #: a hash of the job ``variant`` of the base file simulates (its row is reused while it holds)
     job_key: Callable[[str | Path, Variant], str]
-    #: the variant simulated as one row; never raises (failures become rows with ``status`` and ``why``)
+    #: the variant simulated as one row; never raises (failures become rows with ``status`` and ``why``):
+    #: ``run_loaded`` of what ``load`` reads
     run_variant: Callable[[str, Variant], dict[str, Any]]
     #: the rows ranked, best first, at most ``limit`` of them listed
     ranking: Callable[[pd.DataFrame, int], str]
+    #: everything the variant of the base file reads from files, validated after its overrides (the
+    #: workloads, their platforms, a trace's requests), in one object that pickles; raises where the
+    #: variant does not load (``run_variant`` then says why in its row)
+    load: Callable[[str, Variant], Any]
+    #: the row of a variant from what ``load`` gave, reading none of the study's files (only the
+    #: installation's kernel models); never raises
+    run_loaded: Callable[[Any, Variant], dict[str, Any]]
     #: each ``(key, value)`` override applied alone to the base must be a key of it with a value of its
     #: kind (None: the study checks a workload's keys itself, against the study file's lines)
     check_overrides: Callable[[Path, Sequence[tuple[str, Any]], str], None] | None = None

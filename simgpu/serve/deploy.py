@@ -1,23 +1,26 @@
 """From a serving file to what the loop runs: the pools' timers, the request list, the network.
 
 Each pool's inference workload (with the serving file's overrides) is loaded as a job and given to
-:func:`simgpu.serve.timer.make_timer`. Disaggregated, the two pools must share a platform:
-the prefill pool takes the first nodes and the decode pool the nodes after it, and the KV transfers
-run over the :class:`~simgpu.platform.topology.Topology` of all of them.
+:func:`simgpu.serve.timer.make_timer`. Disaggregated, the two pools must share a platform: the
+prefill pool takes the first nodes and the decode pool the nodes after it, and the KV transfers run
+over the :class:`~simgpu.platform.topology.Topology` of all of them. :func:`load` reads at once all
+that a run reads from files (the pools' jobs, a trace's requests) into a :class:`Loaded` that
+pickles: built and served elsewhere (on a Dask worker), it reads none of them again.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..config.loader import Job, load_job
 from ..errors import ConfigError
 from .loop import Network, Pool, ServeResult, check_fits, simulate_serving
 from .metrics import summarize
-from .requests import Requests, make_requests
+from .requests import Requests, make_requests, read_trace
 from .spec import DeploymentSpec, Serving
 
 
@@ -33,8 +36,7 @@ def overrides_of(dep: DeploymentSpec) -> list[str]:
 
 def check_memory(serving: Serving, deployment: Deployment) -> None:
     """Refuse a pool whose replica has no room for a single KV block once its weights are loaded."""
-    keys = ["prefill", "decode"] if serving.spec.disaggregated else ["deployment"]
-    for key, pool in zip(keys, deployment.pools, strict=True):
+    for key, pool in zip(pool_keys(serving), deployment.pools, strict=True):
         mem = pool.timer.memory
         if mem.kv_blocks // pool.stages < 1:  # each virtual engine needs a block (pipeline parallel)
             gib = 2 ** 30
@@ -95,15 +97,56 @@ class Deployment:
                           for p in self.pools)
 
 
-def build(serving: Serving, make_timer: Callable[[Job], Any] = _timer) -> Deployment:
-    """The deployment of ``serving``: one pool, or a prefill pool and a decode pool."""
+def pool_keys(serving: Serving) -> list[str]:
+    """The keys of the serving file's pools: ``deployment``, or ``prefill`` and ``decode``."""
+    return ["prefill", "decode"] if serving.spec.disaggregated else ["deployment"]
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A serving file with all that its run reads from files: the file validated after its overrides,
+    each pool's job (workload and platform validated, by pool key) and a trace's requests as read
+    (before any rescaling), or the error reading it gave, raised by :func:`serve` where it would
+    read the trace. It pickles: built and served on another machine, it needs none of the files."""
+
+    serving: Serving
+    jobs: dict[str, Job]
+    trace: Requests | ConfigError | None = None
+
+
+def load(serving: Serving) -> Loaded:
+    """Read the pools' jobs and the trace of ``serving`` (each pool's job refused as :func:`build` would)."""
+    jobs = {key: pool_job(serving, key) for key in pool_keys(serving)}
+    r = serving.spec.requests
+    trace: Requests | ConfigError | None = None
+    if r.kind == "trace" and r.file:
+        try:
+            trace = read_trace(serving.resolve(r.file), skip=r.skip, count=r.count)
+        except ConfigError as e:
+            trace = e
+    return Loaded(serving, jobs, trace)
+
+
+def serve_loaded(loaded: Loaded, rate_per_s: float | None = None) -> tuple[ServeResult, dict[str, Any]]:
+    """:func:`build` and :func:`serve` of a loaded serving file, reading none of its files."""
+    deployment = build(loaded.serving, jobs=loaded.jobs)
+    return serve(loaded.serving, deployment, rate_per_s, trace=loaded.trace)
+
+
+def build(serving: Serving, make_timer: Callable[[Job], Any] = _timer,
+          jobs: Mapping[str, Job] | None = None) -> Deployment:
+    """The deployment of ``serving``: one pool, or a prefill pool and a decode pool (their jobs
+    ``jobs`` by pool key where already loaded, else read from the files)."""
     from ..config.checks import gpus_per_node
+
+    def job_of(key: str) -> Job:
+        return jobs[key] if jobs is not None else pool_job(serving, key)
 
     spec = serving.spec
     if not spec.disaggregated:
-        job = pool_job(serving, "deployment")
+        job = job_of("deployment")
         return Deployment([Pool("replica", make_timer(job))], [job], None)
-    jp, jd = pool_job(serving, "prefill"), pool_job(serving, "decode")
+    jp, jd = job_of("prefill"), job_of("decode")
     if jp.platform != jd.platform:
         raise ConfigError(f"the decode pool runs on {jd.platform.name} but the prefill pool on {jp.platform.name}; "
                           "expected both pools on one platform", file=serving.file, key="decode.workload")
@@ -120,10 +163,15 @@ def build(serving: Serving, make_timer: Callable[[Job], Any] = _timer) -> Deploy
     return Deployment([prefill, decode], [jp, jd], Network(topo.route, topo.route_latency, topo.capacity))
 
 
-def requests_of(serving: Serving, rate_per_s: float | None = None) -> Requests:
+def requests_of(serving: Serving, rate_per_s: float | None = None,
+                trace: Requests | ConfigError | None = None) -> Requests:
+    """The requests of ``serving``: drawn, or a trace's (``trace``: as :func:`load` read it, else read here)."""
     r = serving.spec.requests
-    trace = serving.resolve(r.file) if r.kind == "trace" and r.file else None
-    return make_requests(r, serving.spec.seed, trace, rate_per_s)
+    if isinstance(trace, ConfigError):
+        raise trace
+    read: Requests | Path | None = trace if trace is not None else (
+        serving.resolve(r.file) if r.kind == "trace" and r.file else None)
+    return make_requests(r, serving.spec.seed, read, rate_per_s)
 
 
 def check_slo(serving: Serving, deployment: Deployment, reqs: Requests) -> None:
@@ -145,10 +193,12 @@ def check_slo(serving: Serving, deployment: Deployment, reqs: Requests) -> None:
 
 
 def serve(serving: Serving, deployment: Deployment, rate_per_s: float | None = None,
-          progress: Callable[[int, int], None] | None = None) -> tuple[ServeResult, dict[str, Any]]:
-    """Simulate ``serving`` on ``deployment`` (at ``rate_per_s`` instead of its own rate, if given)."""
+          progress: Callable[[int, int], None] | None = None,
+          trace: Requests | ConfigError | None = None) -> tuple[ServeResult, dict[str, Any]]:
+    """Simulate ``serving`` on ``deployment`` (at ``rate_per_s`` instead of its own rate, if given;
+    ``trace``: the trace's requests as :func:`load` read them)."""
     spec = serving.spec
-    reqs = requests_of(serving, rate_per_s)
+    reqs = requests_of(serving, rate_per_s, trace)
     check_memory(serving, deployment)
     try:
         check_fits(reqs, deployment.pools)

@@ -162,11 +162,24 @@ class BatchTimer:
         return self.cache[b]
 
 
+def bucket_job(job: Job, batch_per_gpu: int) -> Job:
+    """``job`` with ``inference.batch_per_gpu`` set, checked as :func:`~simgpu.config.loader.load_job`
+    would check it, without reading its files again."""
+    from dataclasses import replace
+
+    from ..config.checks import check_job
+
+    inference = job.workload.serve.model_copy(update={"batch_per_gpu": batch_per_gpu})
+    j = replace(job, workload=job.workload.model_copy(update={"inference": inference}),
+                overrides=(*job.overrides, f"inference.batch_per_gpu={batch_per_gpu}"))
+    check_job(j)
+    return j
+
+
 def _engine_time(job: Job, batch_per_gpu: int) -> float:
     from ..sim import simulate
 
-    j = load_job(job.workload_file, [*job.overrides, f"inference.batch_per_gpu={batch_per_gpu}"])
-    return float(simulate(j).iteration_time_s)
+    return float(simulate(bucket_job(job, batch_per_gpu)).iteration_time_s)
 
 
 @dataclass(frozen=True)
@@ -325,11 +338,18 @@ class DlrmDeployment:
         return f"{self.timer.gpus} GPUs, tables sharded over all"
 
 
-def build_dlrm(serving: DlrmServing, simulate_bucket: Callable[[Job, int], float] | None = None) -> DlrmDeployment:
-    """The deployment of ``serving``: its workload (a ``dlrm_inference`` one) and a batch timer."""
+def dlrm_job(serving: DlrmServing) -> Job:
+    """The deployment's workload with the serving file's overrides, loaded and validated."""
     from .deploy import overrides_of
 
-    job = load_job(serving.workload_path(), overrides_of(serving.spec.deployment))
+    return load_job(serving.workload_path(), overrides_of(serving.spec.deployment))
+
+
+def build_dlrm(serving: DlrmServing, simulate_bucket: Callable[[Job, int], float] | None = None,
+               job: Job | None = None) -> DlrmDeployment:
+    """The deployment of ``serving``: its workload (a ``dlrm_inference`` one; ``job`` where already
+    loaded, else read from the files) and a batch timer."""
+    job = job if job is not None else dlrm_job(serving)
     if job.workload.model.kind != "dlrm_inference":
         raise ConfigError(f"the workload is a {job.workload.model.kind} model; expected a dlrm_inference workload",
                           file=serving.file, key="deployment.workload")

@@ -15,14 +15,18 @@ import hashlib
 import itertools
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from ..errors import ConfigError, SimgpuError
 from ..variant import StudyKind, Variant
+
+if TYPE_CHECKING:
+    from ..config.loader import Job
+    from .dlrm import DlrmServing
 
 #: Columns of a DLRM serving row, after the study's own (id, name, status, feasible, why).
 ROW_KEYS = ("latency_p50_ms", "latency_p99_ms", "queries_per_s", "samples_per_s", "samples_per_s_per_gpu",
@@ -58,16 +62,36 @@ def job_key(base: str | Path, variant: Variant) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def load(base: str, variant: Variant) -> tuple[DlrmServing, Job]:
+    """All that ``variant`` reads from files: the DLRM serving file after its overrides and its
+    deployment's job (workload and platform validated)."""
+    from .dlrm import dlrm_job, load_dlrm_serving
+
+    serving = load_dlrm_serving(base, variant.as_args())
+    return serving, dlrm_job(serving)
+
+
 def run_variant(base: str, variant: Variant) -> dict[str, Any]:
     """Serve one variant; never raises: failures become rows with ``status`` and ``why``."""
-    from .dlrm import build_dlrm, load_dlrm_serving, serve_dlrm
+    return _row(variant, lambda: load(base, variant))
+
+
+def run_loaded(loaded: tuple[DlrmServing, Job], variant: Variant) -> dict[str, Any]:
+    """:func:`run_variant` of a variant already loaded where the study was read: a worker on another
+    machine gets the validated serving file and job, and reads no file of the study (only its own
+    installation's kernel models)."""
+    return _row(variant, lambda: loaded)
+
+
+def _row(variant: Variant, loaded: Callable[[], tuple[DlrmServing, Job]]) -> dict[str, Any]:
+    from .dlrm import build_dlrm, serve_dlrm
     from .study import failure
 
     t0 = time.perf_counter()
     row: dict[str, Any] = {"id": variant.id, "name": variant.name, **dict(variant.swept)}
     try:
-        serving = load_dlrm_serving(base, variant.as_args())
-        _, s = serve_dlrm(serving, build_dlrm(serving))
+        serving, job = loaded()
+        _, s = serve_dlrm(serving, build_dlrm(serving, job=job))
     except (SimgpuError, ValueError, KeyError) as e:
         row.update(failure(e))
     else:
@@ -156,4 +180,4 @@ def write_top(serving: str, variants: list[Variant], table: pd.DataFrame, out: P
 
 
 #: DLRM serving files in studies.
-KIND = StudyKind(job_key, run_variant, ranking, check_overrides)
+KIND = StudyKind(job_key, run_variant, ranking, load, run_loaded, check_overrides)

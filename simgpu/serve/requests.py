@@ -92,15 +92,16 @@ def read_trace(path: Path, key: str = "requests.file", skip: int = 0, count: int
                     output.to_numpy(np.int64)[order])
 
 
-def make_requests(spec: RequestsSpec, seed: int, trace: Path | None = None,
+def make_requests(spec: RequestsSpec, seed: int, trace: Path | Requests | None = None,
                   rate_per_s: float | None = None) -> Requests:
-    """The requests of ``spec`` (``rate_per_s`` replaces the spec's rate, for a sweep)."""
+    """The requests of ``spec`` (``rate_per_s`` replaces the spec's rate, for a sweep); ``trace``: the
+    trace's path, or its requests already read (:func:`read_trace` with the spec's skip and count)."""
     rng = np.random.default_rng(seed)
     rate = rate_per_s if rate_per_s is not None else spec.rate_per_s
     if spec.kind == "trace":
         if trace is None:
             raise ConfigError("a trace needs file; expected the path of a CSV trace", key="requests.file")
-        reqs = read_trace(trace, skip=spec.skip, count=spec.count)
+        reqs = trace if isinstance(trace, Requests) else read_trace(trace, skip=spec.skip, count=spec.count)
         return reqs.rescaled(rate) if rate else reqs
     n = int(spec.count or 0)
     assert spec.prompt_tokens is not None and spec.output_tokens is not None  # checked by the spec

@@ -17,14 +17,17 @@ import hashlib
 import itertools
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from ..errors import ConfigError, SimgpuError
 from ..variant import StudyKind, Variant
+
+if TYPE_CHECKING:
+    from .deploy import Loaded
 
 #: Columns of a serving row, after the study's own (id, name, status, feasible, why).
 ROW_KEYS = ("ttft_p99_ms", "tpot_p99_ms", "e2e_p99_ms", "output_tokens_per_s", "output_tokens_per_s_per_gpu",
@@ -75,17 +78,34 @@ def failure(e: Exception) -> dict[str, Any]:
     return {"status": "error", "feasible": False, "why": f"{type(e).__name__}: {e}"}
 
 
+def load(base: str, variant: Variant) -> Loaded:
+    """All that ``variant`` reads from files (:class:`simgpu.serve.deploy.Loaded`): the serving file
+    after its overrides, its pools' jobs and its trace's requests."""
+    from .deploy import load as load_deployment
+    from .spec import load_serving
+
+    return load_deployment(load_serving(base, variant.as_args()))
+
+
 def run_variant(base: str, variant: Variant) -> dict[str, Any]:
     """Serve one variant; never raises: failures become rows with ``status`` and ``why``."""
-    from .deploy import build, serve
-    from .spec import load_serving
+    return _row(variant, lambda: load(base, variant))
+
+
+def run_loaded(loaded: Loaded, variant: Variant) -> dict[str, Any]:
+    """:func:`run_variant` of a variant already loaded where the study was read: a worker on another
+    machine gets the validated serving file, its pools' jobs and its trace's requests, and reads no
+    file of the study (only its own installation's kernel models)."""
+    return _row(variant, lambda: loaded)
+
+
+def _row(variant: Variant, loaded: Callable[[], Loaded]) -> dict[str, Any]:
+    from .deploy import serve_loaded
 
     t0 = time.perf_counter()
     row: dict[str, Any] = {"id": variant.id, "name": variant.name, **dict(variant.swept)}
     try:
-        serving = load_serving(base, variant.as_args())
-        deployment = build(serving)
-        _, s = serve(serving, deployment)
+        _, s = serve_loaded(loaded())
     except (SimgpuError, ValueError, KeyError) as e:
         row.update(failure(e))
     else:
@@ -181,4 +201,4 @@ def candidates(base: str, overrides: Sequence[str] = (), *, tp: Sequence[int] | 
 
 
 #: LLM serving files in studies.
-KIND = StudyKind(job_key, run_variant, ranking, check_overrides)
+KIND = StudyKind(job_key, run_variant, ranking, load, run_loaded, check_overrides)

@@ -1,7 +1,9 @@
 """Running the variants of a study: in this process, on a local process pool, or on Dask.
 
 Each variant is simulated independently and becomes one flat row (iteration time, throughput, MFU,
-the compute / exposed communication / idle breakdown, memory, feasible or why not). Rows are
+the compute / exposed communication / idle breakdown, memory, feasible or why not). A variant goes
+to a Dask worker loaded (:attr:`simgpu.variant.StudyKind.load`: the files it reads, validated after
+its overrides), so the workers read none of the study's files and may run on other machines. Rows are
 appended to ``results.jsonl`` as they finish, each keyed by a hash of the job it simulated (the
 resolved workload and platform after overrides, the kernel models' manifest and the simulator's
 version), so a study that was interrupted resumes where it stopped and a rerun after the base
@@ -25,7 +27,7 @@ from urllib.parse import urlparse
 import pandas as pd
 
 from ..config.loader import JobKind, job_kind
-from ..errors import ConfigError, Interrupted, SimulationError
+from ..errors import ConfigError, Interrupted, SimgpuError, SimulationError
 from ..variant import Variant
 from .study import Study, study_kind
 
@@ -39,34 +41,10 @@ def interrupted(done: int, total: int, path: Path) -> Interrupted:
                        "again to resume")
 
 
-def run_variant(base: str, variant: Variant, kind: JobKind | None = None, digest: str | None = None) -> dict[str, Any]:
+def run_variant(base: str, variant: Variant, kind: JobKind | None = None) -> dict[str, Any]:
     """Simulate one variant of the base file (of ``kind``, else read from the file); never raises:
-    failures become rows with ``status`` and ``why``. ``digest`` (the base file's hash where the study
-    was read) makes a worker on another machine or folder refuse a base it cannot reach or that differs."""
-    if digest is not None:
-        why = _unreachable(base, digest)
-        if why:
-            return {"id": variant.id, "name": variant.name, **dict(variant.swept), "status": "error",
-                    "feasible": False, "why": why, "wall_s": 0.0}
+    failures become rows with ``status`` and ``why``."""
     return study_kind(kind or job_kind(base)).run_variant(base, variant)
-
-
-def _digest(path: str) -> str:
-    import hashlib
-
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def _unreachable(base: str, digest: str) -> str | None:
-    try:
-        same = _digest(base) == digest
-    except OSError as e:
-        return (f"the worker (on {socket.gethostname()}) cannot read the base file {base} ({e.strerror or e}); "
-                "expected the study's files where the workers can read them (a shared file system)")
-    if not same:
-        return (f"the worker (on {socket.gethostname()}) reads another {base} than this machine; expected the "
-                "same files where the workers run")
-    return None
 
 
 def _quiet_worker() -> None:
@@ -110,22 +88,15 @@ def _dask(base: str, kind: JobKind, todo: list[Variant], address: str) -> Iterat
     from distributed import Client
     from distributed import as_completed as dask_completed
 
-    digest = _digest(base)
+    how = study_kind(kind)
     with Client(address, timeout="10s") as client:
-        if kind == "workload":  # each variant loaded here and sent validated: the workers read none of its files
-            from ..config.loader import load_job
-            from .workload import run_job
-
-            loaded = []
-            for v in todo:
-                try:
-                    loaded.append((load_job(base, v.as_args()), v))
-                except ConfigError:
-                    yield run_variant(base, v, kind)  # its row says why, as a worker's would
-            futures = client.map(run_job, [j for j, _ in loaded], [v for _, v in loaded], pure=False)
-        else:
-            futures = client.map(run_variant, [base] * len(todo), todo, [kind] * len(todo), [digest] * len(todo),
-                                 pure=False)
+        loaded = []
+        for v in todo:  # each variant loaded here and sent whole: the workers read none of the study's files
+            try:
+                loaded.append((how.load(base, v), v))
+            except (SimgpuError, ValueError, KeyError):
+                yield run_variant(base, v, kind)  # its row says why, as a worker's would
+        futures = client.map(how.run_loaded, [x for x, _ in loaded], [v for _, v in loaded], pure=False)
         try:
             for f in dask_completed(futures):
                 yield f.result()
@@ -190,7 +161,7 @@ def run_study(study: Study, out: Path, *, workers: int | None = None, scheduler:
 
 def _stop_on_a_common_failure(computed: list[dict[str, Any]], path: Path) -> None:
     """Refuse a study whose variants all failed with the very same message: a reason that is not any
-    variant's own (a worker that cannot read the files, a base that does not load). Their rows are
+    variant's own (a base that does not load, a trace that does not read). Their rows are
     taken out of ``results.jsonl`` so that a rerun computes them again."""
     whys = {str(r.get("why")) for r in computed}
     if len(computed) < 2 or any(r.get("feasible") for r in computed) or len(whys) != 1:

@@ -54,11 +54,16 @@ def _model_manifests(job: Any) -> list[Path]:
     return [m for f in folders if (m := f / "models" / store.MANIFEST).is_file()]
 
 
-def run_variant(base: str, variant: Variant) -> dict[str, Any]:
-    """Simulate one variant; never raises: failures become rows with ``status`` and ``why``."""
+def load(base: str, variant: Variant) -> Any:
+    """The job of ``variant``: the workload and its platform after the overrides, validated."""
     from ..config.loader import load_job
 
-    return _row(variant, lambda: load_job(base, variant.as_args()))
+    return load_job(base, variant.as_args())
+
+
+def run_variant(base: str, variant: Variant) -> dict[str, Any]:
+    """Simulate one variant; never raises: failures become rows with ``status`` and ``why``."""
+    return _row(variant, lambda: load(base, variant))
 
 
 def run_job(job: Any, variant: Variant) -> dict[str, Any]:
@@ -148,4 +153,4 @@ def ranking(table: pd.DataFrame, limit: int = 20) -> str:
 
 
 #: Workload files in studies.
-KIND = StudyKind(job_key, run_variant, ranking)
+KIND = StudyKind(job_key, run_variant, ranking, load, run_job)
