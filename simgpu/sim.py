@@ -22,7 +22,7 @@ from .config.loader import Job, load_job
 from .config.mixed import MixedPlatform, check_memory_by_kind, is_mixed
 from .config.platform import PlatformSpec
 from .config.transformer import TransformerModel
-from .config.variability import Speeds, read_speeds, resolve, speeds_path
+from .config.variability import Speeds, resolve
 from .config.workload import INFERENCE_KINDS
 from .engine import EngineOptions, shortcuts
 from .engine.fold import local_shift_unit
@@ -138,7 +138,7 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
     vary = job.workload.variability
     speeds: Speeds | None = None
     if vary is not None:  # ranks differ: none stands for another, no micro-batch or iteration for another
-        csv = read_speeds(speeds_path(job.workload_file, vary.speeds_csv)) if vary.speeds_csv else None
+        csv = vary.measured_speeds(job.workload_file)
         speeds = resolve(vary, topo.world, topo.gpus_per_node, job.workload.seed, csv)
         options = replace(options, variability=speeds, periodic=False)
         if job.workload.model.kind in INFERENCE_KINDS:  # the memory-bound flags below are for a slow memory only

@@ -190,6 +190,29 @@ def test_a_workload_variant_is_sent_loaded_and_needs_none_of_the_study_files(tmp
     assert row["iteration_time_ms"] == here["iteration_time_ms"]
 
 
+def test_a_variant_with_measured_speeds_carries_them(tmp_path: Path) -> None:
+    """A workload's speeds CSV is read where the job is loaded: the pickled job runs with it gone."""
+    from simgpu.config.loader import load_job
+    from simgpu.whatif.workload import run_job
+
+    base = tmp_path / "w.yaml"
+    data = yaml.safe_load((ROOT / "workloads" / "gpt_2x_dgx_h100.yaml").read_text())
+    data["variability"] = {"speeds_csv": "speeds.csv"}
+    base.write_text(yaml.safe_dump(data))
+    (tmp_path / "speeds.csv").write_text("rank,factor\n3,1.5\n")
+    variant = Variant(name="as is", overrides=(), swept=())
+    sent = pickle.dumps(load_job(base, variant.as_args()))
+    here = run_variant(str(base), variant)
+    (tmp_path / "speeds.csv").unlink()
+    row = run_job(pickle.loads(sent), variant)
+    assert row["status"] == "ok", row
+    assert row["iteration_time_ms"] == here["iteration_time_ms"]
+    plain = dict(data)
+    del plain["variability"]
+    base.write_text(yaml.safe_dump(plain))
+    assert run_variant(str(base), variant)["iteration_time_ms"] < here["iteration_time_ms"]  # the slow rank counted
+
+
 def _llm_serving(folder: Path) -> Path:
     return _serving_study(folder).with_name("serving.yaml")
 

@@ -85,6 +85,7 @@ def check_variability(job: Job) -> None:
         if bad:
             raise ConfigError(f"{path.name}: ranks {bad[:8]} do not exist; expected ranks below {world}", file=f,
                               key="variability.speeds_csv")
+        v._speeds = speeds  # the job carries its rows: a Dask worker reads no file beside the workload
 
 
 def check_dlrm(spec: WorkloadSpec, nodes: int, gpus_per_node: int, file: str | None = None) -> None:

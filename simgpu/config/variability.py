@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import Field, NonNegativeInt, model_validator
+from pydantic import Field, NonNegativeInt, PrivateAttr, model_validator
 
 from .base import Spec
 
@@ -67,6 +67,16 @@ class Variability(Spec):
     speeds_csv: str | None = Field(
         None, description="a CSV file (path relative to the workload file) of measured per-GPU speeds, columns rank "
                           "and factor: each listed rank's kernels take factor (> 0) times as long; ranks not listed: 1")
+    #: The CSV's rows once read where the job was loaded (a job sent to another machine carries them).
+    _speeds: dict[int, float] | None = PrivateAttr(None)
+
+    def measured_speeds(self, workload_file: str) -> dict[int, float] | None:
+        """The speeds CSV's rows: those read when the job was loaded, else read now."""
+        if self.speeds_csv is None:
+            return None
+        if self._speeds is None:
+            self._speeds = read_speeds(speeds_path(workload_file, self.speeds_csv))
+        return self._speeds
 
 
 @dataclass(frozen=True)
