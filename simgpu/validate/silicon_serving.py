@@ -18,7 +18,8 @@ TTFT is the mean time from sending to the first token; TPOT the mean of ``(E2E -
 1)``, the definition of vLLM's ``benchmark_serving.py``. The disaggregated rows are not scored here
 yet.
 
-``python -m simgpu.validate.silicon_serving [--model SUBSTRING] [--limit N] [--csv PATH]`` prints
+``python -m simgpu.validate.silicon_serving [--model SUBSTRING] [--limit N] [--per-model N [--seed S]]
+[--csv PATH]`` prints
 the geometric-mean |error| and median signed error of TTFT and TPOT per model, framework and
 concurrency band; ``--rows CSV`` scores the aggregated rows of another CSV in the sample's columns
 (:data:`COLUMNS`; a file missing one is refused in one line naming it).
@@ -132,15 +133,31 @@ def read_rows(path: Path, key: str = "--rows") -> pd.DataFrame:
     return rows
 
 
+#: What makes two rows the same deployment under the same load (the sample repeats some).
+SAME = ("model_path", "backend", "system", "precision", "gemm_quant_mode", "moe_quant_mode", "batch_size", "tp_size",
+        "pp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size", "concurrency", "isl", "osl")
+
+
+def draw(rows: pd.DataFrame, per_model: int, seed: int = 0) -> pd.DataFrame:
+    """``per_model`` distinct aggregated rows of each model drawn at random with ``seed`` (all of a
+    model's where it has fewer), in the sample's order."""
+    rows = rows.drop_duplicates(subset=[c for c in SAME if c in rows.columns])
+    picked = [g.sample(min(len(g), per_model), random_state=seed) for _, g in rows.groupby("model_path", sort=True)]
+    return pd.concat(picked).sort_index() if picked else rows
+
+
 def score(folder: Path, model: str | None = None, limit: int | None = None,
-          rows_file: Path | None = None) -> pd.DataFrame:
-    """One line per aggregated row (of ``model``'s, the first ``limit``) of the sample in ``folder``,
-    or of ``rows_file`` (the sample's columns; the models' config.json from ``folder``): measured and
-    predicted TTFT and TPOT, or why the row was not scored."""
+          rows_file: Path | None = None, per_model: int | None = None, seed: int = 0) -> pd.DataFrame:
+    """One line per aggregated row (of ``model``'s; the first ``limit``; or ``per_model`` of each
+    model drawn at random with ``seed``) of the sample in ``folder``, or of ``rows_file`` (the
+    sample's columns; the models' config.json from ``folder``): measured and predicted TTFT and
+    TPOT, or why the row was not scored."""
     rows = read_rows(rows_file) if rows_file is not None else pd.read_csv(folder / "silicon_sample.csv")
     rows = rows[rows["mode"] == "agg"]
     if model:
         rows = rows[rows["model_path"].str.contains(model, case=False, regex=False)]
+    if per_model:
+        rows = draw(rows, per_model, seed)
     if limit:
         rows = rows.head(limit)
     out = []
@@ -186,6 +203,8 @@ def _main(argv: Sequence[str] | None) -> int:
     ap.add_argument("--data", type=Path, default=None, help="the shared data folder (default ../shared/data)")
     ap.add_argument("--model", help="only rows whose model id contains this")
     ap.add_argument("--limit", type=int, help="only the first N rows")
+    ap.add_argument("--per-model", type=int, help="N distinct rows of each model drawn at random (--seed)")
+    ap.add_argument("--seed", type=int, default=0, help="the draw's seed (default 0)")
     ap.add_argument("--csv", help="write every row here")
     ap.add_argument("--rows", type=Path, help="score the aggregated rows of this CSV (the sample's columns) "
                                               "instead of the sample's own")
@@ -198,7 +217,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if folder is None:
         return 2
     t0 = time.perf_counter()
-    t = score(folder, args.model, args.limit, args.rows)
+    t = score(folder, args.model, args.limit, args.rows, args.per_model, args.seed)
     if args.csv:
         t.to_csv(args.csv, index=False)
     ok = t[t["reason"] == ""].assign(band=lambda d: d["concurrency"].map(band))
