@@ -52,6 +52,7 @@ images: $(STAMP)  ## regenerate the README's pictures in docs/images (the tour; 
 	cp out/tour/nic_down/bars.png docs/images/clusters-nic-down.png
 	cp out/tour/mixed/timeline.png docs/images/clusters-mixed-timeline.png
 	cp out/tour/cluster/timeline.png docs/images/clusters-two-jobs-timeline.png
+	cp out/tour/cluster/links.png docs/images/clusters-two-jobs-links.png
 	cp out/tour/goodput/goodput.png docs/images/clusters-goodput.png
 
 bench: $(STAMP)  ## measure the simulator's own speed and memory

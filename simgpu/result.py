@@ -28,8 +28,11 @@ RECORD_COLUMNS = (
     "model",     # what timed it: "analytical", "lightgbm", "network", "host"
 )
 
-#: Columns of :attr:`SimResult.link_records` (only when links are recorded): busy intervals.
-LINK_RECORD_COLUMNS = ("link", "link_kind", "start_s", "end_s")
+#: Columns of :attr:`SimResult.link_records` (only when links are recorded): busy intervals, one row per
+#: link and owner (whose transfers kept the link busy: a collective's key, a copy's op name), during
+#: which the link carried at least one of that owner's transfers. Two owners' rows on one link overlap
+#: where they shared it at once (the bytes are not split); the union of a link's rows is its busy time.
+LINK_RECORD_COLUMNS = ("link", "link_kind", "start_s", "end_s", "owner")
 
 #: Columns of :attr:`SimResult.link_stats`: one row per link of the topology that carried data.
 LINK_STAT_COLUMNS = ("link", "link_kind", "capacity_gbytes_per_s", "nbytes", "busy_s")

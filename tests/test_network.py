@@ -12,6 +12,7 @@ from simgpu.comm import aggregates
 from simgpu.comm.fair import _max_min, isolated_rates
 from simgpu.comm.network import FlowNetwork
 from simgpu.comm.transfers import TransferTable
+from simgpu.report.summary import union_measure
 
 
 class F:
@@ -120,6 +121,47 @@ def test_link_bytes_and_busy_time_are_accounted():
 
 transfers = st.lists(st.tuples(st.lists(st.integers(0, 3), min_size=1, max_size=3),
                                st.floats(1.0, 1e3), st.floats(0.0, 10.0)), min_size=1, max_size=8)
+
+
+def test_each_owner_keeps_its_own_stretch_on_a_shared_link():
+    env = simpy.Environment()
+    net = FlowNetwork(env, np.array([10.0, 10.0]), owners=True)
+    net.transfer([0], 20.0, owner="a")              # alone on link 0 at 10/s until b joins at 1 s
+    net.transfer([0, 1], 5.0, latency=1.0, owner="b")  # 5/s each from 1 s: b ends at 2 s, a at 2.5 s
+    env.run()
+    net.finish()
+    assert net.owners is not None and net.intervals == []  # link intervals only where asked for
+    assert sorted(net.owners.intervals) == [(0, "a", 0.0, pytest.approx(2.5)), (0, "b", 1.0, pytest.approx(2.0)),
+                                            (1, "b", 1.0, pytest.approx(2.0))]
+    only = FlowNetwork(simpy.Environment(), np.array([10.0, 10.0]), owners=[1])
+    assert FlowNetwork(simpy.Environment(), np.array([1.0]), owners=[]).owners is None
+    only.transfer([0, 1], 10.0, owner="c")
+    only.env.run()
+    only.finish()
+    assert only.owners is not None and only.owners.intervals == [(1, "c", 0.0, pytest.approx(1.0))]
+
+
+@settings(max_examples=40, deadline=None)
+@given(items=transfers)
+def test_owner_stretches_cover_each_links_busy_time(items):
+    # single flows, routes started together and aggregates (split where their members part)
+    env = simpy.Environment()
+    net = FlowNetwork(env, np.array([10.0, 20.0, 5.0, 40.0]), record=True, owners=True, aggregate_from=2)
+    together = [(links, b, float("inf")) for k, (links, b, _) in enumerate(items) if k % 2 == 0]
+    for k, (links, b, lat) in enumerate(items):
+        if k % 2:
+            net.transfer(links, b, lat, owner=f"o{k % 3}")
+    net.transfer_all(together, owner="all")
+    env.run()
+    net.finish()
+    assert net.owners is not None
+    for lid in range(4):
+        mine = [(s, e) for link, _, s, e in net.owners.intervals if link == lid]
+        plain = [(s, e) for link, s, e in net.intervals if link == lid]
+        assert union_measure([s for s, _ in mine], [e for _, e in mine]) == pytest.approx(
+            net.link_busy_s[lid], rel=1e-9, abs=1e-12)
+        assert union_measure([s for s, _ in plain], [e for _, e in plain]) == pytest.approx(
+            net.link_busy_s[lid], rel=1e-9, abs=1e-12)
 
 
 @settings(max_examples=60)

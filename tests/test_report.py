@@ -78,9 +78,10 @@ def make_result(
     if with_links:
         link_records = pd.DataFrame(
             [
-                ("nvlink0->1", "nvlink", 0.001, 0.009),
-                ("nic0->sw", "nic", 0.0, 0.02),
-                ("nic0->sw", "nic", 0.021, 0.022),
+                ("nvlink0->1", "nvlink", 0.001, 0.009, "dp.ar"),
+                ("nic0->sw", "nic", 0.0, 0.02, "dp.ar"),
+                ("nic0->sw", "nic", 0.005, 0.012, "pp.send"),  # beside dp.ar on the link: one stretch
+                ("nic0->sw", "nic", 0.021, 0.022, "dp.ar"),
             ],
             columns=list(LINK_RECORD_COLUMNS),
         )
@@ -355,6 +356,10 @@ def test_chrome_trace_structure() -> None:
     gemm = next(e for e in events if e["ph"] == "X" and e.get("cat") == "gemm")
     assert gemm["ts"] == pytest.approx(500.0) and gemm["dur"] == pytest.approx(3500.0)
     assert gemm["args"] == {"phase": "fwd", "kind": "kernel", "nbytes": 0, "model": "analytical"}
+    # a link's records merged where they overlap, one event per busy stretch, with its owners
+    nic = [(e["ts"], e["dur"], e["args"]) for e in events if e["ph"] == "X" and e["name"] == "nic0->sw"]
+    assert nic == [(0.0, pytest.approx(20000.0), {"owners": ["dp.ar", "pp.send"]}),
+                   (pytest.approx(21000.0), pytest.approx(1000.0), {"owners": ["dp.ar"]})]
     json.dumps(trace, allow_nan=False)
 
 

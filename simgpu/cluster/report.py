@@ -1,5 +1,6 @@
 """The cluster's figures: the summary written to ``summary.json`` and the printed tables (the
-neighbour noise per job, the busiest links between switches with each job's bytes)."""
+neighbour noise per job, the busiest links between switches with each job's bytes and the share of
+the run each job was on them)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,12 @@ from .run import ClusterResult, link_table, shared_links
 #: what the per-job bytes on a link are
 BYTES_NOTE = ("bytes per job: each job's run alone on the same nodes (its collectives are planned from the "
               "topology and their sizes, not from the load, so they cross the same links beside neighbours)")
+
+
+#: what the per-job busy seconds on a link are
+BUSY_NOTE = ("busy_s per job: the seconds of the shared run during which the link carried at least one of the "
+             "job's transfers (two jobs' overlap where they shared it at once); shared_s: the seconds more than "
+             "one job did")
 
 
 def summarize(res: ClusterResult, top: int = 8) -> dict[str, Any]:
@@ -28,7 +35,7 @@ def summarize(res: ClusterResult, top: int = 8) -> dict[str, Any]:
         "placement": c.spec.placement, "jobs": jobs,
         "links": links.to_dict(orient="records"), "links_shared": shared_links(res, res.fabric),
         "links_note": "the busiest links between switches (a job holds whole nodes, so only these can be "
-                      "shared); " + BYTES_NOTE,
+                      "shared); " + BYTES_NOTE + "; " + BUSY_NOTE,
         "events": res.together.events,
     }
 
@@ -52,11 +59,19 @@ def table(summary: dict[str, Any]) -> str:
            _grid(["job", "workload", "nodes", "GPUs", "alone ms", "together ms", "slowdown"], rows, 3)]
     if s["links"]:
         names = [j["name"] for j in s["jobs"]]
+        span = max((j["together_s"] for j in s["jobs"]), default=0.0) or 1.0
+        timed = "shared_s" in s["links"][0]
         lrows = [[lk["link"], lk["link_kind"], f"{lk['capacity_gbytes_per_s']:.0f}", f"{lk['busy_share'] * 100:.0f}%",
                   f"{lk['nbytes'] / 1e9:.3f}"] + [f"{lk.get(f'bytes:{n}', 0.0) / 1e9:.3f}" for n in names]
+                 + ([f"{lk[f'busy_s:{n}'] / span * 100:.0f}%" for n in names] + [f"{lk['shared_s'] / span * 100:.0f}%"]
+                    if timed else [])
                  for lk in s["links"]]
-        out += ["", f"busiest links between switches ({s['links_shared']} carry more than one job's bytes)",
-                _grid(["link", "kind", "GB/s", "busy", "GB"] + [f"{n} GB" for n in names], lrows, 2)]
+        cols = (["link", "kind", "GB/s", "busy", "GB"] + [f"{n} GB" for n in names]
+                + ([f"{n} busy" for n in names] + ["shared"] if timed else []))
+        out += ["", f"busiest links between switches ({s['links_shared']} carry more than one job's bytes"
+                + ("; busy: share of the run a job was on the link, shared: more than one job at once)" if timed
+                   else ")"),
+                _grid(cols, lrows, 2)]
     else:
         out += ["", "no bytes crossed a link between switches (every job inside its nodes)"]
     return "\n".join(out)

@@ -8,12 +8,18 @@ time is the end of its ranks' last record (the jobs start together at 0). The by
 over a link are its run alone's: a job's collectives are planned from the topology and their
 sizes, not from the load, so they cross the same links with the same bytes beside neighbours
 (the shared run's bytes are the jobs' sums).
+
+The shared run keeps the busy intervals of the links between switches with whose transfers kept
+them busy (:attr:`~simgpu.result.SimResult.link_records`, one row per link and collective, whose
+key starts with its job's name): :func:`job_link_records` gives each job's stretches on a link
+(two jobs' overlap where they shared it at once), and :func:`link_table` each job's busy seconds
+on the busiest links and the seconds more than one job was on them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any
 
@@ -98,8 +104,9 @@ class _Setup:
             overlap_slowdown_by_op=tuple(sorted(p.gpu.overlap_slowdown_by_op.items())),
             overlap_slowdown_memory=tuple(sorted(p.gpu.overlap_slowdown_memory.items())), periodic=False)
 
-    def run(self, which: Sequence[int]) -> SimResult:
-        """One engine over the jobs ``which`` (indices into the cluster's jobs)."""
+    def run(self, which: Sequence[int], links: Sequence[int] = ()) -> SimResult:
+        """One engine over the jobs ``which`` (indices into the cluster's jobs), keeping the busy
+        intervals of the links ``links`` (every link's where links are recorded anyway)."""
         jobs = [self.placed[i] for i in which]
         w: Workload = merge(jobs, self.topo.world, self.cluster.spec.name, self.movers)
         if self.memory_flags:
@@ -111,20 +118,24 @@ class _Setup:
         for i in which:
             owner[self.placed[i].ranks] = i
         planner = _JobPlanners(self.topo, self.planners, owner)
-        return Engine(self.topo, w, durations, models, planner, self.options).run()
+        options = self.options if self.options.record_links else replace(self.options, record_link_ids=tuple(links))
+        return Engine(self.topo, w, durations, models, planner, options).run()
 
 
 def simulate_cluster(cluster: Cluster, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MODEL,
-                     record_links: bool = False, alone: bool = True,
+                     record_links: bool = False, alone: bool = True, fabric_links: bool = True,
                      on_stage: Callable[[str], None] | None = None) -> ClusterResult:
     """Simulate every job of ``cluster`` together on its topology, and (with ``alone``) each job alone
-    on the same nodes, for the slowdown its neighbours cause."""
+    on the same nodes, for the slowdown its neighbours cause. ``record_links`` keeps every link's
+    busy intervals in every run; ``fabric_links`` those of the links between switches in the shared
+    run (who used which link when: :func:`job_link_records`)."""
     say = on_stage or (lambda _: None)
     say("building the jobs' programs")
     setup = _Setup(cluster, kernel_model, record_links)
     ranks = {p.name: p.ranks for p in setup.placed}
     say(f"simulating {len(cluster.jobs)} jobs together")
-    together = setup.run(range(len(cluster.jobs)))
+    spine = setup.topo.spine_links()
+    together = setup.run(range(len(cluster.jobs)), spine if fabric_links else ())
     alone_runs: dict[str, SimResult] = {}
     if alone:
         for i, cj in enumerate(cluster.jobs):
@@ -133,7 +144,7 @@ def simulate_cluster(cluster: Cluster, *, kernel_model: str | Sequence[str] = DE
     t = job_ends(together, ranks)
     a = {name: job_ends(r, {name: ranks[name]})[name] for name, r in alone_runs.items()}
     meta = {"jobs": [job_meta(cj, setup.placed[i].workload) for i, cj in enumerate(cluster.jobs)]}
-    fabric = frozenset(setup.topo.links[i].name for i in setup.topo.spine_links())
+    fabric = frozenset(setup.topo.links[i].name for i in spine)
     return ClusterResult(cluster, together, alone_runs, ranks, t, a, fabric, meta)
 
 
@@ -142,10 +153,60 @@ def job_meta(cj: ClusterJob, w: Workload) -> dict[str, Any]:
             "nodes": list(cj.nodes), "gpus": len(w.programs), "iterations": w.iterations}
 
 
+def job_link_records(res: ClusterResult, links: Sequence[str] | None = None) -> pd.DataFrame:
+    """Each job's busy stretches on the links of the shared run (on ``links`` only, if given): link,
+    link_kind, job, start_s, end_s, by link, job and start. A job's collectives on one link merged
+    where they overlap (touching stretches are kept apart), so a job's stretches on a link never
+    overlap each other; two jobs' do where they shared the link at once. Empty where the shared run
+    kept no link's intervals; transfers of no job (a copy's, named by its op) are left out."""
+    lr = res.together.link_records
+    cols = ["link", "link_kind", "job", "start_s", "end_s"]
+    if lr is None or lr.empty:
+        return pd.DataFrame(columns=cols)
+    if links is not None:
+        lr = lr[lr["link"].isin(list(links))]
+    job = lr["owner"].astype(str).str.split("/", n=1).str[0]
+    keep = job.isin(list(res.ranks)).to_numpy()
+    lr, job = lr.loc[keep], job.loc[keep]
+    if lr.empty:
+        return pd.DataFrame(columns=cols)
+    names = list(res.ranks)
+    key = pd.MultiIndex.from_arrays([lr["link"].astype(str), job]).unique().sort_values()
+    row = key.get_indexer(pd.MultiIndex.from_arrays([lr["link"].astype(str), job]))
+    s, e = lr["start_s"].to_numpy(dtype=float), lr["end_s"].to_numpy(dtype=float)
+    order = np.lexsort((s, row))
+    row, s, e = row[order], s[order], e[order]
+    frontier = pd.Series(e).groupby(row, sort=False).cummax().to_numpy(dtype=float)
+    new = np.ones(len(row), dtype=bool)
+    new[1:] = (row[1:] != row[:-1]) | (s[1:] >= frontier[:-1])
+    first = np.flatnonzero(new)
+    kinds = dict(zip(lr["link"].astype(str), lr["link_kind"].astype(str), strict=True))
+    link = key.get_level_values(0)[row[first]]
+    out = pd.DataFrame({"link": link, "link_kind": [kinds[x] for x in link],
+                        "job": key.get_level_values(1)[row[first]], "start_s": s[first],
+                        "end_s": np.maximum.reduceat(e, first)})
+    out["job"] = pd.Categorical(out["job"], categories=names)
+    return out.sort_values(["link", "job", "start_s"], kind="stable").reset_index(drop=True)
+
+
+def shared_s(spans: pd.DataFrame) -> float:
+    """Seconds during which more than one job was on a link, from its jobs' stretches ``spans``
+    (:func:`job_link_records` of one link: each job's never overlap each other)."""
+    if spans.empty:
+        return 0.0
+    t = np.concatenate([spans["start_s"].to_numpy(dtype=float), spans["end_s"].to_numpy(dtype=float)])
+    step = np.concatenate([np.ones(len(spans)), -np.ones(len(spans))])
+    order = np.lexsort((step, t))  # at one instant, ends before starts: touching is not sharing
+    t, on = t[order], np.cumsum(step[order])
+    return float(np.sum(np.diff(t)[on[:-1] > 1]))
+
+
 def link_table(res: ClusterResult, top: int = 8, fabric: frozenset[str] | None = None) -> pd.DataFrame:
     """The ``top`` busiest links of the shared run (of ``fabric`` only, if given) with each job's bytes
     over them (its run alone's): link, kind, capacity, busy seconds, bytes, busy share of the longest
-    job, then one column ``bytes:<job>`` per job."""
+    job, then one column ``bytes:<job>`` per job; where the shared run kept these links' intervals,
+    one column ``busy_s:<job>`` per job (the seconds it had transfers on the link; two jobs' overlap)
+    and ``shared_s`` (the seconds more than one job had)."""
     stats = res.together.link_stats
     if fabric is not None:
         stats = stats[stats["link"].isin(fabric)]
@@ -158,6 +219,13 @@ def link_table(res: ClusterResult, top: int = 8, fabric: frozenset[str] | None =
     for name, r in res.alone.items():
         by = r.link_stats.set_index("link")["nbytes"]
         out[f"bytes:{name}"] = out["link"].map(by).fillna(0.0).to_numpy()
+    spans = job_link_records(res, out["link"].tolist())
+    if res.together.link_records is not None:
+        busy = (spans["end_s"] - spans["start_s"]).groupby([spans["link"], spans["job"]], observed=False).sum()
+        for name in res.ranks:
+            out[f"busy_s:{name}"] = [float(busy.get((lk, name), 0.0)) for lk in out["link"]]
+        by_link = dict(tuple(spans.groupby("link", sort=False)))
+        out["shared_s"] = [shared_s(by_link[lk]) if lk in by_link else 0.0 for lk in out["link"]]
     return out
 
 

@@ -74,22 +74,23 @@ class _Join:
 
 class _Batch:
     """Transfers started together: each one's links, and what fires when each ends (``shared``: one
-    join for all of them, else ``targets``, an event or None each)."""
+    join for all of them, else ``targets``, an event or None each); ``owner`` names whose they are
+    (:mod:`simgpu.comm.owners`)."""
 
-    __slots__ = ("links", "shared", "table", "targets")
+    __slots__ = ("links", "owner", "shared", "table", "targets")
 
     def __init__(self, links: Sequence[Sequence[int]], targets: Sequence[Any] = (), shared: _Join | None = None,
-                 table: TransferTable | None = None) -> None:
-        self.links, self.targets, self.shared, self.table = links, targets, shared, table
+                 table: TransferTable | None = None, owner: str = "") -> None:
+        self.links, self.targets, self.shared, self.table, self.owner = links, targets, shared, table, owner
 
     @classmethod
     def of(cls, items: Sequence[tuple[Sequence[int], float, float]] | TransferTable, targets: Sequence[Any] = (),
-           shared: _Join | None = None) -> _Batch:
+           shared: _Join | None = None, owner: str = "") -> _Batch:
         """The batch of ``items``: a list of ``(links, ...)`` or a :class:`TransferTable`, whose routes
         are read from its arrays (a member's own tuple is made only if it has to run alone)."""
         if isinstance(items, TransferTable):
-            return cls(_TableRoutes(items), targets, shared, items)
-        return cls([links for links, *_ in items], targets, shared)
+            return cls(_TableRoutes(items), targets, shared, items, owner)
+        return cls([links for links, *_ in items], targets, shared, owner=owner)
 
     def lens(self) -> np.ndarray:
         """The number of links of each transfer's route."""

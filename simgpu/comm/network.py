@@ -14,6 +14,9 @@ same cap over the same first slowest link are carried as one *aggregate* flow, c
 recomputation and split where its members would part (:mod:`simgpu.comm.aggregates`). The flows
 and their batches are in :mod:`simgpu.comm.flows`, the max-min fair rates in :mod:`simgpu.comm.fair`.
 
+A transfer may name its owner (``owner``); with ``owners`` given, the network keeps per link and
+owner the stretches during which the link carries that owner's transfers (:mod:`simgpu.comm.owners`).
+
 This file stays above 500 lines: it is one class, :class:`FlowNetwork`, whose methods all keep the
 same per-link indexes (the flows on each link, its rate, its bytes and busy time) in step.
 """
@@ -30,6 +33,7 @@ import simpy
 from .aggregates import _by_kind, _flows_of, _part_flows
 from .fair import _fair, _incidence
 from .flows import AGGREGATE_FROM, _Batch, _Block, _Flow, _Join, _live, _moving, _one, _Route, _single, soon
+from .owners import LinkOwners
 from .transfers import TransferTable
 
 _EPS_S = 1e-12  # flows within this many seconds of completion are complete
@@ -55,7 +59,7 @@ class FlowNetwork:
 
     def __init__(self, env: simpy.Environment, capacity: np.ndarray, link_kinds: Sequence[str] | None = None,
                  record: bool = False, aggregate_from: int = AGGREGATE_FROM,
-                 implied: dict[int, frozenset[int]] | None = None) -> None:
+                 implied: dict[int, frozenset[int]] | None = None, owners: bool | Sequence[int] = False) -> None:
         if np.any(capacity <= 0):
             raise ValueError("link capacities must be positive")
         self.env = env
@@ -95,6 +99,10 @@ class FlowNetwork:
         self._record = record
         self._busy_since: dict[int, float] = {}
         self.intervals: list[tuple[int, float, float]] = []
+        #: who keeps which link busy: every link's owners (``owners`` True), those of the links ``owners``
+        #: names, or None (none recorded: False or no link)
+        self.owners = (LinkOwners(len(self.capacity), None if owners is True else owners)
+                       if owners is True or (owners is not False and len(owners)) else None)
         #: link tuple -> its route's facts (:meth:`_route`): the same routes come again and again
         self._routes: dict[tuple[int, ...], _Route] = {}
 
@@ -123,9 +131,9 @@ class FlowNetwork:
     # -- public ---------------------------------------------------------------------------------
 
     def transfer(self, links: Sequence[int], nbytes: float, latency: float = 0.0,
-                 max_rate: float = float("inf")) -> simpy.Event:
+                 max_rate: float = float("inf"), owner: str = "") -> simpy.Event:
         """An event that fires when ``nbytes`` have crossed ``links`` after ``latency`` seconds, at
-        no more than ``max_rate`` bytes/s."""
+        no more than ``max_rate`` bytes/s (``owner``: whose transfer it is)."""
         done = self.env.event()
         self.transfers += 1
         if nbytes <= 0 or len(links) == 0:
@@ -134,7 +142,7 @@ class FlowNetwork:
             else:
                 done.succeed()
             return done
-        flow = _single(_Batch([links], [done]), 0, nbytes, max_rate)
+        flow = _single(_Batch([links], [done], owner=owner), 0, nbytes, max_rate)
         self._serial += 1
         flow.serial = self._serial
         if latency > 0:
@@ -143,8 +151,8 @@ class FlowNetwork:
             self._start([flow])
         return done
 
-    def transfer_all(self, items: Sequence[tuple[Sequence[int], float, float]] | TransferTable
-                     ) -> list[simpy.Event]:
+    def transfer_all(self, items: Sequence[tuple[Sequence[int], float, float]] | TransferTable,
+                     owner: str = "") -> list[simpy.Event]:
         """Start several ``(links, nbytes, max_rate)`` transfers at once, with one reallocation of
         the rates (``max_rate``: bytes/s the transfer never exceeds, ``inf`` for none).
 
@@ -153,23 +161,24 @@ class FlowNetwork:
         pairs alike are carried as aggregates (see :mod:`simgpu.comm.aggregates`).
         """
         events = [self.env.event() for _ in range(len(items))]
-        self._start_items(_Batch.of(items, events), items)
+        self._start_items(_Batch.of(items, events, owner=owner), items)
         return events
 
-    def transfer_group(self, items: Sequence[tuple[Sequence[int], float, float]] | TransferTable
-                       ) -> simpy.Event:
+    def transfer_group(self, items: Sequence[tuple[Sequence[int], float, float]] | TransferTable,
+                       owner: str = "") -> simpy.Event:
         """Like :meth:`transfer_all`, but one event that fires when the last of them has ended."""
         done = self.env.event()
-        self._group(items, _Join(done, 0))
+        self._group(items, _Join(done, 0), owner)
         return done
 
     def transfer_group_then(self, items: Sequence[tuple[Sequence[int], float, float]] | TransferTable,
-                            fn: Any, arg: Any) -> None:
+                            fn: Any, arg: Any, owner: str = "") -> None:
         """Like :meth:`transfer_group`, but ``fn(arg)`` is called where the event's callback would
         be, at the same place in SimPy's queue, without the event."""
-        self._group(items, _Join(None, 0, self.env, fn, arg))
+        self._group(items, _Join(None, 0, self.env, fn, arg), owner)
 
-    def _group(self, items: Sequence[tuple[Sequence[int], float, float]] | TransferTable, join: _Join) -> None:
+    def _group(self, items: Sequence[tuple[Sequence[int], float, float]] | TransferTable, join: _Join,
+               owner: str) -> None:
         if not isinstance(items, TransferTable) and (len(items) < max(2, self._aggregate_from)
                                                      or self._aggregate_from <= 0):
             # a few transfers (the edges of a ring, a pipeline's send): flows one by one, each
@@ -180,7 +189,7 @@ class FlowNetwork:
             if not moving:
                 join.fire()
                 return
-            batch = _Batch([t[0] for t in items], (), join)
+            batch = _Batch([t[0] for t in items], (), join, owner=owner)
             flows = []
             for k in moving:
                 links, b, c = items[k]
@@ -196,7 +205,7 @@ class FlowNetwork:
             self.transfers += len(items)
             join.fire()
             return
-        self._start_items(_Batch.of(items, shared=join), items)
+        self._start_items(_Batch.of(items, shared=join, owner=owner), items)
 
     def _route(self, links: Sequence[int]) -> _Route:
         """The route ``links``'s distinct links and the edges crossing each (as :func:`_single` finds
@@ -320,6 +329,8 @@ class FlowNetwork:
         for lid, since in sorted(self._busy_since.items()):
             self.intervals.append((lid, since, now))
         self._busy_since.clear()
+        if self.owners is not None:
+            self.owners.finish(now)
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -371,6 +382,8 @@ class FlowNetwork:
 
     def _start(self, flows: list[_Flow]) -> None:
         now = self.env.now
+        if self.owners is not None:
+            self.owners.add(flows, now)
         if len(flows) == 1 and flows[0].common is None and self._alone(flows[0]):
             self._start_alone(flows[0], now)
             return
@@ -497,6 +510,7 @@ class FlowNetwork:
         bytes the aggregate had left), by serial."""
         gone = set(broken)
         out = [f for k, f in enumerate(flows) if k not in gone]
+        n = len(out)
         for k in broken:
             agg = flows[k]
             agg.settle(now)
@@ -516,6 +530,9 @@ class FlowNetwork:
                 for lid in self._own(f):
                     self._on_link.setdefault(lid, {})[f.serial] = f
                 out.append(f)
+        if self.owners is not None:  # the members on, then the aggregates off: their links stay held
+            self.owners.add(out[n:], now)
+            self.owners.remove([flows[k] for k in broken], now)
         out.sort(key=lambda f: f.serial)
         return out
 
@@ -618,6 +635,8 @@ class FlowNetwork:
         if not finished:
             self._arm()
             return
+        if self.owners is not None:
+            self.owners.remove(finished, now)
         seeds: set[int] = set()
         blocks: dict[int, _Block] = {}
         for f in finished:

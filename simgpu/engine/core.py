@@ -60,14 +60,17 @@ from .state import _EMPTY_COUNTS, _NO_COUNTS, _Call, _Ends, _Rank, _Rendezvous, 
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """Host and overlap costs, from the platform (``sms``: the GPU's SMs); ``record_links`` keeps link
-    busy intervals."""
+    """Host and overlap costs, from the platform (``sms``: the GPU's SMs); ``record_links`` keeps every
+    link's busy intervals, with whose transfers kept it busy (``record_link_ids``: those of these links
+    only)."""
 
     launch_s: float = 5e-6
     cpu_threads_per_node: int = 64
     overlap_slowdown: float = 0.0
     record_links: bool = False
     sms: int = 132
+    #: where ``record_links`` is off: the links (indices into the topology's) whose busy intervals are kept
+    record_link_ids: tuple[int, ...] = ()
     #: per collective op (``all_reduce``, ``send_recv``, ...): the slowdown of a kernel that starts while
     #: one runs on its GPU, instead of ``overlap_slowdown`` (the largest of those running applies)
     overlap_slowdown_by_op: tuple[tuple[str, float], ...] = ()
@@ -92,6 +95,11 @@ class EngineOptions:
     #: empty: the three fields above for every kernel
     kind_overlap: tuple[tuple[float, tuple[tuple[str, float], ...], tuple[tuple[str, float], ...]], ...] = ()
 
+    @property
+    def links_recorded(self) -> bool:
+        """Whether any link's busy intervals are kept."""
+        return self.record_links or bool(self.record_link_ids)
+
 
 class Engine(_Collectives):
     """Simulates one iteration of ``workload`` on ``topo``; see the module docstring."""
@@ -114,9 +122,10 @@ class Engine(_Collectives):
         iterations = max(1, workload.iterations)
         # programs of several iterations: busy intervals kept to count each iteration's busy time
         # folded: the representatives' links only, the leaf uplinks already left out (simgpu.engine.fold)
-        self.net = FlowNetwork(self.env, topo.capacity, record=options.record_links or iterations > 1,
+        self.net = FlowNetwork(self.env, topo.capacity, record=iterations > 1,
                                aggregate_from=AGGREGATE_FROM if options.aggregate else 0,
-                               implied=topo.implied_links() if self.fold is None else None)
+                               implied=topo.implied_links() if self.fold is None else None,
+                               owners=options.record_links or options.record_link_ids)
         #: programs of several iterations: the bytes each iteration's ops move over each link
         self.iteration_link_bytes = np.zeros((iterations, len(topo.capacity))) if iterations > 1 else None
         self._link_sums: dict[int, tuple[object, np.ndarray, np.ndarray]] = {}  # id(transfers) -> links, bytes
@@ -423,7 +432,7 @@ class Engine(_Collectives):
                 route = self.fold.route(route)
             if self.iteration_link_bytes is not None and op.nbytes > 0:
                 np.add.at(self.iteration_link_bytes[op.iteration], list(route), float(op.nbytes))
-            self.net.transfer(route, op.nbytes, latency).callbacks.append(
+            self.net.transfer(route, op.nbytes, latency, owner=op.name).callbacks.append(
                 lambda _e: self._finish(r, i))
         elif op.kind == "collective":
             self._arrive(r, i, op)
@@ -593,9 +602,9 @@ class Engine(_Collectives):
             "busy_s": self.net.link_busy_s[used],
         }, columns=list(LINK_STAT_COLUMNS))
         link_records = None
-        if self.opt.record_links:
-            spans = sorted(self.net.intervals, key=lambda x: (x[1], x[0]))
-            link_records = pd.DataFrame([(links[i].name, links[i].kind, s, e) for i, s, e in spans],
+        if self.net.owners is not None:
+            spans = sorted(self.net.owners.intervals, key=lambda x: (x[2], x[0], x[1]))
+            link_records = pd.DataFrame([(links[i].name, links[i].kind, s, e, o) for i, o, s, e in spans],
                                         columns=list(LINK_RECORD_COLUMNS))
         iteration = float(records["end_s"].max()) if len(records) else 0.0
         events = self.ops_run + self.events + self.net.transfers + self.net.reschedules

@@ -150,7 +150,7 @@ class _Collectives:
         if not items:
             self._complete(rv)
             return
-        self.net.transfer_group_then(items, self._complete, rv)
+        self.net.transfer_group_then(items, self._complete, rv, rv.call.key)
 
     def _count_bytes(self, items: Sequence[tuple[Sequence[int], float, float]], iteration: int) -> None:
         """Add the bytes ``items`` move over each link to ``iteration``'s (each transfer its bytes on

@@ -63,7 +63,7 @@ def run(topo: Topology, build: Build, predict: Predict, planner: Planner, option
     shortcut where it holds (see the module docstring)."""
     runs = _Runs(topo, build, predict, planner, options, fold, say)
     runs.steady_cut = steady_cut
-    if not options.periodic or options.record_links:
+    if not options.periodic or options.links_recorded:
         out = runs.run(None)
         return replace(out, periodic="turned off" if not options.periodic else
                        periodic.blocker(None, True))
@@ -117,7 +117,7 @@ class _Runs:
         self.topo, self.build, self.predict, self.planner, self.options, self.say = (
             topo, build, predict, planner, options, say)
         self.note = "" if fold else "turned off"
-        if fold and options.record_links:
+        if fold and options.links_recorded:
             fold, self.note = False, "link intervals are recorded for every link"
         self.fold, self.inside = fold, True  # fold at all; fold ranks inside nodes too
         self.nodes = True  # fold whole nodes too (off where only ranks inside nodes fold)
@@ -204,7 +204,7 @@ class _Runs:
             why = "turned off"
         elif shape is not None and shape.simulated != shape.micro_batches:
             why = "a short run of the periodic shortcut"
-        elif options.record_links:
+        elif options.links_recorded:
             why = "link intervals are recorded for every link"
         if not why:
             got = steady_cut.shorten(workload)

@@ -3,7 +3,9 @@
 This module owns the translation of records into the Trace Event Format that ``chrome://tracing``
 and https://ui.perfetto.dev open: one complete event (``"ph": "X"``) per record, process = rank,
 thread = stream, plus metadata events naming and ordering processes and threads. Link busy
-intervals, when recorded, become one extra process named ``links`` with a thread per link.
+intervals, when recorded, become one extra process named ``links`` with a thread per link: one
+event per stretch the link is busy (its records merged where they overlap), with the owners whose
+transfers it carried in ``args``.
 
 Units: ``ts`` and ``dur`` are microseconds from the start of the iteration (the format's unit),
 rounded to nanoseconds; ``displayTimeUnit`` is ``ms``.
@@ -52,6 +54,31 @@ def _nullable(values: pd.Series) -> list[Any]:
     """Column as a Python list, with NaN / None turned into None (JSON null)."""
     obj = values.astype(object)
     return list(obj.where(obj.notna(), None).tolist())
+
+
+def _merged(links: pd.DataFrame) -> tuple[pd.DataFrame, list[list[str]]]:
+    """Each link's rows merged where they overlap (one busy stretch each, as one event of a thread),
+    with the owners of each stretch (sorted; none without an ``owner`` column)."""
+    if "owner" not in links.columns:
+        return links.reset_index(drop=True), [[] for _ in range(len(links))]
+    names = links["link"].astype(str).to_numpy()
+    s = links["start_s"].to_numpy(dtype=np.float64)
+    e = links["end_s"].to_numpy(dtype=np.float64)
+    order = np.lexsort((s, names))
+    names, s, e = names[order], s[order], e[order]
+    frontier = pd.Series(e).groupby(names, sort=False).cummax().to_numpy(dtype=np.float64)
+    new = np.ones(len(s), dtype=bool)
+    new[1:] = (names[1:] != names[:-1]) | (s[1:] >= frontier[:-1])  # not inside the stretch before
+    span = np.cumsum(new) - 1
+    firsts = np.flatnonzero(new)
+    out = links.iloc[order[firsts]].reset_index(drop=True)
+    out["end_s"] = np.maximum.reduceat(e, firsts)
+    owner = links["owner"].astype(str).to_numpy()[order]
+    owners: list[set[str]] = [set() for _ in firsts]
+    for k, o in zip(span.tolist(), owner.tolist(), strict=True):
+        if o:
+            owners[k].add(o)
+    return out, [sorted(x) for x in owners]
 
 
 def chrome_trace(result: SimResult) -> dict[str, Any]:
@@ -114,6 +141,7 @@ def chrome_trace(result: SimResult) -> dict[str, Any]:
 
     links = result.link_records
     if links is not None and len(links):
+        links, owners = _merged(links)
         pid = (max(ranks) + 1) if ranks else 0
         names = links["link"].astype(str)
         link_names = sorted(set(names))
@@ -129,16 +157,18 @@ def chrome_trace(result: SimResult) -> dict[str, Any]:
         ts = _us(links["start_s"])
         dur = np.round(np.clip(_us(links["end_s"]) - ts, 0.0, None), US_DECIMALS)
         order = np.lexsort((ts, tid_col))
-        for tid, t0, d, name, kind in zip(
+        for tid, t0, d, name, kind, who in zip(
             tid_col[order].tolist(),
             ts[order].tolist(),
             dur[order].tolist(),
             names.iloc[order].tolist(),
             _nullable(links["link_kind"].iloc[order]),
+            [owners[k] for k in order.tolist()],
             strict=True,
         ):
             events.append(
-                {"name": name, "cat": kind, "ph": "X", "ts": t0, "dur": d, "pid": pid, "tid": tid, "args": {}}
+                {"name": name, "cat": kind, "ph": "X", "ts": t0, "dur": d, "pid": pid, "tid": tid,
+                 "args": {"owners": who} if who else {}}
             )
 
     return {"traceEvents": events, "displayTimeUnit": "ms"}
