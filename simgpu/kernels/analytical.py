@@ -59,12 +59,18 @@ VECTOR_DTYPE = "fp32"
 def attention_pairs(sq: Any, skv: Any, causal: Any, window: Any) -> Any:
     """(query, key) pairs one head attends: ``sq skv``, half of it when causal (as the balanced chunks
     of context parallelism and a full causal prefill have it); a sliding ``window`` > 0 of keys caps
-    each query's keys (causal: the first ``window`` queries attend fewer). Works on arrays too."""
+    each query's keys. Causal under a window, the queries are the last ``sq`` positions of ``skv``
+    and the one at position ``p`` attends ``min(window, p + 1)`` keys (a prompt from its start: the
+    first ``window`` queries attend fewer). Works on arrays too."""
     sq, skv, causal, window = (np.asarray(x, dtype=float) for x in (sq, skv, causal, window))
     full = sq * skv * np.where(causal > 0, 0.5, 1.0)
-    w = np.where(window > 0, window, np.inf)
-    capped = np.where(causal > 0, sq * np.minimum(w, skv) - np.minimum(w, skv) ** 2 / 2, sq * np.minimum(w, skv))
-    return np.where(w < skv, np.minimum(full, capped), full)
+    w = np.where(window > 0, np.minimum(window, skv), skv)
+    # positions lo..hi attend p + 1 < w keys; the other queries attend w each
+    lo, hi = skv - sq, np.minimum(skv - 1, w - 2)
+    short = np.maximum(hi - lo + 1, 0)
+    ramp = np.where(short > 0, (hi + 1) * (hi + 2) / 2 - lo * (lo + 1) / 2, 0.0)
+    capped = np.where(causal > 0, ramp + w * (sq - short), sq * w)
+    return np.where((window > 0) & (window < skv), np.minimum(full, capped), full)
 
 
 def moe_gemms(k: KernelSpec) -> list[tuple[float, float, float, float]]:
