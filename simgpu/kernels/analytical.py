@@ -65,8 +65,9 @@ def attention_pairs(sq: Any, skv: Any, causal: Any, window: Any) -> Any:
     sq, skv, causal, window = (np.asarray(x, dtype=float) for x in (sq, skv, causal, window))
     full = sq * skv * np.where(causal > 0, 0.5, 1.0)
     w = np.where(window > 0, np.minimum(window, skv), skv)
-    # positions lo..hi attend p + 1 < w keys; the other queries attend w each
-    lo, hi = skv - sq, np.minimum(skv - 1, w - 2)
+    # positions lo..hi attend p + 1 < w keys; the other queries attend w each (more queries than
+    # keys: the extra ones attend w each too)
+    lo, hi = np.maximum(skv - sq, 0), np.minimum(skv - 1, w - 2)
     short = np.maximum(hi - lo + 1, 0)
     ramp = np.where(short > 0, (hi + 1) * (hi + 2) / 2 - lo * (lo + 1) / 2, 0.0)
     capped = np.where(causal > 0, ramp + w * (sq - short), sq * w)
