@@ -98,3 +98,41 @@ def test_a_closed_loop_file_runs_from_the_command_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(path.read_text().replace("concurrency: 4", "concurrency: 0"))
     assert main([str(bad), "--out", str(tmp_path / "out2"), "--quiet", "--no-plots"]) == 2
+
+
+@pytest.mark.parametrize(("framework", "kind"), [("sglang", "prefill_first"), ("vllm", "chunked"),
+                                                  ("tensorrt_llm", "chunked")])
+def test_the_scheduler_can_follow_the_framework(tmp_path: Path, framework: str, kind: str) -> None:
+    """``scheduler.kind: framework``: SGLang prefills apart and first, vLLM and TensorRT-LLM mix."""
+    from simgpu.serve.deploy import build, serve
+    from simgpu.serve.spec import load_serving
+
+    root = Path(__file__).resolve().parents[1]
+    path = tmp_path / "closed.yaml"
+    path.write_text(
+        "name: closed\n"
+        f"deployment: {{workload: {root / 'workloads/inference/llama2_70b_dgx_h100_tp4.yaml'}, "
+        f"set: {{inference.framework: {framework}}}}}\n"
+        "requests: {kind: closed_loop, concurrency: 8, count: 32, prompt_tokens: 2048, output_tokens: 16}\n"
+        "scheduler: {kind: framework, max_tokens: 4096}\n")
+    serving = load_serving(path)
+    res, _ = serve(serving, build(serving))
+    assert res.meta["scheduler"] == kind
+    mixed = any(p and d for *_, p, d in res.iterations)
+    assert mixed == (kind == "chunked")
+
+
+def test_a_framework_scheduler_over_pools_of_two_frameworks_is_refused(tmp_path: Path, capsys) -> None:
+    from simgpu.serve.__main__ import main
+
+    w = Path(__file__).resolve().parents[1] / "workloads/inference/llama2_70b_dgx_h100_tp4.yaml"
+    path = tmp_path / "two.yaml"
+    path.write_text(
+        "name: two\n"
+        f"prefill: {{workload: {w}, set: {{inference.framework: sglang}}}}\n"
+        f"decode: {{workload: {w}, set: {{inference.framework: vllm}}}}\n"
+        "requests: {kind: closed_loop, concurrency: 4, count: 16, prompt_tokens: 512, output_tokens: 8}\n"
+        "scheduler: {kind: framework}\n")
+    assert main([str(path), "--out", str(tmp_path / "out"), "--quiet", "--no-plots"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "scheduler.kind" in err[0] and "sglang and vllm" in err[0], err

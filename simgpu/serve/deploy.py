@@ -21,7 +21,7 @@ from ..errors import ConfigError
 from .loop import Network, Pool, ServeResult, check_fits, simulate_serving
 from .metrics import summarize
 from .requests import Requests, make_requests, read_trace
-from .spec import DeploymentSpec, Serving
+from .spec import DeploymentSpec, SchedulerSpec, Serving
 
 
 def overrides_of(dep: DeploymentSpec) -> list[str]:
@@ -192,6 +192,24 @@ def check_slo(serving: Serving, deployment: Deployment, reqs: Requests) -> None:
                           "per decode iteration; expected at least that", file=serving.file, key="slo.tpot_ms")
 
 
+#: Each framework's default batching (``scheduler.kind: framework``): vLLM's V1 engine and
+#: TensorRT-LLM's in-flight batching put prompt chunks and decodes in one batch; SGLang runs
+#: prefill batches apart from decode ones, and first.
+FRAMEWORK_SCHEDULERS = {"vllm": "chunked", "tensorrt_llm": "chunked", "sglang": "prefill_first"}
+
+
+def scheduler_of(serving: Serving, jobs: list[Job]) -> SchedulerSpec:
+    """The serving file's scheduler, ``framework`` resolved to the pools' framework's own batching."""
+    sched = serving.spec.scheduler
+    if sched.kind != "framework":
+        return sched
+    frameworks = sorted({j.workload.inference.framework for j in jobs if j.workload.inference is not None})
+    if len(frameworks) != 1:
+        raise ConfigError(f"the pools run {' and '.join(frameworks)}; expected one framework for "
+                          "scheduler.kind: framework (or name the scheduler)", file=serving.file, key="scheduler.kind")
+    return sched.model_copy(update={"kind": FRAMEWORK_SCHEDULERS[frameworks[0]]})
+
+
 def serve(serving: Serving, deployment: Deployment, rate_per_s: float | None = None,
           progress: Callable[[int, int], None] | None = None,
           trace: Requests | ConfigError | None = None) -> tuple[ServeResult, dict[str, Any]]:
@@ -206,9 +224,10 @@ def serve(serving: Serving, deployment: Deployment, rate_per_s: float | None = N
         raise ConfigError(e.message, file=serving.file, key=e.key) from None
     check_slo(serving, deployment, reqs)
     closed = spec.requests.concurrency if spec.requests.kind == "closed_loop" else None
-    res = simulate_serving(reqs, deployment.pools, spec.scheduler, spec.timing, deployment.network, progress,
+    sched = scheduler_of(serving, deployment.jobs)
+    res = simulate_serving(reqs, deployment.pools, sched, spec.timing, deployment.network, progress,
                            concurrency=closed, warmup=spec.requests.warmup_count)
-    res.meta.update(name=spec.name, deployment=deployment.label, scheduler=spec.scheduler.kind,
+    res.meta.update(name=spec.name, deployment=deployment.label, scheduler=sched.kind,
                     platform=deployment.jobs[0].platform.name, seed=spec.seed,
                     rate_per_s=rate_per_s or spec.requests.rate_per_s, overrides=list(serving.overrides))
     return res, summarize(res, spec.slo)

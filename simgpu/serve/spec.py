@@ -20,7 +20,7 @@ from ..config.checks import check_requests
 from ..config.loader import apply_override, check_name, job_kind, parse_override, read_yaml, resolve_path, validate
 from ..errors import ConfigError
 
-SCHEDULERS = ("static", "continuous", "chunked", "prefill_first")
+SCHEDULERS = ("static", "continuous", "chunked", "prefill_first", "framework")
 
 
 class DeploymentSpec(Spec):
@@ -112,8 +112,10 @@ class SchedulerSpec(Spec):
     """How each iteration's batch is formed on a replica."""
 
     kind: str = Field("continuous", description="static, continuous (vLLM V0), chunked (Sarathi-Serve; vLLM V1 "
-                      "and TensorRT-LLM mix prompt chunks and decodes this way) or prefill_first (SGLang: "
-                      "prefill and decode batches apart, prompts first)")
+                      "and TensorRT-LLM mix prompt chunks and decodes this way), prefill_first (SGLang: "
+                      "prefill and decode batches apart, prompts first) or framework (the default of the "
+                      "deployment's inference.framework: chunked for vllm and tensorrt_llm, prefill_first "
+                      "for sglang)")
     max_batch: int = Field(256, ge=1, description="most requests in one iteration's batch")
     max_tokens: int = Field(8192, ge=1, description="most tokens in one iteration (chunked: the token budget; "
                             "continuous: prompt tokens admitted per iteration; prefill_first: prompt tokens in a "
