@@ -48,3 +48,23 @@ def test_rows_of_another_csv_in_the_samples_columns(tmp_path) -> None:
     assert list(got["id"]) == list(same["id"])
     assert np.allclose(got["pred_tpot_ms"], same["pred_tpot_ms"])
     assert np.allclose(got["pred_ttft_ms"], same["pred_ttft_ms"])
+
+
+def test_cells_unscored_rows_and_the_figure(tmp_path) -> None:
+    """The report's pieces on a made-up table: per-cell figures, reasons counted, the scatter drawn."""
+    t = pd.DataFrame({"id": list("abcd"), "backend": ["sglang", "vllm", "vllm", "trtllm"],
+                      "system": ["b200_sxm"] * 4, "concurrency": [4, 16, 300, 8],
+                      "ttft_ms": [100.0, 200.0, 400.0, 50.0], "pred_ttft_ms": [110.0, 100.0, 800.0, np.nan],
+                      "tpot_ms": [10.0, 20.0, 30.0, 5.0], "pred_tpot_ms": [10.0, 22.0, 27.0, np.nan],
+                      "reason": ["", "", "", "no model for it"]})
+    t["ttft_error"] = t["pred_ttft_ms"] / t["ttft_ms"] - 1
+    t["tpot_error"] = t["pred_tpot_ms"] / t["tpot_ms"] - 1
+    ok = t[t["reason"] == ""]
+    c = silicon_serving.cells(ok, "backend")
+    assert c.loc["vllm", "rows"] == 2
+    assert c.loc["vllm", "ttft"] == pytest.approx(1.0)  # -50% and +100%: both a factor of 2
+    assert c.loc["vllm", "ttft_mape"] == pytest.approx(0.75)
+    assert c.loc["sglang", "tpot_median"] == pytest.approx(0.0)
+    assert silicon_serving.unscored(t).to_dict() == {"no model for it": 1}
+    silicon_serving.figure(ok, tmp_path / "f.png")
+    assert (tmp_path / "f.png").stat().st_size > 1000

@@ -19,10 +19,11 @@ TTFT is the mean time from sending to the first token; TPOT the mean of ``(E2E -
 yet.
 
 ``python -m simgpu.validate.silicon_serving [--model SUBSTRING] [--limit N] [--per-model N [--seed S]]
-[--csv PATH]`` prints
-the geometric-mean |error| and median signed error of TTFT and TPOT per model, framework and
-concurrency band; ``--rows CSV`` scores the aggregated rows of another CSV in the sample's columns
-(:data:`COLUMNS`; a file missing one is refused in one line naming it).
+[--csv PATH] [--figure PNG]`` prints the geometric-mean |error|, the median signed error and the
+MAPE of TTFT and TPOT per model, system, framework and concurrency band, and the rows it could not
+score counted by reason; ``--figure`` draws predicted against measured; ``--rows CSV`` scores the
+aggregated rows of another CSV in the sample's columns (:data:`COLUMNS`; a file missing one is
+refused in one line naming it).
 """
 
 from __future__ import annotations
@@ -190,8 +191,57 @@ def geomean_error(err: pd.Series) -> float:
     return float(np.exp(np.mean(np.abs(np.log1p(e))))) - 1 if len(e) else float("nan")
 
 
+#: The concurrency bands rows are reported by.
+BANDS = ("1-8", "9-64", "65-256", ">256")
+
+
 def band(c: int) -> str:
     return "1-8" if c <= 8 else "9-64" if c <= 64 else "65-256" if c <= 256 else ">256"
+
+
+def mape(err: pd.Series) -> float:
+    """Mean |error| over the finite errors."""
+    e = err[np.isfinite(err)]
+    return float(np.mean(np.abs(e))) if len(e) else float("nan")
+
+
+def cells(ok: pd.DataFrame, key: str) -> pd.DataFrame:
+    """Per value of ``key``: rows, and of TTFT and TPOT the geometric-mean |error|, the median signed
+    error and the MAPE."""
+    return ok.groupby(key, observed=True).agg(rows=("id", "size"), ttft=("ttft_error", geomean_error),
+                               ttft_median=("ttft_error", "median"), ttft_mape=("ttft_error", mape),
+                               tpot=("tpot_error", geomean_error), tpot_median=("tpot_error", "median"),
+                               tpot_mape=("tpot_error", mape))
+
+
+def unscored(t: pd.DataFrame) -> pd.Series:
+    """Rows that were not scored, counted by reason (most first)."""
+    return t.loc[t["reason"] != "", "reason"].value_counts()
+
+
+def figure(ok: pd.DataFrame, path: str | Path) -> None:
+    """Predicted against measured TTFT and TPOT, log axes, a colour per framework, the 10% band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 5))
+    for ax, what in zip(axes, ("ttft", "tpot"), strict=True):
+        for backend, g in ok.groupby("backend"):
+            ax.scatter(g[f"{what}_ms"], g[f"pred_{what}_ms"], s=10, alpha=0.7, label=str(backend))
+        lo = float(np.nanmin(ok[[f"{what}_ms", f"pred_{what}_ms"]].to_numpy())) if len(ok) else 1.0
+        hi = float(np.nanmax(ok[[f"{what}_ms", f"pred_{what}_ms"]].to_numpy())) if len(ok) else 10.0
+        x = np.geomspace(max(lo, 1e-3), max(hi, 1e-2), 50)
+        ax.plot(x, x, color="black", lw=0.8)
+        ax.fill_between(x, 0.9 * x, 1.1 * x, color="grey", alpha=0.2, label="within 10%")
+        ax.set(xscale="log", yscale="log", xlabel=f"measured {what.upper()} (ms)",
+               ylabel=f"predicted {what.upper()} (ms)",
+               title=f"{what.upper()}: geomean |error| {geomean_error(ok[f'{what}_error']):.0%} ({len(ok)} rows)")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(Path(path), dpi=110)
+    plt.close(fig)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -206,11 +256,14 @@ def _main(argv: Sequence[str] | None) -> int:
     ap.add_argument("--per-model", type=int, help="N distinct rows of each model drawn at random (--seed)")
     ap.add_argument("--seed", type=int, default=0, help="the draw's seed (default 0)")
     ap.add_argument("--csv", help="write every row here")
+    ap.add_argument("--figure", help="draw predicted against measured TTFT and TPOT here (PNG)")
     ap.add_argument("--rows", type=Path, help="score the aggregated rows of this CSV (the sample's columns) "
                                               "instead of the sample's own")
     args = ap.parse_args(argv)
     if args.csv:
         check_out_file(args.csv, "--csv")
+    if args.figure:
+        check_out_file(args.figure, "--figure")
     if args.rows is not None:
         read_rows(args.rows)  # refused before anything runs
     folder = sample_folder(args.data)
@@ -220,13 +273,15 @@ def _main(argv: Sequence[str] | None) -> int:
     t = score(folder, args.model, args.limit, args.rows, args.per_model, args.seed)
     if args.csv:
         t.to_csv(args.csv, index=False)
-    ok = t[t["reason"] == ""].assign(band=lambda d: d["concurrency"].map(band))
-    with pd.option_context("display.width", 200, "display.max_rows", 100):
-        for key in ("model", "backend", "band"):
-            g = ok.groupby(key).agg(rows=("id", "size"), ttft=("ttft_error", geomean_error),
-                                    ttft_median=("ttft_error", "median"), tpot=("tpot_error", geomean_error),
-                                    tpot_median=("tpot_error", "median"))
-            print(g.to_string(float_format="{:+.1%}".format), "\n")
+    ok = t[t["reason"] == ""].assign(band=lambda d: pd.Categorical(d["concurrency"].map(band), BANDS, ordered=True))
+    with pd.option_context("display.width", 200, "display.max_rows", 100, "display.max_colwidth", 120):
+        for key in ("model", "system", "backend", "band"):
+            print(cells(ok, key).to_string(float_format="{:+.1%}".format), "\n")
+        why = unscored(t)
+        if len(why):
+            print(f"not scored ({int(why.sum())} rows), by reason:\n{why.to_string()}\n")
+    if args.figure:
+        figure(ok, args.figure)
     print(f"{len(ok)} of {len(t)} aggregated rows scored in {time.perf_counter() - t0:.0f} s "
           f"(median {ok['seconds'].median() if len(ok) else float('nan'):.2f} s a row): TTFT geomean |error| "
           f"{geomean_error(ok['ttft_error']):.1%}, TPOT {geomean_error(ok['tpot_error']):.1%}")
