@@ -153,7 +153,7 @@ def _silicon_serving(quick: bool) -> pd.DataFrame:
         raise FileNotFoundError("no measured serving sample (inference/aiconfigurator-silicon)")
     df = ss.score(folder, per_model=3 if quick else 20)
     df = df[np.isfinite(df["pred_ttft_ms"])]
-    base = [f"{r.model} {r.backend} {r.system} c{r.concurrency} {r.isl}/{r.osl}" for r in df.itertuples()]
+    base = [f"{r.model} {r.backend} {r.system} {r.setup} c{r.concurrency} {r.isl}/{r.osl}" for r in df.itertuples()]
     short = df["model"].astype(str).str.split("/").str[-1]
     return pd.concat([_frame([b + " TTFT" for b in base], short + " TTFT", df["ttft_ms"], df["pred_ttft_ms"]),
                       _frame([b + " TPOT" for b in base], short + " TPOT", df["tpot_ms"], df["pred_tpot_ms"])],

@@ -110,6 +110,18 @@ def predict(row: pd.Series, folder: Path, tmp: Path) -> tuple[float, float]:
     return float(summary["ttft_ms"]["mean"]), float(summary["tpot_ms"]["mean"])
 
 
+def setup(row: pd.Series) -> str:
+    """The row's precision and parallelism in a few characters, e.g. ``fp8 tp8 ep8 dp8 b64``
+    (parallelism of 1 left out, the experts' TP where it is not the TP; ``b``: the engine's batch
+    per attention-DP rank)."""
+    (pool,) = pools(row)
+    shown = {"tp": pool["tp"], "pp": pool["pp"], "ep": pool["moe_ep"],
+             "etp": pool["moe_tp"] if pool["moe_tp"] != pool["tp"] else 1, "dp": pool["attention_dp"]}
+    par = [f"{k}{v}" for k, v in shown.items() if v > 1]
+    prec = row.get("precision")
+    return " ".join([str(prec) if isinstance(prec, str) else "bf16", *par, f"b{batch_of(row)}"])
+
+
 #: The columns a CSV of rows needs (those of the sample an aggregated row is read from).
 COLUMNS = ("id", "concurrency", "backend", "model_path", "system", "precision", "mode", "isl", "osl",
            "gemm_quant_mode", "moe_quant_mode", "batch_size", "tp_size", "pp_size", "attention_dp_size",
@@ -168,7 +180,7 @@ def score(folder: Path, model: str | None = None, limit: int | None = None,
                 print(f"row {i} of {len(rows)}", file=sys.stderr, flush=True)
             rec: dict[str, Any] = {"id": row["id"], "model": row["model_path"], "backend": row["backend"],
                                    "system": row["system"], "concurrency": concurrency_of(row),
-                                   "isl": int(row["isl"]), "osl": int(row["osl"]),
+                                   "isl": int(row["isl"]), "osl": int(row["osl"]), "setup": setup(row),
                                    "ttft_ms": row["silicon_ttft_ms"], "tpot_ms": row["silicon_tpot_ms"]}
             t0 = time.perf_counter()
             try:
