@@ -262,3 +262,20 @@ def test_a_serving_variant_is_sent_loaded_and_needs_none_of_the_study_files(
     row = kind.run_loaded(pickle.loads(sent), variant)
     assert row["status"] == ("ok" if not why else "invalid") and why in row["why"], row
     assert {k: v for k, v in row.items() if k != "wall_s"} == {k: v for k, v in here.items() if k != "wall_s"}
+
+
+def test_a_worker_with_other_kernel_models_says_so_instead_of_timing(tmp_path: Path) -> None:
+    """A worker checks its installation against the study's: other models would give other times."""
+    from simgpu.config.loader import load_job
+    from simgpu.whatif.runner import installation, run_on_worker
+    from simgpu.whatif.workload import run_job
+
+    base = tmp_path / "w.yaml"
+    shutil.copy(ROOT / "workloads" / "gpt_2x_dgx_h100.yaml", base)
+    variant = Variant(name="as is", overrides=(), swept=())
+    job = load_job(base, variant.as_args())
+    assert installation() == installation() and len(installation()) == 16
+    assert run_on_worker(run_job, job, variant, installation())["status"] == "ok"
+    row = run_on_worker(run_job, job, variant, "0" * 16)
+    assert row["status"] == "invalid" and not row["feasible"]
+    assert "not the study's" in row["why"] and "same simgpu installation" in row["why"]

@@ -84,6 +84,41 @@ def check_scheduler(address: str, timeout_s: float = 3.0) -> None:
                           "scheduler (dask scheduler) or no --scheduler to run locally", key="--scheduler") from None
 
 
+_INSTALLATION: dict[str, str] = {}
+
+
+def installation() -> str:
+    """A digest of what a worker times variants with: the simulator's version and every shipped
+    kernel model's manifest (computed once a process)."""
+    if not _INSTALLATION:
+        import hashlib
+
+        from ..kernels import store
+        from ..version import __version__
+
+        h = hashlib.sha256(__version__.encode())
+        for m in sorted(store.platforms_root().glob("*/models/manifest.json")):
+            h.update(m.parent.parent.name.encode())
+            h.update(m.read_bytes())
+        _INSTALLATION["digest"] = h.hexdigest()[:16]
+    return _INSTALLATION["digest"]
+
+
+def run_on_worker(run: Callable[[Any, Variant], dict[str, Any]], loaded: Any, variant: Variant,
+                  digest: str) -> dict[str, Any]:
+    """``run(loaded, variant)`` on a Dask worker whose installation is the study's (``digest``); on
+    another one, the variant's row says so instead of timing it with other kernel models."""
+    mine = installation()
+    if mine != digest:
+        from ..version import __version__
+
+        return {"id": variant.id, "name": variant.name, **dict(variant.swept), "status": "invalid", "feasible": False,
+                "why": f"this Dask worker's simgpu (version {__version__}, kernel models {mine}) is not the study's "
+                       f"(kernel models {digest}); expected the same simgpu installation on every worker",
+                "wall_s": 0.0}
+    return run(loaded, variant)
+
+
 def _dask(base: str, kind: JobKind, todo: list[Variant], address: str) -> Iterator[dict[str, Any]]:
     from distributed import Client
     from distributed import as_completed as dask_completed
@@ -96,7 +131,9 @@ def _dask(base: str, kind: JobKind, todo: list[Variant], address: str) -> Iterat
                 loaded.append((how.load(base, v), v))
             except (SimgpuError, ValueError, KeyError):
                 yield run_variant(base, v, kind)  # its row says why, as a worker's would
-        futures = client.map(how.run_loaded, [x for x, _ in loaded], [v for _, v in loaded], pure=False)
+        digest = installation()  # the workers check theirs against it: the same kernel models time every variant
+        futures = client.map(run_on_worker, [how.run_loaded] * len(loaded), [x for x, _ in loaded],
+                             [v for _, v in loaded], [digest] * len(loaded), pure=False)
         try:
             for f in dask_completed(futures):
                 yield f.result()
