@@ -50,7 +50,7 @@ DEFAULT_SIGMA: Final = 0.3
 #: are NVLink, pcie sweeps PCIe, two-node, pairwise and ten-node sweeps the network). NVLink below 1 MiB
 #: has 5 points only; it takes the network's figure.
 FABRIC_SIGMA: Final[Mapping[str, tuple[float, float]]] = {
-    "nvlink": (0.085, 0.265), "pcie": (0.649, 0.261), "network": (0.113, 0.265)}
+    "nvlink": (0.070, 0.222), "pcie": (0.490, 0.258), "network": (0.076, 0.222)}
 #: The spread of the framework's host time per launched op: one figure calibrated on a subset of the
 #: vTrain rows stands for every row, model and framework version (``HOST_PROBES_US`` of
 #: :mod:`simgpu.validate.iterations` bracket it by +-15%).
@@ -58,7 +58,7 @@ HOST_SIGMA: Final = 0.10
 #: z of the 90th percentile of a standard normal: the 80% interval is ``exp(+-1.2816 sigma)``.
 Z90: Final = 1.2815515655446004
 #: The calibration scale per kind of source (``docs/uncertainty.md``, "Calibration").
-SCALES: Final[Mapping[str, float]] = {"kernel": 1.0, "collective": 1.0, "host": 1.0}
+SCALES: Final[Mapping[str, float]] = {"kernel": 5.0, "collective": 1.25, "host": 1.0}
 
 
 def kernel_sigma(geomean_ape: float) -> float:
@@ -92,19 +92,20 @@ class Spread:
         sigma = table.get(family, _median(table) if rule and table else DEFAULT_SIGMA)
         if rule and base != "analytical":
             sigma *= RULE_WIDEN
-        return sigma * self.scales.get("kernel", 1.0)
+        return sigma * self.scales.get(f"kernel:{family}", self.scales.get("kernel", 1.0))
 
     def collective(self, fabric: str) -> tuple[float, float]:
         """The scaled ``(bandwidth, latency)`` spread of collectives over ``fabric``."""
         big, small = self.fabric.get(fabric, (DEFAULT_SIGMA, DEFAULT_SIGMA))
-        s = self.scales.get("collective", 1.0)
+        s = self.scales.get(f"collective:{fabric}", self.scales.get("collective", 1.0))
         return big * s, small * s
 
     def host_sigma(self) -> float:
         return self.host * self.scales.get("host", 1.0)
 
     def scaled(self, **scales: float) -> Spread:
-        """The same spread with some calibration scales replaced (``kernel=1.5``)."""
+        """The same spread with some calibration scales replaced: by kind of source (``kernel=1.5``,
+        ``collective``, ``host``), or for one source (``**{"kernel:gemm": 2}``, ``collective:nvlink``)."""
         return replace(self, scales={**self.scales, **scales})
 
 
