@@ -55,6 +55,10 @@ def parser() -> ArgParser:
     ap.add_argument("--no-steady-cut", action="store_true",
                     help="simulate both iterations of a steady state in full, even where the first could be cut "
                          "to its last micro-batch")
+    ap.add_argument("--uncertainty", type=int, default=0, metavar="N",
+                    help="also run N correlated draws of the kernel, collective and host errors through the engine "
+                         "with the run's seed: P10/P50/P90 of the iteration and what spreads it (docs/uncertainty.md; "
+                         "default 0: none)")
     ap.add_argument("--max-link-rows", type=int_at_least(0), default=24, help=argparse.SUPPRESS)
     return ap
 
@@ -80,6 +84,8 @@ def _main(argv: Sequence[str] | None) -> int:
     from .sim import simulate
 
     records: RecordsFormat = args.records or args.format or "csv"
+    if args.uncertainty < 0:
+        raise ConfigError(f"--uncertainty: expected a number of draws >= 0, got {args.uncertainty}")
     if args.out:
         check_out_dir(args.out)
     overrides = list(args.overrides) + ([f"seed={args.seed}"] if args.seed is not None else [])
@@ -93,9 +99,17 @@ def _main(argv: Sequence[str] | None) -> int:
     check_out_dir(out)
     with Progress() as progress:
         t0 = time.perf_counter()
-        result = simulate(job, record_links=args.links, fold=not args.no_fold, periodic=not args.no_periodic,
-                          steady_cut=not args.no_steady_cut,
-                          on_stage=lambda what: progress.set(f"{job.workload.name}: {what}"))
+        options = dict(record_links=args.links, fold=not args.no_fold, periodic=not args.no_periodic,
+                       steady_cut=not args.no_steady_cut)
+        if args.uncertainty:
+            from .uncertainty import propagate
+
+            progress.set(f"{job.workload.name}: the point run and {args.uncertainty} draws")
+            result, spread = propagate(job, args.uncertainty, **options)
+            result.meta["uncertainty"] = spread.as_dict()
+        else:
+            result = simulate(job, on_stage=lambda what: progress.set(f"{job.workload.name}: {what}"),
+                              **options)
         wall = time.perf_counter() - t0
         paths = write_outputs(result, out, links=args.links, records_format=records, trace=not args.no_trace,
                               window_s=args.trace_window, progress=progress.set)

@@ -87,11 +87,14 @@ def rank_kinds(job: Job) -> list[int]:
 #: The default kernel models, in order: a platform's fitted models for the families it has measured
 #: (none for a platform without ``platforms/<name>/models/``), then the analytical model.
 DEFAULT_KERNEL_MODEL = ("learned", "analytical")
+#: A run's kernel times from the kernels and a function that times them by the kernel models: the
+#: durations (s) and the model that timed each (:mod:`simgpu.uncertainty` scales them per draw)
+KernelTimer = Callable[[Sequence[KernelSpec], Callable[[], tuple[np.ndarray, list[str]]]], tuple[np.ndarray, list[str]]]
 
 
 def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MODEL,
              record_links: bool = False, fold: bool = True, periodic: bool = True, steady_cut: bool = True,
-             on_stage: Callable[[str], None] | None = None) -> SimResult:
+             on_stage: Callable[[str], None] | None = None, kernel_timer: KernelTimer | None = None) -> SimResult:
     """Simulate one training iteration of ``job``; ``kernel_model`` names a model or a chain of them.
 
     Where work crosses the iteration boundary (``overlap_param_gather``) or ``steady_state: always``,
@@ -108,7 +111,8 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
     not. With ``steady_cut`` (the default), the first of two iterations is simulated from each rank's
     last micro-batch on where a check on that run finds it exact (see :mod:`simgpu.engine.steady_cut`);
     the ``steady_state`` note says which way the steady iteration was found. ``on_stage`` is told
-    what is being done (for a progress line).
+    what is being done (for a progress line). ``kernel_timer``, where given, gives the kernels' times
+    from the kernel models' (:data:`KernelTimer`).
     """
     say = on_stage or (lambda _: None)
     fold_asked, steady_asked = fold, steady_cut
@@ -123,6 +127,11 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
 
     def predict(w: Workload) -> tuple[np.ndarray, list[str]]:
         """Every distinct (kernel, kind) pair timed once, by its kind's models."""
+        if kernel_timer is not None:
+            return kernel_timer(w.kernels, partial(timed, w))
+        return timed(w)
+
+    def timed(w: Workload) -> tuple[np.ndarray, list[str]]:
         if len(kinds) == 1:
             return predictors[0]().predict(w.kernels)
         n = len(w.kernels) // len(kinds)
@@ -208,7 +217,8 @@ def simulate(job: Job, *, kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MOD
         result.meta["periodic"] = f"not used: {VARIABILITY_NOTE}"
         say("simulating the same job without variability")
         plain = replace(job, workload=job.workload.model_copy(update={"variability": None}))
-        base = simulate(plain, kernel_model=kernel_model, fold=fold_asked, periodic=periodic, steady_cut=steady_asked)
+        base = simulate(plain, kernel_model=kernel_model, fold=fold_asked, periodic=periodic, steady_cut=steady_asked,
+                        kernel_timer=kernel_timer)
         result.meta["variability"] = variability_meta(job, topo, result, base)
     notes = model_notes(job)
     if notes:

@@ -20,7 +20,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "simgpu"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("entry points", ("simgpu", "simgpu.api", "simgpu.run", "simgpu.replay", "simgpu.speed", "simgpu.speed_cases",
                       "simgpu.fit", "simgpu.bench", "simgpu.validate", "simgpu.comm.calibrate", "simgpu.reference")),
-    ("studies", ("simgpu.whatif", "simgpu.search", "simgpu.stages", "simgpu.goodput", "simgpu.cluster")),
+    ("studies", ("simgpu.whatif", "simgpu.search", "simgpu.stages", "simgpu.goodput", "simgpu.cluster",
+                 "simgpu.uncertainty")),
     ("serving", ("simgpu.serve",)),
     ("pipeline", ("simgpu.sim", "simgpu.trace", "simgpu.collective_run")),
     ("reports", ("simgpu.report",)),

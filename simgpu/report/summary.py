@@ -494,4 +494,6 @@ def summarize(result: SimResult) -> dict[str, Any]:
         out["fold"] = {"replicas": int(meta["fold"]), "note": str(meta.get("fold_note", ""))}
     if meta.get("run"):  # overrides, seed, platform figures, versions
         out["run"] = _jsonable(meta["run"])
+    if meta.get("uncertainty"):  # --uncertainty N: percentiles of the draws and what spreads them
+        out["uncertainty"] = _jsonable(meta["uncertainty"])
     return out

@@ -72,6 +72,8 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     var = summary.get("variability")
     if var:
         lines += variability_lines(var, t)
+    if summary.get("uncertainty"):
+        lines += uncertainty_lines(summary["uncertainty"], t)
 
     run = summary.get("run") or {}
     if run.get("overrides"):
@@ -160,3 +162,23 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     tail = f"   simgpu {versions['simgpu']}" if "simgpu" in versions else ""
     lines.append(f"seed {summary.get('seed')}   events {summary.get('events')}{tail}")
     return "\n".join(lines) + "\n"
+
+
+#: How many sources the printed uncertainty block names.
+TOP_SOURCES = 4
+
+
+def uncertainty_lines(u: Mapping[str, Any], point_ms: float | None) -> list[str]:
+    """The printed block of a summary's ``uncertainty`` section (``--uncertainty N``)."""
+    t = u["iteration_time_ms"]
+    out = [f"uncertainty  {u['draws']} correlated draws (seed {u['seed']}), 80% interval: iteration P10 "
+           f"{_f(t['p10'])}  P50 {_f(t['p50'])}  P90 {_f(t['p90'])} ms (point {_f(point_ms)}, P90/P10 "
+           f"{t['p90'] / t['p10']:.3f})"]
+    for name, q in (u.get("throughput") or {}).items():
+        out.append(f"  {name.replace('_', ' '):<14}P10 {_f(q['p10'], ',.1f')}  P50 {_f(q['p50'], ',.1f')}  "
+                   f"P90 {_f(q['p90'], ',.1f')}")
+    top = list((u.get("variance_share") or {}).items())[:TOP_SOURCES]
+    if top:
+        out.append("  spread from  " + ", ".join(f"{k} {100 * v:.0f}%" for k, v in top)
+                   + " (share of the variance of ln iteration time)")
+    return out
