@@ -21,6 +21,18 @@ def _workload(path: str, *overrides: str, fold: bool = True, steady_cut: bool = 
     return run
 
 
+def _uncertain(path: str, draws: int) -> Callable[[], tuple[float, int]]:
+    """The point run of a workload and ``draws`` correlated draws through the engine
+    (``simgpu run --uncertainty``); the events are the point run's."""
+    def run() -> tuple[float, int]:
+        from .config.loader import load_job
+        from .uncertainty.draws import propagate
+
+        point, _ = propagate(load_job(ROOT / path), draws)
+        return point.iteration_time_s, point.events
+    return run
+
+
 def _allreduce(platform: str, nodes: int, nbytes: int, *overrides: tuple[str, object]
                ) -> Callable[[], tuple[float, int]]:
     def run() -> tuple[float, int]:
@@ -102,6 +114,7 @@ CASES: dict[str, tuple[int, Callable[[], tuple[float, int]]]] = {
     "dlrm 8 GPU (dgx_a100, DCNv2)": (8, _workload("workloads/dlrm_dcnv2_dgx_a100.yaml")),
     "dlrm 16 GPU (2x dgx_a100)": (16, _workload("workloads/dlrm_2x_dgx_a100.yaml")),
     "gpt 1.3B 16 GPU (2x dgx_h100)": (16, _workload("workloads/gpt_2x_dgx_h100.yaml")),
+    "gpt 1.3B 16 GPU, 32 uncertainty draws": (16, _uncertain("workloads/gpt_2x_dgx_h100.yaml", 32)),
     "gpt 1.3B 64 GPU (TP8 DP8)": (64, _workload("workloads/gpt_2x_dgx_h100.yaml", "nodes=8", "parallelism.tp=8",
                                                 "parallelism.dp=8")),
     "gpt-3 175B 128 GPU (TP8 PP16 DP1)": (128, _gpt3(1)),
