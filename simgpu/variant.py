@@ -27,6 +27,9 @@ class Variant:
     name: str
     overrides: tuple[tuple[str, Any], ...]
     swept: tuple[tuple[str, Any], ...] = ()
+    #: correlated draws of the kernel models' and fabrics' errors through the engine (the study's
+    #: ``uncertainty``; 0: the point prediction only)
+    draws: int = 0
 
     @property
     def id(self) -> str:

@@ -41,6 +41,9 @@ def bars(table: pd.DataFrame, path: Path, title: str) -> list[Path]:
     pages = max(1, math.ceil(len(ok) / per_page))
     top = float((ok["compute_ms"].fillna(0) + ok["exposed_communication_ms"].fillna(0)
                  + ok["idle_ms"].fillna(0)).max()) if len(ok) else 1.0
+    intervals = "iteration_p90_ms" in ok and ok["iteration_p90_ms"].notna().any()
+    if intervals:  # the study's uncertainty draws: an error bar from P10 to P90 on each bar
+        top = max(top, float(ok["iteration_p90_ms"].max()))
     paths = page_paths(path, pages)
     for page, out in enumerate(paths):
         chunk = ok.iloc[page * per_page:(page + 1) * per_page]
@@ -56,6 +59,11 @@ def bars(table: pd.DataFrame, path: Path, title: str) -> list[Path]:
                 vals = part[col].fillna(0.0).to_numpy(dtype=float)
                 ax.bar(x, vals, bottom=bottom, label=label, color=colour)
                 bottom = bottom + vals
+            if intervals:
+                lo = (bottom - part["iteration_p10_ms"].to_numpy(dtype=float)).clip(min=0)
+                hi = (part["iteration_p90_ms"].to_numpy(dtype=float) - bottom).clip(min=0)
+                ax.errorbar(x, bottom, yerr=[lo, hi], fmt="none", ecolor="black", capsize=3, lw=1,
+                            label="80% interval")
             ax.set_xticks(x, [str(n)[:40] for n in part["name"]], rotation=60, ha="right", fontsize=8)
             ax.set_xlim(-0.6, BARS_PER_ROW - 0.4 if rows > 1 or pages > 1 else len(part) - 0.4)
             ax.set_ylim(0, top * 1.05)  # one scale on every row and page

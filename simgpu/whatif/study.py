@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,9 @@ class StudySpec(Spec):
         default_factory=dict, description="key.path -> values; the variants are the product of all lists")
     variants: list[VariantSpec] = Field(default_factory=list, description="explicit variants")
     include_base: bool = Field(False, description="also run the base workload as it is")
+    uncertainty: int = Field(0, ge=0, description="correlated draws per variant of a workload study (as simgpu run "
+                                                  "--uncertainty): each row gains P10 / P50 / P90 of the iteration "
+                                                  "and the ranking says whose intervals overlap the best's; 0: none")
 
 
 @dataclass(frozen=True)
@@ -115,10 +118,15 @@ def load_study(path: str | Path) -> Study:
         check(base, at, str(path))
     else:
         check_overrides(spec, base, str(path), lines)
+    if spec.uncertainty and kind != "workload":
+        raise ConfigError(f"uncertainty draws are for workload studies; expected 0 for a {kind.replace('_', ' ')} base",
+                          file=str(path), key="uncertainty", line=lines.get(("uncertainty",)))
     try:
         variants = expand(spec)
     except ConfigError as e:
         raise ConfigError(e.message, file=str(path), key=e.key, line=lines.get(("variants",))) from None
+    if spec.uncertainty:
+        variants = [replace(v, draws=spec.uncertainty) for v in variants]
     return Study(spec, str(path), base, tuple(variants), kind)
 
 

@@ -30,6 +30,8 @@ def job_key(base: str | Path, variant: Variant) -> str:
     from ..version import __version__
 
     parts: dict[str, Any] = {"simgpu": __version__}
+    if variant.draws:  # rows with intervals are not those without
+        parts["draws"] = variant.draws
     try:
         job = load_job(base, variant.as_args())
     except ConfigError as e:
@@ -81,7 +83,17 @@ def _row(variant: Variant, job: Any) -> dict[str, Any]:
     row: dict[str, Any] = {"id": variant.id, "name": variant.name}
     row.update({k: v for k, v in variant.swept})
     try:
-        summary = summarize(simulate(job()))
+        loaded = job()
+        if variant.draws:
+            from ..uncertainty import propagate
+
+            result, spread = propagate(loaded, variant.draws)
+            result.meta["uncertainty"] = spread.as_dict()
+            q = spread.quantiles_s()
+            row.update({f"iteration_p{k}_ms": v * 1e3 for k, v in q.items()})
+        else:
+            result = simulate(loaded)
+        summary = summarize(result)
     except ConfigError as e:
         infeasible = "does not fit" in e.message
         row.update(status="infeasible" if infeasible else "invalid", feasible=False, why=str(e))
@@ -138,18 +150,33 @@ def ranking(table: pd.DataFrame, limit: int = 20) -> str:
     lines_ = []
     if by_work:
         lines_.append("ranked by throughput: the variants process different numbers of samples per iteration")
+    intervals = "iteration_p10_ms" in ok and ok["iteration_p10_ms"].notna().any()
     lines_.append(f"{'rank':>4}  {'variant':40} {'iter ms':>10} {'samples/s':>11} {'vs best':>8} {'exposed ms':>10} "
-                  f"{'MFU':>6}")
+                  f"{'MFU':>6}" + (f"  {'80% interval ms':>19}" if intervals else ""))
+    best = ok.iloc[0] if len(ok) else None
     for i, r in enumerate(ok.head(limit).itertuples(), 1):
         mfu = f"{r.mfu:.1%}" if r.mfu == r.mfu and r.mfu is not None else "-"
         sps = f"{r.samples_per_s:11,.1f}" if r.samples_per_s == r.samples_per_s and r.samples_per_s else f"{'-':>11}"
         vs = (best_s / r.samples_per_s if by_work and r.samples_per_s else r.iteration_time_ms / best_t)
-        lines_.append(f"{i:>4}  {str(r.name)[:40]:40} {r.iteration_time_ms:10.3f} {sps} {vs:8.3f} "
-                      f"{r.exposed_communication_ms:10.3f} {mfu:>6}")
+        line = (f"{i:>4}  {str(r.name)[:40]:40} {r.iteration_time_ms:10.3f} {sps} {vs:8.3f} "
+                f"{r.exposed_communication_ms:10.3f} {mfu:>6}")
+        if intervals and best is not None:
+            line += f"  {r.iteration_p10_ms:9.3f}-{r.iteration_p90_ms:<9.3f}"
+            if i > 1 and overlaps(best, r):
+                line += " overlaps the best's"
+        lines_.append(line)
     if len(ok) > limit:
         lines_.append(f"{'':>4}  ... {len(ok) - limit} more in results.csv")
+    if intervals:
+        lines_.append("(the 80% interval of each iteration time, from the study's uncertainty draws; where it "
+                      "overlaps the best's, the two are not told apart by the models' known error)")
     lines_.extend(failures(table))
     return "\n".join(lines_)
+
+
+def overlaps(a: Any, b: Any) -> bool:
+    """Whether two rows' 80% intervals of the iteration time overlap."""
+    return bool(a.iteration_p10_ms <= b.iteration_p90_ms and b.iteration_p10_ms <= a.iteration_p90_ms)
 
 
 #: Workload files in studies.
