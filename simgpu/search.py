@@ -26,6 +26,7 @@ import itertools
 import re
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -251,6 +252,9 @@ def _main(argv: Sequence[str] | None) -> int:
     ap.add_argument("--prefill-nodes", type=int_list(1), help="serving, disaggregated: nodes of the prefill pool")
     ap.add_argument("--gpus", type=int_list(1), help="DLRM serving: GPUs (of one node) to try (default 1,2,4,8)")
     ap.add_argument("--delay-us", type=int_list(0), help="DLRM serving: batcher.max_queue_delay_us values to try")
+    ap.add_argument("--uncertainty", type=int_at_least(0), default=0, metavar="N",
+                    help="workload searches: N correlated draws per candidate; the ranking gives each one's 80%% "
+                         "interval and marks those that overlap the best's (docs/uncertainty.md)")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     from .whatif.runner import finish_table, text_progress
@@ -260,6 +264,9 @@ def _main(argv: Sequence[str] | None) -> int:
         raise ConfigError(f"expected ZeRO stages among 0, 1, 2, 3, got {args.zero}", key="--zero")
     if args.out:
         check_out_dir(args.out)
+    if args.uncertainty and args.space == "serving":
+        raise ConfigError("uncertainty draws are for workload searches (sharding, parallelism, stages); expected no "
+                          "--uncertainty for serving", key="--uncertainty")
     pruned: list[dict[str, Any]] = []
     info: dict[str, Any] = {}  # stages: what the candidates were derived from
     kind: JobKind = job_kind(args.workload, what="serving") if args.space == "serving" else "workload"
@@ -290,6 +297,8 @@ def _main(argv: Sequence[str] | None) -> int:
         why = "; ".join(f"{n} x {r}" for n, r in reasons(pruned, 3)) or "no candidate fills the world"
         raise ConfigError(f"none of {len(pruned)} candidates passes the job's rules: {why}; expected other "
                           "--tp / --pp / --micro-batch values or --set overrides", file=args.workload)
+    if args.uncertainty:
+        variants = [replace(v, draws=args.uncertainty) for v in variants]
     name = f"search_{args.space}_{Path(args.workload).stem}"
     out = args.out or Path("out") / safe_name(name)
     check_out_dir(out)

@@ -62,3 +62,18 @@ def test_a_bad_number_of_draws_is_refused(tmp_path: Path, capsys, bad: object) -
     path.write_text(yaml.safe_dump(data))
     assert main([str(path), "--out", str(tmp_path / "out"), "--quiet"]) == 2
     assert "uncertainty" in capsys.readouterr().err
+
+
+def test_a_search_ranks_with_intervals(tmp_path: Path, capsys) -> None:
+    from simgpu.search import main as search
+
+    args = ["parallelism", str(ROOT / "workloads/gpt_2x_dgx_h100.yaml"), "--tp", "1,2", "--micro-batch", "1",
+            "--recompute", "none", "--zero", "0", "--out", str(tmp_path / "s"), "--quiet", "--top", "0",
+            "--workers", "1"]
+    assert search([*args, "--uncertainty", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "80% interval" in out
+    table = pd.read_csv(tmp_path / "s" / "results.csv")
+    assert table.loc[table["feasible"], "iteration_p90_ms"].notna().all()
+    assert search(["serving", str(ROOT / "workloads/serving/llama2_70b_2x_dgx_h100_10k.yaml"), "--uncertainty", "4",
+                   "--out", str(tmp_path / "v"), "--quiet"]) == 2
