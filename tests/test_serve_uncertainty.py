@@ -82,3 +82,20 @@ def test_dlrm_serving_refused(tmp_path, capsys):
         pytest.skip("no DLRM serving example")
     msg = refused_in_one_line(capsys, main, [str(path), "--out", str(tmp_path / "o"), "--uncertainty", "2"])
     assert "--uncertainty" in msg and "DLRM" in msg
+
+
+def test_cdf_bands_over_the_draws(tmp_path):
+    import numpy as np
+
+    from simgpu.serve.deploy import serve
+    from simgpu.serve.spec import load_serving
+    from simgpu.uncertainty.serving import CDF_COLUMNS, ServingDraws
+
+    draws = ServingDraws(load_serving(serving_file(tmp_path), []))
+    _, summary = serve(draws.serving, draws.point())
+    u = draws.run(4, summary)
+    assert set(u.bands) == set(CDF_COLUMNS)
+    for levels, lo, hi in u.bands.values():
+        assert len(levels) == len(lo) == len(hi) and np.all(lo <= hi) and np.all(np.diff(lo) >= 0)
+    assert main([str(serving_file(tmp_path)), "--out", str(tmp_path / "o"), "--uncertainty", "2", "--quiet"]) == 0
+    assert (tmp_path / "o" / "latency_cdf.png").is_file()

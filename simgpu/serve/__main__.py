@@ -96,7 +96,7 @@ def _main(argv: Sequence[str] | None) -> int:
     with Progress() as progress:
         progress.set(f"{spec.name}: timers")
         t0 = time.perf_counter()
-        draws = None
+        draws, bands = None, None
         if args.uncertainty:
             from ..uncertainty.serving import ServingDraws
 
@@ -118,8 +118,9 @@ def _main(argv: Sequence[str] | None) -> int:
         summary["wall_s"] = {"deployment": round(t_build, 3), "serving": round(wall, 3)}
         if draws is not None:
             t2 = time.perf_counter()
-            summary["uncertainty"] = draws.run(args.uncertainty, summary, progress=lambda i, n: progress.set(
-                f"{spec.name}: uncertainty draw {i + 1}/{n}")).as_dict()
+            drawn = draws.run(args.uncertainty, summary, progress=lambda i, n: progress.set(
+                f"{spec.name}: uncertainty draw {i + 1}/{n}"))
+            summary["uncertainty"], bands = drawn.as_dict(), dict(drawn.bands)
             summary["wall_s"]["uncertainty"] = round(time.perf_counter() - t2, 3)
         sweep = None
         if rates:
@@ -143,7 +144,7 @@ def _main(argv: Sequence[str] | None) -> int:
                 sweep.to_csv(paths["sweep"], index=False)
         else:
             paths = write_outputs(res, summary, out, slo=(spec.slo.ttft_ms, spec.slo.tpot_ms),
-                                  gantt_iterations=spec.outputs.gantt_iterations, sweep=sweep)
+                                  gantt_iterations=spec.outputs.gantt_iterations, sweep=sweep, cdf_bands=bands)
     if args.quiet:
         th = summary["throughput"]
         print(f"{th['output_tokens_per_s']:.1f} output tokens/s, TTFT P99 {summary['ttft_ms']['p99']:.1f} ms, "

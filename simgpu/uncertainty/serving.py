@@ -14,7 +14,7 @@ fabrics those any pool's job may cross (:func:`.draws.fabrics`); then the host.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,7 @@ from ..config.mixed import is_mixed
 from ..errors import ConfigError
 from ..graph import KernelSpec
 from ..serve.deploy import Deployment, build, load, serve
+from ..serve.metrics import request_table
 from ..serve.spec import Serving
 from ..serve.timer import make_timer
 from .draws import QUANTILES, fabrics, normals, perturbed, variance_shares
@@ -40,6 +41,9 @@ METRICS: tuple[tuple[str, str, tuple[str, str]], ...] = (
 )
 #: The figures whose variance is broken down by source.
 SHARED = ("ttft_mean_ms", "tpot_mean_ms")
+#: The columns of the request table whose CDF gets a band over the draws, and the CDF levels.
+CDF_COLUMNS = ("ttft_ms", "tpot_ms", "e2e_ms")
+CDF_LEVELS = np.linspace(0.005, 0.995, 199)
 #: How many sources the printed block names per figure.
 TOP_SOURCES = 4
 
@@ -82,6 +86,9 @@ class ServingUncertainty:
     #: per figure of :data:`SHARED`, the share of the variance of its log each source explains
     shares: Mapping[str, Mapping[str, float]]
     sources: tuple[str, ...]
+    #: per column of :data:`CDF_COLUMNS`, the levels and the P10 and P90 over the draws of the
+    #: latency at each (the band of the latency CDF plot; not in :meth:`as_dict`)
+    bands: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     @property
     def draws(self) -> int:
@@ -139,15 +146,22 @@ class ServingDraws:
         seed = self.serving.spec.seed
         z = normals(draws, len(names), seed)
         rows: list[dict[str, float | None]] = []
+        curves: dict[str, list[np.ndarray]] = {c: [] for c in CDF_COLUMNS}
         for i, row in enumerate(z):
             if progress is not None:
                 progress(i, draws)
             zs = dict(zip(names, (float(x) for x in row), strict=True))
             self.scale.z = {s.removeprefix("kernel:"): v for s, v in zs.items() if s.startswith("kernel:")}
             jobs = {k: perturbed(j, self.spread, zs) for k, j in self.loaded.jobs.items()}
-            _, summary = serve(self.serving, self._build(jobs), rate_per_s, trace=self.loaded.trace,
-                               check_slos=False)
+            res, summary = serve(self.serving, self._build(jobs), rate_per_s, trace=self.loaded.trace,
+                                 check_slos=False)
             rows.append(figures(summary))
+            table = request_table(res)
+            for c in CDF_COLUMNS:
+                x = table[c].to_numpy(dtype=float)
+                x = x[np.isfinite(x) & (x > 0)]
+                if len(x):
+                    curves[c].append(np.quantile(x, CDF_LEVELS))
         self.scale.z = {}
         values = {key: tuple(r[key] for r in rows) for key, _, _ in METRICS}
         shares = {}
@@ -155,8 +169,10 @@ class ServingDraws:
             v = values[key]
             if all(x is not None and x > 0 for x in v):
                 shares[key] = variance_shares(z, np.log(np.array(v, dtype=float)), names)
+        bands = {c: (CDF_LEVELS, np.quantile(np.array(v), 0.1, axis=0), np.quantile(np.array(v), 0.9, axis=0))
+                 for c, v in curves.items() if len(v) == draws}
         return ServingUncertainty(seed=seed, point=figures(point), values=values, shares=shares,
-                                  sources=tuple(names))
+                                  sources=tuple(names), bands=bands)
 
 
 def format_lines(u: Mapping[str, Any]) -> list[str]:
