@@ -40,6 +40,9 @@ def parser() -> ArgParser:
     ap.add_argument("--seed", type=int, help="seed of the request draws (overrides the file's)")
     ap.add_argument("--sweep", type=rate_list, metavar="RATES",
                     help="also simulate at these arrival rates (req/s) for throughput_vs_load.png")
+    ap.add_argument("--uncertainty", type=int, default=0, metavar="N",
+                    help="after the point run, N correlated draws of the kernel, fabric and host errors: P10/P50/P90 "
+                         "of TTFT, TPOT and output tokens/s (docs/uncertainty.md; LLM deployments; default 0: none)")
     ap.add_argument("--no-plots", action="store_true", help="write the tables only")
     ap.add_argument("--quiet", action="store_true", help="print only the one-line figures")
     return ap
@@ -68,6 +71,8 @@ def _main(argv: Sequence[str] | None) -> int:
     from .outputs import write_outputs
     from .spec import load_serving
 
+    if args.uncertainty < 0:
+        raise ConfigError(f"--uncertainty: expected a number of draws >= 0, got {args.uncertainty}")
     if args.out:
         check_out_dir(args.out)
     overrides = list(args.overrides) + ([f"seed={args.seed}"] if args.seed is not None else [])
@@ -75,6 +80,9 @@ def _main(argv: Sequence[str] | None) -> int:
     from .dlrm import run_dlrm
 
     if job_kind(args.serving, overrides, "serving") == "dlrm_serving":
+        if args.uncertainty:
+            raise ConfigError("--uncertainty: not supported for DLRM serving yet; expected an LLM serving file",
+                              file=args.serving)
         return run_dlrm(args.serving, overrides, Path(args.out) if args.out else None, args.sweep,
                         not args.no_plots, args.quiet)
     serving = load_serving(args.serving, overrides)
@@ -88,7 +96,14 @@ def _main(argv: Sequence[str] | None) -> int:
     with Progress() as progress:
         progress.set(f"{spec.name}: timers")
         t0 = time.perf_counter()
-        deployment = build(serving)
+        draws, bands = None, None
+        if args.uncertainty:
+            from ..uncertainty.serving import ServingDraws
+
+            draws = ServingDraws(serving)
+            deployment = draws.point()
+        else:
+            deployment = build(serving)
         t_build = time.perf_counter() - t0
 
         def bar(what: str) -> Any:
@@ -101,6 +116,12 @@ def _main(argv: Sequence[str] | None) -> int:
         res, summary = serve(serving, deployment, progress=bar("serving"))
         wall = time.perf_counter() - t1
         summary["wall_s"] = {"deployment": round(t_build, 3), "serving": round(wall, 3)}
+        if draws is not None:
+            t2 = time.perf_counter()
+            drawn = draws.run(args.uncertainty, summary, progress=lambda i, n: progress.set(
+                f"{spec.name}: uncertainty draw {i + 1}/{n}"))
+            summary["uncertainty"], bands = drawn.as_dict(), dict(drawn.bands)
+            summary["wall_s"]["uncertainty"] = round(time.perf_counter() - t2, 3)
         sweep = None
         if rates:
             rows = []
@@ -123,13 +144,17 @@ def _main(argv: Sequence[str] | None) -> int:
                 sweep.to_csv(paths["sweep"], index=False)
         else:
             paths = write_outputs(res, summary, out, slo=(spec.slo.ttft_ms, spec.slo.tpot_ms),
-                                  gantt_iterations=spec.outputs.gantt_iterations, sweep=sweep)
+                                  gantt_iterations=spec.outputs.gantt_iterations, sweep=sweep, cdf_bands=bands)
     if args.quiet:
         th = summary["throughput"]
         print(f"{th['output_tokens_per_s']:.1f} output tokens/s, TTFT P99 {summary['ttft_ms']['p99']:.1f} ms, "
               f"TPOT P99 {(summary['tpot_ms']['p99'] or 0):.1f} ms")
         return 0
     print(format_summary(summary))
+    if summary.get("uncertainty"):
+        from ..uncertainty.serving import format_lines
+
+        print("\n".join(format_lines(summary["uncertainty"])))
     if sweep is not None:
         print("\n" + sweep.to_string(index=False, float_format=lambda x: f"{x:,.1f}"))
     print(f"\nsimulated {len(res.requests):,} requests ({summary['iterations']:,} iterations, "

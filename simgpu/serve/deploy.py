@@ -212,9 +212,11 @@ def scheduler_of(serving: Serving, jobs: list[Job]) -> SchedulerSpec:
 
 def serve(serving: Serving, deployment: Deployment, rate_per_s: float | None = None,
           progress: Callable[[int, int], None] | None = None,
-          trace: Requests | ConfigError | None = None) -> tuple[ServeResult, dict[str, Any]]:
+          trace: Requests | ConfigError | None = None, *,
+          check_slos: bool = True) -> tuple[ServeResult, dict[str, Any]]:
     """Simulate ``serving`` on ``deployment`` (at ``rate_per_s`` instead of its own rate, if given;
-    ``trace``: the trace's requests as :func:`load` read them)."""
+    ``trace``: the trace's requests as :func:`load` read them; ``check_slos=False``: SLOs no request
+    can meet are not refused, as in a draw of ``--uncertainty`` slower than the point)."""
     spec = serving.spec
     reqs = requests_of(serving, rate_per_s, trace)
     check_memory(serving, deployment)
@@ -222,7 +224,8 @@ def serve(serving: Serving, deployment: Deployment, rate_per_s: float | None = N
         check_fits(reqs, deployment.pools)
     except ConfigError as e:
         raise ConfigError(e.message, file=serving.file, key=e.key) from None
-    check_slo(serving, deployment, reqs)
+    if check_slos:
+        check_slo(serving, deployment, reqs)
     closed = spec.requests.concurrency if spec.requests.kind == "closed_loop" else None
     sched = scheduler_of(serving, deployment.jobs)
     res = simulate_serving(reqs, deployment.pools, sched, spec.timing, deployment.network, progress,

@@ -55,15 +55,25 @@ def cdf_axis(ax: Any, curves: Sequence[tuple[np.ndarray, str | None]], slo_ms: f
     ax.grid(linewidth=0.3, alpha=0.5)
 
 
-def latency_cdf(table: pd.DataFrame, path: Path, title: str, slo: tuple[float, float] | None = None) -> None:
-    """CDFs of TTFT, TPOT and E2E (ms, log x axis), with the SLOs as vertical lines."""
+#: Per column of the request table: the CDF levels, and the P10 and P90 of the latency at each level
+#: over the draws of ``--uncertainty`` (a band around the point's curve).
+Bands = dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+
+def latency_cdf(table: pd.DataFrame, path: Path, title: str, slo: tuple[float, float] | None = None,
+                bands: Bands | None = None) -> None:
+    """CDFs of TTFT, TPOT and E2E (ms, log x axis), with the SLOs as vertical lines, and where
+    ``bands`` has a column, its P10-P90 band over the draws shaded behind the curve."""
     fig = Figure(figsize=(12, 4), dpi=120)
     FigureCanvasAgg(fig)
     for k, (col, label) in enumerate((("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E"))):
         ax = fig.add_subplot(1, 3, k + 1)
         limit = slo[k] if slo is not None and k < 2 else None
+        if bands and col in bands:
+            levels, lo, hi = bands[col]
+            ax.fill_betweenx(levels, lo, hi, color="#1f77b4", alpha=0.2, linewidth=0, label="P10-P90 of the draws")
         cdf_axis(ax, [(table[col].to_numpy(dtype=float), None)], limit, f"{label} (ms)")
-        if limit is not None:
+        if limit is not None or (bands and col in bands):
             ax.legend(fontsize=8, loc="lower right")
         if k == 0:
             ax.set_ylabel("share of requests")
@@ -161,8 +171,10 @@ def throughput_plot(sweep: pd.DataFrame, path: Path, title: str) -> None:
 
 
 def write_outputs(res: ServeResult, summary: dict[str, Any], out: Path, *, slo: tuple[float, float],
-                  gantt_iterations: int = 200, sweep: pd.DataFrame | None = None) -> dict[str, Path]:
-    """Write every file of a serving run into ``out``; returns them by name."""
+                  gantt_iterations: int = 200, sweep: pd.DataFrame | None = None,
+                  cdf_bands: Bands | None = None) -> dict[str, Path]:
+    """Write every file of a serving run into ``out`` (``cdf_bands``: see :func:`latency_cdf`); returns
+    them by name."""
     out.mkdir(parents=True, exist_ok=True)
     name = str(summary.get("name", "serving"))
     paths = {"requests": out / "requests.csv", "summary": out / "summary.json", "kv": out / "kv_occupancy.csv",
@@ -172,7 +184,7 @@ def write_outputs(res: ServeResult, summary: dict[str, Any], out: Path, *, slo: 
     paths["summary"].write_text(json.dumps(summary, indent=2, default=str) + "\n")
     occ = kv_occupancy(res)
     occ.to_csv(paths["kv"], index=False, float_format="%.6g")
-    latency_cdf(table, paths["cdf"], f"{name}: latency CDFs", slo)
+    latency_cdf(table, paths["cdf"], f"{name}: latency CDFs", slo, cdf_bands)
     kv_plot(occ, paths["kv_plot"], f"{name}: KV cache in use")
     g = gantt_result(res, gantt_iterations, name, str(summary.get("platform", "")))
     if g is not None:

@@ -18,6 +18,10 @@ Under pipeline parallelism (``pp > 1``) a shape's run also gives each stage's sh
 ends (its send of the activations received) to when stage ``k``'s does, stage 0's from the start;
 the shares sum to the step's time, and each is extrapolated from the two probes as the whole is.
 The serving loop keeps ``pp`` batches in flight with them (:mod:`simgpu.serve.loop`).
+
+``kernel_scale`` (optional) rewrites the kernel models' times once they are predicted: it is given
+the new kernels, their seconds and the model that timed each, and returns their seconds (a draw of
+``simgpu serve --uncertainty N`` scales them per family; :mod:`simgpu.uncertainty.serving`).
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ from ..workload.inference.builder import Deployment, deployment, replica_program
 from ..workload.inference.shape import Shape, canonical, shape_of
 from ..workload.registry import World
 
+#: Rewrites predicted kernel times: (kernels, their seconds, the model that timed each) -> seconds.
+KernelScale = Callable[[Sequence[KernelSpec], np.ndarray, Sequence[str]], np.ndarray]
+
 #: Blocks per stage of the shorter of the two probes a shape is simulated with.
 PROBE_LAYERS = 2
 DEFAULT_KERNEL_MODEL = ("learned", "analytical")
@@ -50,7 +57,8 @@ class EngineTimer:
     engine; see the module docstring. ``exact``: every block simulated, steps not rounded."""
 
     def __init__(self, job: Job, *, exact: bool = False,
-                 kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MODEL) -> None:
+                 kernel_model: str | Sequence[str] = DEFAULT_KERNEL_MODEL,
+                 kernel_scale: KernelScale | None = None) -> None:
         p, w = job.platform, job.workload
         gpn = gpus_per_node(job)
         world = World(w.nodes, gpn, p.gpu.memory_gib, gpu_dtypes=tuple(p.gpu.peak_tflops))
@@ -75,6 +83,7 @@ class EngineTimer:
                                      overlap_slowdown=p.gpu.overlap_slowdown, sms=p.gpu.sms,
                                      overlap_slowdown_by_op=tuple(sorted(p.gpu.overlap_slowdown_by_op.items())))
         self.predictor = make_predictor(kernel_model, p)
+        self.kernel_scale = kernel_scale
         self.kernels = KernelTable()
         self._durations = np.zeros(0)
         self._models: list[str] = []
@@ -174,6 +183,8 @@ class EngineTimer:
         new = specs[len(self._durations):]
         if new:
             secs, who = self.predictor.predict(new)
+            if self.kernel_scale is not None:
+                secs = self.kernel_scale(new, np.asarray(secs, dtype=float), list(who))
             self._durations = np.concatenate([self._durations, np.asarray(secs, dtype=float)])
             self._models += list(who)
 
