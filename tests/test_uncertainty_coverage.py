@@ -37,3 +37,25 @@ def test_vtrain_coverage_is_calibrated():
     s = cov.scores(df, "p10_ms", "p90_ms")
     assert cov.LOW <= s["coverage"] <= cov.HIGH, s
     assert s["median_p90_over_p10"] < 2.5, s  # wide: see docs/uncertainty.md
+
+
+def _splitwise_data():
+    from simgpu.kernels.importers import data_root
+    from simgpu.validate.splitwise import SPLITWISE
+
+    return data_root(), (data_root() / SPLITWISE).is_file()
+
+
+@pytest.mark.skipif(not _splitwise_data()[1], reason="Splitwise measurements not found (../shared/data beside the "
+                    "checkout)")
+def test_splitwise_coverage_out_of_sample():
+    """The serving iterations, with scales calibrated on the other sets: decode lands inside 70-90%;
+    prefill does not yet (its misses are mostly below the interval: predicted too slow)."""
+    from simgpu.validate.coverage_serving import splitwise_coverage
+
+    df = splitwise_coverage(_splitwise_data()[0])
+    s = cov.scores(df, "p10_ms", "p90_ms")
+    assert cov.LOW <= s["coverage"] <= cov.HIGH, s
+    d = cov.scores(df[df["what"] == "decode"], "p10_ms", "p90_ms")
+    assert cov.LOW <= d["coverage"] <= cov.HIGH, d
+    assert s["median_p90_over_p10"] < 1.5, s

@@ -154,8 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     ap = ArgParser(prog="python -m simgpu.validate.coverage", description=__doc__.split("\n")[0])
-    ap.add_argument("--set", choices=("vtrain", "collectives"), action="append",
-                    help="the sets to score (default both)")
+    ap.add_argument("--set", choices=("vtrain", "collectives", "splitwise"), action="append",
+                    help="the sets to score (default vtrain and collectives)")
     ap.add_argument("--sample", type=int, default=1, help="vTrain rows per (GPUs, tp, pp, micro-batch) stratum "
                     "(default 1; 0: every row)")
     ap.add_argument("--draws", type=int, default=DRAWS, help=f"draws per vTrain row (default {DRAWS})")
@@ -180,6 +180,14 @@ def _main(argv: Sequence[str] | None) -> int:
         print(_line(f"vtrain (kernel x{scale:g})", scores(df, "p10_ms", "p90_ms")))
         point_err = float(np.expm1(np.mean(np.abs(np.log(df["predicted_ms"] / df["measured_ms"])))))
         print(f"{'':<22} point geomean |error| {point_err:.1%}")
+    if "splitwise" in sets:
+        from ..kernels.importers import data_root
+        from .coverage_serving import splitwise_coverage
+
+        df = splitwise_coverage(data_root(), args.draws)
+        print(_line("splitwise", scores(df, "p10_ms", "p90_ms")))
+        for what, g in df.groupby("what"):
+            print(_line(f"  {what}", scores(g, "p10_ms", "p90_ms")))
     if "collectives" in sets:
         df = collective_coverage()
         print(_line("collectives", scores(df, "p10_us", "p90_us")))
