@@ -189,6 +189,11 @@ def _probe(folder: Path, make_folder: bool) -> str | None:
     return None
 
 
+def out_dir(given: str | Path | None, name: str) -> Path:
+    """The output folder: ``given`` (``--out``), else ``out/<name>``; checked before anything is written."""
+    return check_out_dir(Path(given) if given else Path("out") / safe_name(name))
+
+
 def check_out_dir(path: str | Path, option: str = "--out") -> Path:
     """``path`` as an output folder that can be created or written; raises before anything is written."""
     p = Path(path)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .cli import ArgParser, Progress, check_out_dir, entry, int_at_least, run_command, safe_name
+from .cli import ArgParser, Progress, check_out_dir, entry, int_at_least, out_dir, run_command
 from .errors import ConfigError
 from .run import window
 
@@ -106,8 +106,7 @@ def _main(argv: Sequence[str] | None) -> int:
         check_world(-(-args.world // gpn), gpn, key="--world")
     opts = ReplayOptions(target, source, what_if, args.world, step=args.step, record_links=args.links)
     stem = Path(args.traces[0]).name.split(".")[0]
-    out = Path(args.out) if args.out else Path("out") / safe_name(f"replay-{stem}")
-    check_out_dir(out)
+    out = out_dir(args.out, f"replay-{stem}")
     with Progress() as progress:
         progress.set("replaying")
         outcome = replay(traces, opts)

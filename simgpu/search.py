@@ -32,7 +32,7 @@ from typing import Any
 
 import pandas as pd
 
-from .cli import ArgParser, check_out_dir, choice_list, entry, int_at_least, int_list, run_command, safe_name
+from .cli import ArgParser, check_out_dir, choice_list, entry, int_at_least, int_list, out_dir, run_command
 from .config.loader import Job, JobKind, job_kind, load_job, parse_override, read_yaml
 from .errors import ConfigError
 from .variant import Variant
@@ -300,8 +300,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.uncertainty:
         variants = [replace(v, draws=args.uncertainty) for v in variants]
     name = f"search_{args.space}_{Path(args.workload).stem}"
-    out = args.out or Path("out") / safe_name(name)
-    check_out_dir(out)
+    out = out_dir(args.out, name)
     spec = StudySpec(name=name, base=str(args.workload))
     study = Study(spec, str(args.workload), Path(args.workload), tuple(variants), kind)
     stats: dict[str, int] = {}

@@ -13,7 +13,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..cli import ArgParser, Progress, check_out_dir, entry, int_at_least, run_command, safe_name
+from ..cli import ArgParser, Progress, check_out_dir, entry, int_at_least, out_dir, run_command
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -37,8 +37,7 @@ def _main(argv: Sequence[str] | None) -> int:
     from .spec import load_cluster
 
     c = load_cluster(args.cluster)
-    out = args.out or Path("out") / safe_name(c.spec.name)
-    check_out_dir(out)
+    out = out_dir(args.out, c.spec.name)
     with Progress() as progress:
         res = simulate_cluster(c, record_links=args.links, on_stage=lambda what: progress.set(f"{c.spec.name}: {what}"))
     summary = summarize(res, args.top_links)

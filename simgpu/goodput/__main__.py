@@ -12,7 +12,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..cli import ArgParser, check_out_dir, entry, run_command, safe_name
+from ..cli import ArgParser, check_out_dir, entry, out_dir, run_command
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -31,8 +31,7 @@ def _main(argv: Sequence[str] | None) -> int:
     from .spec import load_goodput
 
     g = load_goodput(args.goodput)
-    out = args.out or Path("out") / safe_name(g.spec.name)
-    check_out_dir(out)
+    out = out_dir(args.out, g.spec.name)
     summary = compute(g)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")

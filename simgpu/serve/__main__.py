@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..cli import ArgParser, Progress, check_out_dir, entry, run_command, safe_name
+from ..cli import ArgParser, Progress, check_out_dir, entry, out_dir, run_command
 
 
 def rate_list(text: str) -> list[float]:
@@ -91,8 +91,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if rates and spec.requests.kind in ("fixed", "closed_loop"):
         raise ConfigError("a sweep of arrival rates needs poisson or trace requests; expected requests.kind poisson "
                           "or trace", file=serving.file, key="--sweep" if args.sweep else "outputs.sweep_rates_per_s")
-    out = Path(args.out) if args.out else Path("out") / safe_name(spec.name)
-    check_out_dir(out)
+    out = out_dir(args.out, spec.name)
     with Progress() as progress:
         progress.set(f"{spec.name}: timers")
         t0 = time.perf_counter()

@@ -431,7 +431,7 @@ def run_dlrm(file: str, overrides: list[str], out: Path | None, rates: list[floa
     """``python -m simgpu.serve`` on a DLRM serving file."""
     import time
 
-    from ..cli import check_out_dir, safe_name
+    from ..cli import out_dir
 
     serving = load_dlrm_serving(file, overrides)
     spec = serving.spec
@@ -440,8 +440,7 @@ def run_dlrm(file: str, overrides: list[str], out: Path | None, rates: list[floa
     if rates and spec.queries.kind == "fixed":
         raise ConfigError("a sweep of arrival rates needs poisson queries; expected queries.kind poisson",
                           file=file, key=key)
-    out = out or Path("out") / safe_name(spec.name)
-    check_out_dir(out)
+    out = out_dir(out, spec.name)
     t0 = time.perf_counter()
     deployment = build_dlrm(serving)
     res, summary = serve_dlrm(serving, deployment)

@@ -86,6 +86,16 @@ def normals(n: int, sources: int, seed: int) -> np.ndarray:
     return out
 
 
+def kernel_sigmas(spread: Spread, kernels: Sequence[KernelSpec], models: Sequence[str]) -> np.ndarray:
+    """Each kernel's spread, by its family and the model that timed it."""
+    return np.array([spread.kernel(k.family, m) for k, m in zip(kernels, models, strict=True)])
+
+
+def drawn(secs: np.ndarray, kernels: Sequence[KernelSpec], sig: np.ndarray, z: Mapping[str, float]) -> np.ndarray:
+    """Kernel times scaled by ``exp(sigma * z)`` of their family in a draw (``z`` by family)."""
+    return np.asarray(secs, dtype=float) * np.exp(sig * np.array([z.get(k.family, 0.0) for k in kernels]))
+
+
 class _Timer:
     """The kernel times of every run of one job: the models' point times, computed once per kernel
     table, scaled per family by the current draw's factors."""
@@ -106,13 +116,10 @@ class _Timer:
         got = self._point.get(key)
         if got is None:
             d, models = point()
-            sig = np.array([self.spread.kernel(k.family, m) for k, m in zip(kernels, models, strict=True)])
-            got = self._point[key] = (np.asarray(d, dtype=float), list(models), sig)
+            got = self._point[key] = (np.asarray(d, dtype=float), list(models),
+                                      kernel_sigmas(self.spread, kernels, models))
         d, models, sig = got
-        if not self.z:
-            return d, models
-        z = np.array([self.z.get(k.family, 0.0) for k in kernels])
-        return d * np.exp(sig * z), models
+        return (drawn(d, kernels, sig, self.z) if self.z else d), models
 
 
 def fabrics(job: Job) -> list[str]:

@@ -27,7 +27,7 @@ from ..serve.deploy import Deployment, build, load, serve
 from ..serve.metrics import request_table
 from ..serve.spec import Serving
 from ..serve.timer import make_timer
-from .draws import QUANTILES, fabrics, normals, perturbed, variance_shares
+from .draws import QUANTILES, drawn, fabrics, kernel_sigmas, normals, perturbed, variance_shares
 from .sources import Spread
 from .sources import spread as sources_of
 
@@ -67,12 +67,9 @@ class KernelScale:
         self.seen: set[str] = set()
 
     def __call__(self, kernels: Sequence[KernelSpec], secs: np.ndarray, models: Sequence[str]) -> np.ndarray:
-        sig = np.array([self.spread.kernel(k.family, m) for k, m in zip(kernels, models, strict=True)])
+        sig = kernel_sigmas(self.spread, kernels, models)
         self.seen.update(k.family for k, s in zip(kernels, sig, strict=True) if s > 0)
-        if not self.z:
-            return secs
-        z = np.array([self.z.get(k.family, 0.0) for k in kernels])
-        return np.asarray(secs, dtype=float) * np.exp(sig * z)
+        return drawn(secs, kernels, sig, self.z) if self.z else secs
 
 
 @dataclass(frozen=True)

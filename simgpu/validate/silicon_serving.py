@@ -7,8 +7,9 @@ Each aggregated row of ``../shared/data/inference/aiconfigurator-silicon/silicon
   :func:`simgpu.validate.silicon.workload`): one, or as many as the clients fill at ``batch_size``
   each (:func:`replicas`; the sample gives no worker count for aggregated rows);
 - each engine's ``batch_size`` (per attention-DP rank) as the scheduler's largest batch, and the
-  framework's own batching (:func:`scheduler`): TensorRT-LLM and vLLM mix prompt chunks and decodes
-  in one batch of 8,192 tokens (their default ``max_num_tokens`` / ``max_num_batched_tokens``);
+  framework's own batching (``scheduler.kind: framework``, the budget from :func:`token_budget`):
+  TensorRT-LLM and vLLM mix prompt chunks and decodes in one batch of 8,192 tokens (their default
+  ``max_num_tokens`` / ``max_num_batched_tokens``);
   SGLang runs prefill batches apart from decode ones and first (``prefill_first``), of its default
   ``chunked_prefill_size`` (16,384 tokens on GPUs of 160 GB or more, 8,192 below);
 - the benchmark's load: a closed loop of ``concurrency`` clients with the row's fixed ISL and OSL,
@@ -53,11 +54,11 @@ SGLANG_LARGE_BUDGET = 16384
 LARGE_GPU_SYSTEMS = ("b200_sxm", "gb200")
 
 
-def scheduler(row: pd.Series) -> tuple[str, int]:
-    """(scheduler kind, token budget) of the row's framework as deployed with its defaults."""
-    if row["backend"] == "sglang":
-        return "prefill_first", SGLANG_LARGE_BUDGET if row["system"] in LARGE_GPU_SYSTEMS else TOKEN_BUDGET
-    return "chunked", TOKEN_BUDGET
+def token_budget(row: pd.Series) -> int:
+    """The token budget of the row's framework as deployed with its defaults (its batching is
+    ``scheduler.kind: framework``: the workload's ``inference.framework``'s own)."""
+    large = row["backend"] == "sglang" and row["system"] in LARGE_GPU_SYSTEMS
+    return SGLANG_LARGE_BUDGET if large else TOKEN_BUDGET
 
 
 def concurrency_of(row: pd.Series) -> int:
@@ -82,11 +83,10 @@ def serving_data(row: pd.Series, workload_file: Path, attention_dp: int = 1) -> 
     data-parallel rank's, so the engine's largest batch is ``batch_size x attention_dp``."""
     c = concurrency_of(row)
     batch = batch_of(row) * attention_dp
-    kind, budget = scheduler(row)
     return {"name": "row", "seed": 0, "deployment": {"workload": str(workload_file)},
             "requests": {"kind": "closed_loop", "concurrency": c, "count": ROUNDS * c, "warmup": c,
                          "prompt_tokens": int(row["isl"]), "output_tokens": int(row["osl"])},
-            "scheduler": {"kind": kind, "max_batch": batch, "max_tokens": budget}}
+            "scheduler": {"kind": "framework", "max_batch": batch, "max_tokens": token_budget(row)}}
 
 
 def predict(row: pd.Series, folder: Path, tmp: Path) -> tuple[float, float]:

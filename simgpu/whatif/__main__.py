@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..cli import ArgParser, check_out_dir, entry, int_at_least, run_command, safe_name
+from ..cli import ArgParser, check_out_dir, entry, int_at_least, out_dir, run_command
 from .plots import bars, lines
 from .runner import finish_table, run_study, text_progress
 from .study import load_study, ranking
@@ -34,8 +34,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.out:
         check_out_dir(args.out)
     study = load_study(args.study)
-    out = args.out or Path("out") / safe_name(study.spec.name)
-    check_out_dir(out)
+    out = out_dir(args.out, study.spec.name)
     stats: dict[str, int] = {}
     rows = run_study(study, out, workers=args.workers, scheduler=args.scheduler,
                      progress=None if args.quiet else text_progress, stats=stats)
